@@ -1,0 +1,78 @@
+# DDL-CE top-level build. `make test` and `make channel` each do all their own set-up on a
+# fresh machine: Debian packages (when missing), a .venv with the Python tools, and the
+# project's three components installed into it.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+ROOT := $(CURDIR)
+VENV := $(ROOT)/.venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+STAMPS := $(ROOT)/.venv/.stamps
+export PATH := $(VENV)/bin:$(PATH)
+# The PyPI Open MPI refuses root unless told; CI and these machines run as root.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+PYTEST_ARGS ?=
+
+DDL_SOURCES := $(shell find ddl_core -type f \( -name '*.c' -o -name '*.h' -o -name '*.py' -o -name 'CMakeLists.txt' -o -name 'pyproject.toml' \) -not -path '*/build/*')
+
+.PHONY: all test channel venv deps lint clean bench help
+all: test
+
+help:
+	@echo "make channel   build the conda channel, install powerai into envs/powerai, write modulefiles"
+	@echo "make test      run the whole test suite (sets up everything it needs)"
+	@echo "make bench     run the allreduce benchmark (2 ranks) against mpi4py"
+	@echo "make lint      ruff over the Python sources"
+
+# --- system packages: installed only when one is missing, so reruns cost nothing ---------
+$(STAMPS)/apt: .ci/apt-packages.txt | $(STAMPS)
+	@missing=$$(for p in $$(grep -v '^#' .ci/apt-packages.txt); do \
+	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	    echo "== apt-get install $$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@touch $@
+
+$(STAMPS):
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@mkdir -p $(STAMPS)
+
+# --- Python tools into .venv ----------------------------------------------------------
+$(STAMPS)/venv: .ci/requirements-dev.txt | $(STAMPS)
+	@echo "== pip install -r .ci/requirements-dev.txt into .venv"
+	@$(PIP) install -r .ci/requirements-dev.txt
+	@touch $@
+
+# --- the components ---------------------------------------------------------------------
+$(STAMPS)/ddl_core: $(STAMPS)/venv $(DDL_SOURCES)
+	@echo "== building ddl_core (libddl + Python bindings) against $$(command -v mpicc)"
+	@MPICC=$(VENV)/bin/mpicc $(PIP) install --no-build-isolation --no-deps --force-reinstall ./ddl_core
+	@touch $@
+
+$(STAMPS)/envtools: $(STAMPS)/venv envtools/pyproject.toml
+	@$(PIP) install --no-build-isolation --no-deps -e ./envtools
+	@touch $@
+
+$(STAMPS)/ci: $(STAMPS)/venv ci/pyproject.toml
+	@$(PIP) install --no-build-isolation --no-deps -e ./ci
+	@touch $@
+
+deps: $(STAMPS)/apt $(STAMPS)/venv $(STAMPS)/ddl_core $(STAMPS)/envtools $(STAMPS)/ci
+venv: deps
+
+test: deps
+	@$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+
+channel: deps
+	@$(PY) -m ci channel
+
+bench: deps
+	@$(VENV)/bin/ddlrun -n 2 $(PY) -m ddl_core.bench allreduce
+
+lint: $(STAMPS)/venv
+	@$(VENV)/bin/ruff check ddl_core envtools ci tests
+
+clean:
+	rm -rf $(VENV) ddl_core/build

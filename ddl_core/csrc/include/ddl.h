@@ -1,0 +1,169 @@
+/*
+ * ddl.h - the public, stable C API of libddl, DDL-CE's distributed deep-learning
+ * collective library.
+ *
+ * Conventions (the same for every function):
+ *   - every function returns a ddl_status_t; DDL_SUCCESS is 0;
+ *   - on failure ddl_last_error() returns a message for the calling thread that names the
+ *     problem and, where there is one, the fix;
+ *   - buffers are contiguous arrays of `count` elements of `dtype`; passing the same
+ *     pointer as send and receive buffer (or DDL_IN_PLACE as the send buffer) is in-place;
+ *   - collectives are matched across ranks by the order in which they are called, like
+ *     MPI and NCCL; a call whose count, dtype, op or root differs between ranks fails with
+ *     DDL_ERR_MISMATCH on every rank instead of hanging or corrupting data;
+ *   - a peer that stops answering for DDL_TIMEOUT seconds (default 300) fails the call
+ *     with DDL_ERR_TIMEOUT on the ranks that wait for it.
+ *
+ * Thread safety: the blocking collectives may be called from one application thread at a
+ * time; the asynchronous ones (ddl_i*) may be called from any thread and are executed, in
+ * submission order, by libddl's progress thread on its own communicators.
+ */
+#ifndef DDL_H
+#define DDL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DDL_VERSION_MAJOR 1
+#define DDL_VERSION_MINOR 0
+#define DDL_VERSION_PATCH 0
+
+typedef enum {
+    DDL_SUCCESS = 0,
+    DDL_ERR_NOT_INITIALIZED = 1, /* called before ddl_init or after ddl_finalize */
+    DDL_ERR_INVALID_ARG = 2,     /* bad dtype, op, root, count or pointer */
+    DDL_ERR_MISMATCH = 3,        /* ranks disagree on count/dtype/op/root of a collective */
+    DDL_ERR_TIMEOUT = 4,         /* a peer did not answer within DDL_TIMEOUT seconds */
+    DDL_ERR_MPI = 5,             /* the MPI library returned an error */
+    DDL_ERR_NO_MEMORY = 6,
+    DDL_ERR_INTERNAL = 7,
+    DDL_ERR_UNSUPPORTED = 8,     /* e.g. a device pointer without a usable CUDA/NCCL */
+    DDL_ERR_CUDA = 9,
+    DDL_ERR_NCCL = 10
+} ddl_status_t;
+
+typedef enum {
+    DDL_FLOAT16 = 0,
+    DDL_BFLOAT16 = 1,
+    DDL_FLOAT32 = 2,
+    DDL_FLOAT64 = 3,
+    DDL_INT8 = 4,
+    DDL_UINT8 = 5,
+    DDL_INT32 = 6,
+    DDL_INT64 = 7,
+    DDL_NUM_DTYPES = 8
+} ddl_dtype_t;
+
+/*
+ * Reduction ops. 16-bit floats (float16, bfloat16) are reduced pairwise in float32 and
+ * rounded once to the 16-bit format per step (as NCCL does); avg divides the float32 sum
+ * by the world size before the final rounding. Integer sum/prod wrap modulo 2^bits (as
+ * numpy does); integer avg is the sum divided by the size, truncated toward zero.
+ */
+typedef enum {
+    DDL_SUM = 0,
+    DDL_AVG = 1,
+    DDL_MIN = 2,
+    DDL_MAX = 3,
+    DDL_PROD = 4,
+    DDL_NUM_OPS = 5
+} ddl_op_t;
+
+/* Allreduce algorithms, per level of the topology grid (see DDL_ALGO). */
+typedef enum {
+    DDL_ALGO_AUTO = 0,        /* chosen per level and size by the alpha-beta cost model */
+    DDL_ALGO_RING = 1,        /* ring reduce-scatter + ring allgather */
+    DDL_ALGO_RABENSEIFNER = 2,/* recursive halving reduce-scatter + recursive doubling allgather */
+    DDL_ALGO_RECDOUBLING = 3, /* recursive doubling allreduce (latency-optimal, small messages) */
+    DDL_ALGO_MPI = 4,         /* the MPI library's own MPI_Allreduce on the level communicator */
+    DDL_NUM_ALGOS = 5
+} ddl_algo_t;
+
+#define DDL_IN_PLACE ((const void *)1)
+#define DDL_MAX_LEVELS 8
+
+typedef struct ddl_request_s *ddl_request_t;
+
+/* ---- life cycle ------------------------------------------------------------------- */
+
+/* Initialise MPI (MPI_THREAD_MULTIPLE) if nobody has, detect or read the topology, start
+ * the progress thread. Reads DDL_TOPOLOGY, DDL_ALGO, DDL_TIMEOUT, DDL_TUNE_FILE,
+ * DDL_FUSION_THRESHOLD, DDL_CYCLE_TIME_MS, DDL_LOG. Calling it twice is harmless. */
+ddl_status_t ddl_init(void);
+/* Stop the progress thread (after finishing queued work), free communicators, and call
+ * MPI_Finalize if ddl_init called MPI_Init. Later calls fail with DDL_ERR_NOT_INITIALIZED. */
+ddl_status_t ddl_finalize(void);
+int ddl_initialized(void);
+
+ddl_status_t ddl_rank(int *rank);
+ddl_status_t ddl_size(int *size);
+ddl_status_t ddl_local_rank(int *local_rank);
+ddl_status_t ddl_local_size(int *local_size);
+
+/* The topology grid, innermost level first (e.g. {4, 2, 2} for 4 ranks per node x 2 nodes
+ * per rack x 2 racks). *nlevels receives the number of levels (<= DDL_MAX_LEVELS). */
+ddl_status_t ddl_topology(int *nlevels, int dims[DDL_MAX_LEVELS]);
+
+/* ---- blocking collectives ------------------------------------------------------- */
+
+ddl_status_t ddl_allreduce(const void *sendbuf, void *recvbuf, size_t count, ddl_dtype_t dtype,
+                           ddl_op_t op);
+ddl_status_t ddl_broadcast(void *buf, size_t count, ddl_dtype_t dtype, int root);
+/* recvbuf holds size * sendcount elements, rank i's contribution at offset i * sendcount. */
+ddl_status_t ddl_allgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                           ddl_dtype_t dtype);
+/* sendbuf holds size * recvcount elements; rank i receives the reduction of block i. */
+ddl_status_t ddl_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                ddl_dtype_t dtype, ddl_op_t op);
+ddl_status_t ddl_barrier(void);
+
+/* ---- asynchronous collectives ------------------------------------------------------ */
+/* The buffers must stay valid and untouched until the request completes. Small allreduces
+ * submitted close together are fused into one buffer (DDL_FUSION_THRESHOLD bytes, default
+ * 64 MiB; DDL_CYCLE_TIME_MS, default 1 ms): results are bit-identical to unfused calls. */
+
+ddl_status_t ddl_iallreduce(const void *sendbuf, void *recvbuf, size_t count, ddl_dtype_t dtype,
+                            ddl_op_t op, ddl_request_t *req);
+ddl_status_t ddl_ibroadcast(void *buf, size_t count, ddl_dtype_t dtype, int root,
+                            ddl_request_t *req);
+ddl_status_t ddl_iallgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                            ddl_dtype_t dtype, ddl_request_t *req);
+ddl_status_t ddl_ireduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                 ddl_dtype_t dtype, ddl_op_t op, ddl_request_t *req);
+/* *done = 1 once finished; the request's own status is returned then (and only then). */
+ddl_status_t ddl_test(ddl_request_t req, int *done);
+/* Block until finished and return the request's status. */
+ddl_status_t ddl_wait(ddl_request_t req);
+/* Release a request (after it completed; freeing a pending request waits for it). */
+void ddl_request_free(ddl_request_t req);
+
+/* ---- tuning and introspection ---------------------------------------------------- */
+
+/* Force one allreduce algorithm for every level (DDL_ALGO_AUTO restores the model). */
+ddl_status_t ddl_set_algorithm(ddl_algo_t algo);
+/* Override the cost model's alpha (s) and beta (s/byte) for one level. */
+ddl_status_t ddl_set_level_cost(int level, double alpha, double beta);
+ddl_status_t ddl_get_level_cost(int level, double *alpha, double *beta);
+/* The algorithm the model picks for `bytes` at `level` (what DDL_ALGO=auto would run), and
+ * the predicted time in seconds of the whole allreduce of `bytes`. */
+ddl_status_t ddl_plan(size_t bytes, ddl_algo_t algos[DDL_MAX_LEVELS], double *predicted_s);
+/* Fusion settings (bytes, milliseconds). */
+ddl_status_t ddl_set_fusion(size_t threshold_bytes, double cycle_time_ms);
+
+const char *ddl_last_error(void);
+const char *ddl_status_string(ddl_status_t status);
+const char *ddl_dtype_name(ddl_dtype_t dtype);
+const char *ddl_op_name(ddl_op_t op);
+const char *ddl_algo_name(ddl_algo_t algo);
+size_t ddl_dtype_size(ddl_dtype_t dtype);
+/* "libddl 1.0.0 (Open MPI v5.0.11 ...)" */
+const char *ddl_version_string(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDL_H */
