@@ -31,7 +31,9 @@ def run_mpi(n: int, worker: str, *args: str, env: dict[str, str] | None = None,
     full_env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                      "PYTHONUNBUFFERED": "1", "DDL_TIMEOUT": "60"})
     full_env.update(env or {})
-    cmd = [*mpirun_cmd(n, *mpi_args), sys.executable, str(WORKERS / worker), *args]
+    # "-m pkg.mod" runs a module (python -m) instead of a worker script
+    target = worker.split() if worker.startswith("-m ") else [str(WORKERS / worker)]
+    cmd = [*mpirun_cmd(n, *mpi_args), sys.executable, *target, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}"

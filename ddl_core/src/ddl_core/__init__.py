@@ -17,9 +17,9 @@ import os
 import sys
 from typing import Any
 
-from . import _ddl
 import numpy as np
 
+from . import _ddl
 from ._buffers import _NP_CODE, DTYPES, OP_CODE, OPS, as_buffer, empty_like, op_code
 from ._ddl import (
     DDLError,

@@ -18,9 +18,9 @@ specs = [(int(rng.integers(0, 40000)) if i % 7 else int(rng.integers(0, 4)),
           ["float32", "float64", "int32", "float16"][int(rng.integers(0, 4))],
           ["sum", "avg", "max"][int(rng.integers(0, 3))]) for i in range(300)]
 inputs = [data(r, c, DTYPES[d], op, salt=i) for i, (c, d, op) in enumerate(specs)]
-handles = [ddl.allreduce_async(x, op=op) for x, (_, _, op) in zip(inputs, specs)]
+handles = [ddl.allreduce_async(x, op=op) for x, (_, _, op) in zip(inputs, specs, strict=False)]
 outs = [h.wait() for h in handles]
-for i, ((c, d, op), out) in enumerate(zip(specs, outs)):
+for i, ((c, d, op), out) in enumerate(zip(specs, outs, strict=False)):
     ref = reference([data(q, c, DTYPES[d], op, salt=i) for q in range(n)], DTYPES[d], op)
     if not same(out, ref):
         bad.append(f"async #{i} {d} {op} {c}")
@@ -38,7 +38,7 @@ if n == 2:
     xs = [np.random.default_rng(100 * r + i).standard_normal(1 + 37 * i).astype(np.float32)
           for i in range(64)]
     fused = [h.wait() for h in [ddl.allreduce_async(x) for x in xs]]
-    if not all(same(f, ddl.allreduce(x)) for f, x in zip(fused, xs)):
+    if not all(same(f, ddl.allreduce(x)) for f, x in zip(fused, xs, strict=False)):
         bad.append("fused float results differ from unfused")
 
 # The other asynchronous collectives, in place and out of place.
