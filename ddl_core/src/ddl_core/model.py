@@ -330,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--level", action="append", type=parse_level,
                      help="NAME:RANKS:ALPHA_US:GB_PER_S, innermost first (repeat)")
     p.add_argument("--nodes-per-rack", type=int, default=0,
-                   help="with --tune-file: add a rack level of this many nodes (same link)")
+                   help="with --tune-file: group nodes into racks of this many, joined "
+                   "non-blocking (a third level)")
     p.add_argument("--params", type=float, default=25.6e6, help="model parameters "
                    "(ResNet-50: 25.6e6)")
     p.add_argument("--step-time", type=float, default=0.1, help="compute seconds per step "
@@ -343,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.nodes_per_rack:
             last = fab.levels[-1]
             fab.levels[-1] = Level(last.name, args.nodes_per_rack, last.alpha, last.beta)
-            fab.levels.append(Level("racks (as the node link)", 0, last.alpha, last.beta))
+            # non-blocking between racks: a rack's uplinks carry all its nodes' links
+            fab.levels.append(Level("racks (non-blocking)", 0, last.alpha,
+                                    last.beta / args.nodes_per_rack))
         fab.levels[-1].ranks = 0
     elif args.level:
         fab = Fabric(args.level, notes=["levels given on the command line"])
