@@ -7,13 +7,16 @@
   gradients with DDL while the process group stays gloo or nccl (hooks.py).
 - `DistributedOptimizer`, `broadcast_parameters`, `broadcast_optimizer_state`,
   `broadcast_object`: data parallelism without DDP, Horovod style (optimizer.py).
+- `SyncBatchNorm`: batch statistics over all ranks on CPU (torch's is GPU-only).
 """
 
 from __future__ import annotations
 
 from .backend import BACKEND_NAME, DDLWork, ProcessGroupDDL, register
 from .hooks import allreduce_hook, fp16_compress_hook
+from .sync_bn import SyncBatchNorm
 from .optimizer import (
+    Compression,
     DistributedOptimizer,
     allgather_object,
     broadcast_object,
@@ -27,6 +30,7 @@ __all__ = [
     "BACKEND_NAME", "DDLWork", "ProcessGroupDDL", "register", "allreduce_hook",
     "fp16_compress_hook", "DistributedOptimizer", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object", "autoload",
+    "Compression", "SyncBatchNorm",
 ]
 
 

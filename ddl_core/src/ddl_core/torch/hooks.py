@@ -12,8 +12,8 @@ waits on the future only when it needs the averaged bucket, so communication ove
 rest of the backward pass as it does with the process group's own allreduce.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: DDP compares the hook's annotations with
+# dist.GradBucket and torch.futures.Future[torch.Tensor] as objects.
 from typing import Any
 
 import torch
