@@ -40,7 +40,8 @@ def run_job(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 
     return proc
 
 
-def mpirun(n: int, script: Path | str, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+def mpirun(n: int, script: Path | str, *args: str,
+           **kw: object) -> subprocess.CompletedProcess[str]:
     """`mpirun -n N python script args` (oversubscribed, yielding when idle)."""
     cmd = [str(BIN / "mpirun"), "-n", str(n), "--map-by", ":OVERSUBSCRIBE",
            "--mca", "mpi_yield_when_idle", "1", sys.executable, str(script), *args]

@@ -4,7 +4,7 @@ DistributedOptimizer; every test is a real 2-rank MPI job on CPU."""
 from __future__ import annotations
 
 import pytest
-from conftest import WORKERS, mpirun, ok_lines, need
+from conftest import WORKERS, mpirun, need, ok_lines
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -18,3 +18,30 @@ def _torch() -> None:
 def test_ddp_matches_single_process(mode: str) -> None:
     proc = mpirun(2, WORKERS / "torch_ddp.py", mode)
     assert ok_lines(proc, mode) == 2, proc.stdout
+
+
+def test_collectives_on_ddl_backend() -> None:
+    proc = mpirun(2, WORKERS / "torch_collectives.py")
+    assert ok_lines(proc, "collectives") == 2, proc.stdout
+
+
+@pytest.mark.parametrize("mode", ["plain", "accumulate", "fp16"])
+def test_distributed_optimizer_matches_single_process(mode: str) -> None:
+    proc = mpirun(2, WORKERS / "torch_optimizer.py", mode)
+    assert ok_lines(proc, mode) == 2, proc.stdout
+
+
+def test_backend_autoloads_without_import() -> None:
+    """The torch.backends entry point registers "ddl" when torch is imported."""
+    import subprocess
+    import sys
+
+    code = ("import torch.distributed as d, sys; "
+            "sys.exit(0 if 'DDL' in d.Backend._plugins and 'ddl' in d.Backend.backend_list else 1)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    env_off = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    import os
+
+    assert subprocess.run([sys.executable, "-c", code],
+                          env={**os.environ, **env_off}).returncode == 1, \
+        "with autoloading off the backend must be absent (the check above would be vacuous)"

@@ -4,13 +4,12 @@ ddl_core.torch.SyncBatchNorm under DDP equals BatchNorm on the concatenated batc
 
 import sys
 
+import ddl_core.torch as ddl_torch
 import torch
 import torch.distributed as dist
 from common import batch, check_same_and_close, cnn, reference
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-import ddl_core.torch as ddl_torch
 
 mode = sys.argv[1]  # ddl | hook | syncbn
 STEPS, LR = 4, 0.05

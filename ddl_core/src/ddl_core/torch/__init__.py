@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from .backend import BACKEND_NAME, DDLWork, ProcessGroupDDL, register
 from .hooks import allreduce_hook, fp16_compress_hook
-from .sync_bn import SyncBatchNorm
 from .optimizer import (
     Compression,
     DistributedOptimizer,
@@ -23,6 +22,7 @@ from .optimizer import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from .sync_bn import SyncBatchNorm
 
 register()
 

@@ -26,7 +26,8 @@ def check_cpu(t: torch.Tensor) -> None:
             "init_process_group('cpu:ddl,cuda:nccl') or move it with .cpu()")
 
 
-def prepare(t: torch.Tensor, op: str = "sum") -> tuple[torch.Tensor, str, Callable[[], None] | None]:
+def prepare(t: torch.Tensor,
+            op: str = "sum") -> tuple[torch.Tensor, str, Callable[[], None] | None]:
     """(tensor libddl can use, op to use, callback to copy the result back or None).
 
     The returned tensor shares memory with `t` whenever its dtype and layout allow, so

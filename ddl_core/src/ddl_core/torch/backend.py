@@ -172,7 +172,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> DDLWork:
-        works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        works = [self._reduce_scatter_base(o, i, opts)
+                 for o, i in zip(outputs, inputs, strict=True)]
         return works[-1] if works else _done(outputs)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
@@ -286,6 +287,13 @@ class ProcessGroupDDL(dist.ProcessGroup):
             o.copy_(r.reshape(o.shape))
         return _done(outputs)
 
+    # torch 2.13 calls the "single" names from Python, older code the underscored ones.
+    all_gather_single = _allgather_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    reduce_scatter_single = _reduce_scatter_base
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    all_to_all_single = alltoall_base
+
     def barrier(self, opts: Any = None) -> DDLWork:  # noqa: ARG002
         # Through the queue, so a barrier also waits for collectives issued before it.
         z = torch.zeros(1, dtype=torch.int32)
@@ -343,7 +351,7 @@ def _local_addresses() -> list[str]:
     try:  # every local address, also in network namespaces without a hosts entry
         with open("/proc/net/fib_trie") as fh:
             lines = fh.read().splitlines()
-        for prev, line in zip(lines, lines[1:]):
+        for prev, line in zip(lines, lines[1:], strict=False):
             if "/32 host LOCAL" in line:
                 addrs.append(prev.split()[-1])
     except OSError:

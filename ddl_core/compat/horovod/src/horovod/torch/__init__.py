@@ -12,18 +12,18 @@ from typing import Any
 
 import numpy as np
 import torch
-
-import ddl_core
 from ddl_core.torch._tensors import prepare
-from ddl_core.torch.optimizer import Compression
-from ddl_core.torch.optimizer import DistributedOptimizer as _DistributedOptimizer
 from ddl_core.torch.optimizer import (
+    Compression,
     allgather_object,
     broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from ddl_core.torch.optimizer import DistributedOptimizer as _DistributedOptimizer
 from ddl_core.torch.sync_bn import SyncBatchNorm
+
+import ddl_core
 
 from ..common.basics import (  # noqa: F401 - re-exported Horovod API
     Adasum,
@@ -40,9 +40,9 @@ from ..common.basics import (  # noqa: F401 - re-exported Horovod API
     cuda_built,
     ddl_built,
     ddl_op,
+    global_process_set,
     gloo_built,
     gloo_enabled,
-    global_process_set,
     init,
     is_homogeneous,
     is_initialized,
@@ -182,12 +182,14 @@ def grouped_allreduce_async(tensors: list[torch.Tensor], *args: Any, **kwargs: A
                                     *args, **kwargs)
 
 
-def grouped_allreduce(tensors: list[torch.Tensor], *args: Any, **kwargs: Any) -> list[torch.Tensor]:
+def grouped_allreduce(tensors: list[torch.Tensor], *args: Any,
+                      **kwargs: Any) -> list[torch.Tensor]:
     kwargs.pop("compression", None)
     return synchronize(grouped_allreduce_async(tensors, *args, **kwargs))
 
 
-def grouped_allreduce_(tensors: list[torch.Tensor], *args: Any, **kwargs: Any) -> list[torch.Tensor]:
+def grouped_allreduce_(tensors: list[torch.Tensor], *args: Any,
+                       **kwargs: Any) -> list[torch.Tensor]:
     return synchronize(grouped_allreduce_async_(tensors, *args, **kwargs))
 
 
