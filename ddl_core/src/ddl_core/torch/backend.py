@@ -41,6 +41,7 @@ from ._async import COMPLETER, completed
 from ._tensors import chain, check_cpu, prepare
 
 BACKEND_NAME = "ddl"
+_SYNC = os.environ.get("DDL_TORCH_SYNC", "0") == "1"
 
 _RED = {
     ReduceOp.RedOpType.SUM: "sum",
@@ -144,6 +145,13 @@ class ProcessGroupDDL(dist.ProcessGroup):
             tensors = [tensors]
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
         handles, posts = [], []
+        if _SYNC:
+            for t in tensors:
+                work, wop, post = prepare(t, op)
+                ddl_core.allreduce(work, op=wop, out=work)
+                if post is not None:
+                    post()
+            return _done(tensors)
         for t in tensors:
             work, wop, post = prepare(t, op)
             handles.append(ddl_core.allreduce_async(work, op=wop, out=work))
