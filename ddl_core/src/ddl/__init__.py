@@ -18,8 +18,6 @@ import os
 from typing import Any
 
 import numpy as np
-
-import ddl_core
 from ddl_core.tensorflow import (
     DistributedGradientTape,
     allgather,
@@ -36,6 +34,8 @@ from ddl_core.training import (
     warmup_factor,
     warmup_lr,
 )
+
+import ddl_core
 
 from ddl_core.keras import (  # isort: skip - needs tensorflow imported first
     DDLCallback,

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-
 # -- batch size -------------------------------------------------------------------------------
 
 def global_batch(per_rank: int, size: int) -> int:

@@ -29,11 +29,7 @@ register()
 __all__ = [
     "BACKEND_NAME", "DDLWork", "ProcessGroupDDL", "register", "allreduce_hook",
     "fp16_compress_hook", "DistributedOptimizer", "broadcast_parameters",
-    "broadcast_optimizer_state", "broadcast_object", "allgather_object", "autoload",
+    "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "Compression", "SyncBatchNorm",
 ]
 
-
-def autoload() -> None:
-    """Entry point torch calls at import (group `torch.backends`): registers "ddl"."""
-    register()

@@ -15,14 +15,14 @@ schedulers and `state_dict()` behave as for the original.
 from __future__ import annotations
 
 import contextlib
-import pickle
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 
 import ddl_core
+from ddl_core.objects import allgather_object as allgather_object  # re-exported
+from ddl_core.objects import broadcast_object
 
 from ._tensors import prepare
 
@@ -219,30 +219,6 @@ def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
         h.wait()
         if work is not data:
             data.copy_(work)
-
-
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:  # noqa: ARG001
-    """root_rank's `obj` on every rank (pickled; anything picklable)."""
-    ddl_core.init()
-    me = ddl_core.rank()
-    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if me == root_rank else None
-    n = np.array([0 if payload is None else payload.size], dtype=np.int64)
-    ddl_core.broadcast(n, root_rank)
-    buf = payload.copy() if payload is not None else np.empty(int(n[0]), dtype=np.uint8)
-    ddl_core.broadcast(buf, root_rank)
-    return obj if me == root_rank else pickle.loads(buf.tobytes())
-
-
-def allgather_object(obj: Any, name: str | None = None) -> list[Any]:  # noqa: ARG001
-    """Every rank's `obj`, in rank order, on every rank."""
-    ddl_core.init()
-    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-    sizes = ddl_core.allgather(np.array([data.size], dtype=np.int64))
-    longest = int(sizes.max())
-    padded = np.zeros(longest, dtype=np.uint8)
-    padded[: data.size] = data
-    gathered = ddl_core.allgather(padded).reshape(len(sizes), longest)
-    return [pickle.loads(gathered[i, : int(sizes[i])].tobytes()) for i in range(len(sizes))]
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:

@@ -7,10 +7,11 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from ddl_core.objects import allgather_object as _allgather_object
+from ddl_core.objects import broadcast_object as _broadcast_object
 
 import ddl_core
 from ddl_core import tensorflow as _dtf
-from ddl_core.torch.optimizer import broadcast_object as _broadcast_object
 
 from ..common.basics import (  # noqa: F401 - re-exported Horovod API
     Adasum,
@@ -27,9 +28,9 @@ from ..common.basics import (  # noqa: F401 - re-exported Horovod API
     cuda_built,
     ddl_built,
     ddl_op,
+    global_process_set,
     gloo_built,
     gloo_enabled,
-    global_process_set,
     init,
     is_homogeneous,
     is_initialized,
@@ -128,9 +129,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
 
 
 def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
-    from ddl_core.torch.optimizer import allgather_object as _ago
-
-    return _ago(obj, name)
+    return _allgather_object(obj, name)
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:  # noqa: ARG001
