@@ -45,3 +45,18 @@ def test_backend_autoloads_without_import() -> None:
     assert subprocess.run([sys.executable, "-c", code],
                           env={**os.environ, **env_off}).returncode == 1, \
         "with autoloading off the backend must be absent (the check above would be vacuous)"
+
+
+def test_bench_ddp_runs_and_reports_both_backends() -> None:
+    """The benchmark itself (tiny): both backends measured in one job, table printed."""
+    import json
+    import sys
+
+    from conftest import ddlrun
+
+    proc = ddlrun(2, sys.executable, "-m", "ddl_core.bench_ddp", "--steps", "2", "--rounds",
+                  "1", "--json", "/dev/stdout")
+    assert "ddl/gloo throughput" in proc.stdout, proc.stdout
+    data = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
+    for name in ("ddl", "gloo"):
+        assert data[name]["samples_per_s"] > 0 and data[name]["allreduce_ms"] > 0
