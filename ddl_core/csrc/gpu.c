@@ -132,6 +132,11 @@ static ddl_status_t classify(const void *a, const void *b, int *dev, int *device
     if (have_a && have_b && da && va != vb)
         return ddl_fail(DDL_ERR_INVALID_ARG, "the buffers are on different GPUs (%d and %d)",
                         va, vb);
+    if (!have_a && !have_b) { /* zero elements and no pointers: a device call, moving nothing */
+        *dev = 1;
+        *device = -1;
+        return DDL_SUCCESS;
+    }
     *dev = have_a ? da : db;
     *device = have_a ? va : vb;
     if (*dev && gs.mode != MODE_UNDECIDED && *device != gs.device)
@@ -372,8 +377,8 @@ static ddl_status_t allreduce_locked(const void *send, void *recv, size_t count,
     int dev = 0, device = -1;
     DDL_CHECK(begin(send, recv, sig, count, "allreduce", &dev, &device));
     if (!dev) HOST_FALLBACK(ddl_allreduce_ctx(&ddl_g.app, send, recv, count, dtype, op, sig));
-    DDL_CHECK(decide(device));
     if (count == 0) return DDL_SUCCESS;
+    DDL_CHECK(decide(device));
     if (gs.mode == MODE_NCCL) {
         gs.nccl_calls++;
         return nccl_allreduce(send, recv, count, dtype, op, stream);
@@ -395,8 +400,8 @@ static ddl_status_t broadcast_locked(void *buf, size_t count, ddl_dtype_t dtype,
     int dev = 0, device = -1;
     DDL_CHECK(begin(buf, NULL, sig, count, "broadcast", &dev, &device));
     if (!dev) HOST_FALLBACK(ddl_broadcast_ctx(&ddl_g.app, buf, count, dtype, root));
-    DDL_CHECK(decide(device));
     if (count == 0) return DDL_SUCCESS;
+    DDL_CHECK(decide(device));
     if (gs.mode == MODE_NCCL) {
         gs.nccl_calls++;
         return ddl_nccl_broadcast(buf, count, dtype, root, gs.world, stream);
@@ -423,8 +428,8 @@ static ddl_status_t allgather_locked(const void *send, void *recv, size_t sendco
     int dev = 0, device = -1;
     DDL_CHECK(begin(send, recv, sig, sendcount, "allgather", &dev, &device));
     if (!dev) HOST_FALLBACK(ddl_allgather_ctx(&ddl_g.app, send, recv, sendcount, dtype));
-    DDL_CHECK(decide(device));
     if (sendcount == 0) return DDL_SUCCESS;
+    DDL_CHECK(decide(device));
     size_t bytes = sendcount * ddl_dtype_size(dtype), P = (size_t)ddl_g.size;
     char *mine = (char *)recv + (size_t)ddl_g.rank * bytes;
     const void *in = send == DDL_IN_PLACE ? mine : send;
@@ -449,8 +454,8 @@ static ddl_status_t reduce_scatter_locked(const void *send, void *recv, size_t r
     DDL_CHECK(begin(send, recv, sig, recvcount, "reduce_scatter", &dev, &device));
     if (!dev)
         HOST_FALLBACK(ddl_reduce_scatter_ctx(&ddl_g.app, send, recv, recvcount, dtype, op));
-    DDL_CHECK(decide(device));
     if (recvcount == 0) return DDL_SUCCESS;
+    DDL_CHECK(decide(device));
     size_t bytes = recvcount * ddl_dtype_size(dtype), P = (size_t)ddl_g.size;
     const void *in = send == DDL_IN_PLACE ? recv : send;
     if (gs.mode == MODE_NCCL) {
