@@ -41,7 +41,7 @@ __all__ = [
     "local_rank", "local_size", "topology", "allreduce", "allreduce_async", "broadcast",
     "broadcast_async", "allgather", "allgather_async", "reduce_scatter",
     "reduce_scatter_async", "barrier", "plan", "set_algorithm", "set_fusion", "version",
-    "async_stats", "gpu_info",
+    "async_stats", "gpu_info", "is_gpu_array",
 ]
 
 _OP_CODE = dict(OP_CODE)
@@ -331,3 +331,9 @@ def gpu_info() -> dict[str, str]:
         key, _, value = line.partition("=")
         info[key] = value
     return info
+
+
+def is_gpu_array(x: Any) -> bool:
+    """True when x lives in GPU memory and takes libddl's device path (a torch CUDA tensor,
+    a CuPy array, anything with __cuda_array_interface__ or a CUDA DLPack device)."""
+    return _cuda.device_array(x) is not None

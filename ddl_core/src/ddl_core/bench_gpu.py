@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    if not torch.cuda.is_available():
+        print("bench_gpu needs a CUDA device (torch.cuda.is_available() is False)")
+        return 2
     ddl.init()
     rank, size = ddl.rank(), ddl.size()
     ngpu = torch.cuda.device_count()
