@@ -166,7 +166,13 @@ static ddl_status_t begin(const void *a, const void *b, uint64_t sig, uint64_t c
 static ddl_status_t shared_gpu(int device, int *shared) {
     char bus[64];
     memset(bus, 0, sizeof bus);
-    DDL_CHECK(ddl_cuda_bus_id(device, bus, (int)sizeof bus - 1));
+    /* A rank that cannot tell its GPU still takes part in the exchange below (the others
+     * are already in it), as a GPU of its own. */
+    if (ddl_cuda_bus_id(device, bus, (int)sizeof bus - 1) != DDL_SUCCESS) {
+        ddl_log(0, "cannot read the PCI bus id of GPU %d (%s): assuming it is not shared",
+                device, ddl_last_error());
+        snprintf(bus, sizeof bus, "unknown-%d", ddl_g.rank);
+    }
     MPI_Comm node;
     MPI_CHECK(MPI_Comm_split_type(ddl_g.app.world.comm, MPI_COMM_TYPE_SHARED, ddl_g.rank,
                                   MPI_INFO_NULL, &node));
@@ -175,10 +181,12 @@ static ddl_status_t shared_gpu(int device, int *shared) {
     char *all = malloc((size_t)n * sizeof bus);
     if (!all) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for %d bus ids", n);
     int rc = MPI_Allgather(bus, (int)sizeof bus, MPI_CHAR, all, (int)sizeof bus, MPI_CHAR, node);
-    MPI_Comm_free(&node);
-    if (rc != MPI_SUCCESS) {
+    int rc_free = MPI_Comm_free(&node);
+    if (rc != MPI_SUCCESS || rc_free != MPI_SUCCESS) {
         free(all);
-        return ddl_mpi_fail(rc, "MPI_Allgather of the GPUs' PCI bus ids");
+        return ddl_mpi_fail(rc != MPI_SUCCESS ? rc : rc_free,
+                            rc != MPI_SUCCESS ? "MPI_Allgather of the GPUs' PCI bus ids"
+                                              : "MPI_Comm_free");
     }
     *shared = 0;
     for (int i = 0; i < n && !*shared; i++)
@@ -261,7 +269,18 @@ static ddl_status_t decide(int device) {
                     nccl_err[0] ? "; " : "", nccl_err);
         return DDL_SUCCESS;
     }
-    DDL_CHECK(make_comms(device));
+    ddl_status_t st = make_comms(device);
+    if (st != DDL_SUCCESS) { /* leave nothing half made: the next call starts afresh */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ddl_last_error());
+        for (int l = 0; l < DDL_MAX_LEVELS; l++) {
+            if (gs.level[l] && gs.level[l] != gs.world) ddl_nccl_comm_destroy(gs.level[l]);
+            gs.level[l] = NULL;
+        }
+        if (gs.world) ddl_nccl_comm_destroy(gs.world);
+        gs.world = NULL;
+        return ddl_fail_verbatim(st, msg);
+    }
     gs.mode = MODE_NCCL;
     ddl_log(1, "device buffers on NCCL %d, GPU %d, %d level(s)", ddl_nccl_version(), device,
             ddl_g.app.topo.nlevels);
