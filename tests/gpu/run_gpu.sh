@@ -17,6 +17,8 @@ OUT=${OUT:-/tmp/ddl-gpu-out}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_run.log") 2>&1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
+# one node: gloo's and NCCL's bootstrap sockets on loopback (the machine may have no route)
+export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
 PY=$(command -v "${PYTHON:-python3}")
 PY=$("$PY" -c 'import sys; print(sys.executable)')
 BIN=$(dirname "$PY")

@@ -36,6 +36,7 @@ def main() -> None:
     ddl.init()
     rank, size = ddl.rank(), ddl.size()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one node
     os.environ.setdefault("MASTER_PORT", os.environ.get("DDP_PORT", "29533"))
     torch.cuda.set_device(0)
     backend = {"nccl": "nccl", "gloo": "gloo", "ddl": "gloo"}[how]
