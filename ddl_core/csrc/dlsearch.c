@@ -62,10 +62,11 @@ static void *try_dir(const char *dir, const char *const *sonames, char *tried, s
     return NULL;
 }
 
-/* The directory libddl itself was loaded from. */
+/* The directory libddl itself was loaded from (found through an object of its own). */
+static const char anchor = 0;
 static int libddl_dir(char *out, size_t n) {
     Dl_info info;
-    if (!dladdr((void *)&ddl_dl_search, &info) || !info.dli_fname) return 0;
+    if (!dladdr(&anchor, &info) || !info.dli_fname) return 0;
     snprintf(out, n, "%s", info.dli_fname);
     char *slash = strrchr(out, '/');
     if (!slash) return 0;
