@@ -143,11 +143,12 @@ def validate(
 def main() -> None:
     """Entry point: run the app, turning EnvtoolsError into a message and exit status."""
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # returns typer.Exit's code instead of exiting
+        sys.exit(rc if isinstance(rc, int) else 0)
     except EnvtoolsError as e:
-        console.print(f"[bold red]error:[/] {e.message}", highlight=False)
+        console.print(f"[bold red]error:[/] {e.message}", highlight=False, soft_wrap=True)
         if e.hint:
-            console.print(f"[bold]hint:[/] {e.hint}", highlight=False)
+            console.print(f"[bold]hint:[/] {e.hint}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except typer.Exit as e:
         sys.exit(e.exit_code)

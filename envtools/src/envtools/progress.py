@@ -41,4 +41,4 @@ def task(description: str, total: int | None) -> Iterator[callable]:
 
 
 def info(msg: str) -> None:
-    console.print(msg, highlight=False)
+    console.print(msg, highlight=False, soft_wrap=True)
