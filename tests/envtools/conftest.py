@@ -54,3 +54,42 @@ def clone_env(tmp_path_factory, env) -> Path:
     run_envtools("clone", env, dest)
     return dest
 
+
+
+def make_wheel(dest_dir: Path, name: str, version: str, files: dict[str, str],
+               requires: list[str] | None = None, scripts: dict[str, str] | None = None) -> Path:
+    """Write a real (pure-Python) wheel: what pip installs; no build backend needed."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = name.replace("-", "_")
+    di = f"{dist}-{version}.dist-info"
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta += [f"Requires-Dist: {r}" for r in requires or []]
+    contents = dict(files)
+    contents[f"{di}/METADATA"] = "\n".join(meta) + "\n"
+    contents[f"{di}/WHEEL"] = ("Wheel-Version: 1.0\nGenerator: envtools-tests\n"
+                               "Root-Is-Purelib: true\nTag: py3-none-any\n")
+    if scripts:
+        contents[f"{di}/entry_points.txt"] = "[console_scripts]\n" + "".join(
+            f"{k} = {v}\n" for k, v in scripts.items())
+    record = []
+    for path, text in contents.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"{di}/RECORD,,")
+    contents[f"{di}/RECORD"] = "\n".join(record) + "\n"
+    whl = dest_dir / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for path, text in contents.items():
+            z.writestr(path, text)
+    return whl
+
+
+@pytest.fixture
+def wheel_factory(tmp_path):
+    def make(name, version, files, requires=None, scripts=None):
+        return make_wheel(tmp_path, name, version, files, requires, scripts)
+
+    return make

@@ -11,11 +11,11 @@ from conftest import run_envtools
 
 
 def test_install_makes_readonly_env_that_runs(env):
-    marker = json.loads((env / "conda-meta" / "envtools-readonly.json").read_text())
+    marker = json.loads((env / "conda-meta" / "envtools" / "readonly.json").read_text())
     assert marker["readonly"] is True and marker["specs"] == ["demo-meta"]
     names = {p.name.split("-")[0] for p in (env / "conda-meta").glob("*.json")}
     assert {"libdemo", "python", "cuda", "demo"} <= names
-    explicit = (env / "conda-meta" / "envtools-explicit.txt").read_text().splitlines()
+    explicit = (env / "conda-meta" / "envtools" / "explicit.txt").read_text().splitlines()
     assert "@EXPLICIT" in explicit and sum(".conda#sha256:" in x for x in explicit) == 5
     for p in [env, env / "bin", env / "lib" / "libdemo.so.1", env / "conda-meta"]:
         assert not os.stat(p).st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH), p

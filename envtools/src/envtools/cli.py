@@ -45,8 +45,8 @@ def install(
 ) -> None:
     """Solve and install SPEC into a new read-only PREFIX, keeping the package cache beside it.
 
-    The prefix gets conda-meta/envtools-readonly.json; every envtools command refuses to
-    write inside it. The explicit package set is in conda-meta/envtools-explicit.txt.
+    The prefix gets conda-meta/envtools/readonly.json; every envtools command refuses to
+    write inside it. The explicit package set is in conda-meta/envtools/explicit.txt.
     """
     from envtools.install import install as do_install
 

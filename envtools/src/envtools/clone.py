@@ -18,6 +18,7 @@ import json
 import os
 import re
 import stat
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from envtools.hashing import STAT_CACHE, load_stat_cache, stat_key
 from envtools.prefix_records import ENVTOOLS_META_PREFIX, Prefix, Record, write_record
 from envtools.progress import info, task
 from envtools.readonly import read_prefix_info, refuse_readonly, write_prefix_info
-from envtools.relocate import looks_binary, relocate, replace_binary
+from envtools.relocate import looks_binary, relocate
 from envtools.tempdirs import atomic_dir
 
 _SITE_RE = re.compile(r"^lib/python\d+\.\d+/site-packages/")
@@ -198,17 +199,37 @@ def _place(ctx: _Ctx, item: tuple) -> tuple[str, str, str | None]:
     return rel, COPY, None
 
 
-def _run_parallel(fn, items, label: str, workers: int = 4) -> list:
-    """Map ``fn`` over ``items`` in threads with a progress bar; cancel cleanly on Ctrl-C."""
-    results = []
+def _run_parallel(fn, items, label: str, workers: int = 4, chunk: int = 256) -> list:
+    """Map ``fn`` over ``items`` in threads, in order, with progress; stop fast on Ctrl-C.
+
+    Work goes out in chunks (few futures, little locking) and every chunk checks a cancel
+    flag between items, so an interrupt stops the workers within one file.
+    """
+    cancel = threading.Event()
+
+    def run_chunk(part: list) -> list:
+        out = []
+        for it in part:
+            if cancel.is_set():
+                return out
+            out.append(fn(it))
+        return out
+
+    results: list = []
     ex = ThreadPoolExecutor(workers)
+    futs = []
     try:
+        futs = [ex.submit(run_chunk, items[i:i + chunk]) for i in range(0, len(items), chunk)]
         with task(label, len(items)) as advance:
-            for res in ex.map(fn, items, chunksize=256):
-                results.append(res)
-                advance()
+            for f in futs:
+                part = f.result()
+                results.extend(part)
+                advance(len(part))
     except BaseException:
-        ex.shutdown(wait=True, cancel_futures=True)
+        cancel.set()
+        for f in futs:
+            f.cancel()
+        ex.shutdown(wait=True)
         raise
     ex.shutdown()
     return results
@@ -253,14 +274,11 @@ def _copy_untracked(ctx: _Ctx, src: Path, rel: str) -> tuple[str, bool]:
     with open(s, "rb") as fh:
         data = fh.read()
     old = ctx.old_prefix.encode()
-    if old in data:
-        if looks_binary(data):
-            try:
-                data = replace_binary(data, old, ctx.new_prefix.encode(), rel)
-            except EnvtoolsError:
-                pass  # left as is; reported by validate if it matters
-        else:
-            data = data.replace(old, ctx.new_prefix.encode())
+    # Only text is rewritten: an untracked binary has no recorded placeholder, and its
+    # strings may be length-prefixed (.pyc marshal data) rather than NUL-terminated, so
+    # an in-place rewrite could corrupt it. It is copied as is (a .pyc is recompiled).
+    if old in data and not looks_binary(data):
+        data = data.replace(old, ctx.new_prefix.encode())
         with open(d, "wb") as fh:
             fh.write(data)
         os.chmod(d, linking.writable_mode(st.st_mode))
@@ -555,5 +573,6 @@ def _write_clone_stat_cache(
                 continue
             if stat.S_ISREG(st.st_mode):
                 entries[rel] = [*stat_key(st), sha]
+    (tmp / STAT_CACHE).parent.mkdir(parents=True, exist_ok=True)
     with open(tmp / STAT_CACHE, "w") as fh:
         json.dump({"version": 1, "files": entries}, fh, separators=(",", ":"))

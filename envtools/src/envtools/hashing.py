@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-STAT_CACHE = Path("conda-meta") / "envtools-statcache.json"
+STAT_CACHE = Path("conda-meta") / "envtools" / "statcache.json"
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -62,6 +62,7 @@ def write_stat_cache(prefix: Path, rel_paths: Iterable[str]) -> None:
         if h is None:
             continue
         entries[rel] = [*stat_key(os.stat(prefix / rel)), h]
+    (prefix / STAT_CACHE).parent.mkdir(parents=True, exist_ok=True)
     with open(prefix / STAT_CACHE, "w") as fh:
         json.dump({"version": 1, "files": entries}, fh, separators=(",", ":"))
 

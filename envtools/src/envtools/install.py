@@ -19,7 +19,7 @@ import rattler
 
 from envtools import virtual
 from envtools.errors import EnvtoolsError
-from envtools.hashing import write_stat_cache
+from envtools.hashing import STAT_CACHE, write_stat_cache
 from envtools.prefix_records import Prefix
 from envtools.progress import info
 from envtools.readonly import (
@@ -32,7 +32,7 @@ from envtools.readonly import (
 )
 from envtools.tempdirs import atomic_dir
 
-EXPLICIT = Path("conda-meta") / "envtools-explicit.txt"
+EXPLICIT = Path("conda-meta") / "envtools" / "explicit.txt"
 
 
 def channel_source(channel: str) -> str:
@@ -95,6 +95,7 @@ def write_explicit(prefix: Path, records: list[rattler.RepoDataRecord]) -> None:
     for r in sorted(records, key=lambda r: r.name.normalized):
         sha = r.sha256.hex() if r.sha256 else ""
         lines.append(f"{r.url}#sha256:{sha}" if sha else str(r.url))
+    (prefix / EXPLICIT).parent.mkdir(parents=True, exist_ok=True)
     (prefix / EXPLICIT).write_text("\n".join(lines) + "\n")
 
 
@@ -160,10 +161,10 @@ def install(
         make_readonly(cache)
         tracked = [e["_path"] for r in Prefix.load(tmp).records for e in r.paths]
         make_readonly(tmp)
-        os.chmod(tmp / "conda-meta", 0o755)
+        os.chmod(tmp / STAT_CACHE.parent, 0o755)
         write_stat_cache(tmp, tracked)
-        os.chmod(tmp / "conda-meta" / "envtools-statcache.json", 0o444)
-        os.chmod(tmp / "conda-meta", 0o555)
+        os.chmod(tmp / STAT_CACHE, 0o444)
+        os.chmod(tmp / STAT_CACHE.parent, 0o555)
         os.chmod(tmp, 0o755)  # renamed below; read-only again right after
     os.chmod(prefix, 0o555)
     info(f"installed {len(records)} packages into {prefix} (read-only) in "

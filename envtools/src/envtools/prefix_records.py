@@ -14,8 +14,8 @@ from pathlib import Path
 
 from envtools.errors import EnvtoolsError
 
-#: Files envtools itself writes into conda-meta; they are not package records.
-ENVTOOLS_META_PREFIX = "envtools-"
+#: envtools keeps its own files in conda-meta/envtools/ (conda reads conda-meta/*.json).
+ENVTOOLS_META_PREFIX = "envtools"
 
 
 @dataclass

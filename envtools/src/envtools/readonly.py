@@ -1,6 +1,8 @@
 """The read-only marker and the guard every writing command goes through.
 
-A prefix installed by ``envtools install`` carries ``conda-meta/envtools-readonly.json``.
+A prefix installed by ``envtools install`` carries ``conda-meta/envtools/readonly.json``.
+envtools keeps its own files in ``conda-meta/envtools/``, a subdirectory, because conda,
+mamba and rattler read every ``conda-meta/*.json`` as a package record.
 File permissions alone do not protect a shared env (root and the owner can write anyway),
 so envtools also refuses, by this marker, to write anywhere inside such a prefix.
 """
@@ -14,9 +16,9 @@ from pathlib import Path
 
 from envtools.errors import EnvtoolsError
 
-MARKER = Path("conda-meta") / "envtools-readonly.json"
+MARKER = Path("conda-meta") / "envtools" / "readonly.json"
 #: Where the prefix itself was installed (files carry this path); written for every env.
-PREFIX_INFO = Path("conda-meta") / "envtools-prefix.json"
+PREFIX_INFO = Path("conda-meta") / "envtools" / "prefix.json"
 
 
 def default_cache_for(prefix: Path) -> Path:
@@ -58,6 +60,7 @@ def refuse_readonly(path: Path, what: str) -> None:
 def write_prefix_info(prefix: Path, recorded_prefix: Path, cache: Path | None) -> None:
     """Remember the path baked into the env's files and where its package cache is."""
     info = {"prefix": str(recorded_prefix), "package_cache": str(cache) if cache else None}
+    (prefix / PREFIX_INFO).parent.mkdir(parents=True, exist_ok=True)
     with open(prefix / PREFIX_INFO, "w") as fh:
         json.dump(info, fh, indent=2)
 
