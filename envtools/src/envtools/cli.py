@@ -6,6 +6,7 @@ so the same functions are what the tests and the benchmark exercise.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -141,7 +142,28 @@ def validate(
 
 
 def main() -> None:
-    """Entry point: run the app, turning EnvtoolsError into a message and exit status."""
+    """Entry point: run the app; exit through :func:`_exit` (see there)."""
+    try:
+        _main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        _exit(code)
+
+
+def _exit(code: int) -> None:
+    """Flush and leave without interpreter finalization.
+
+    py-rattler's runtime threads can abort the process while Python finalizes after a
+    solve/install ("PyGILState_Release ... must be current"), turning a finished,
+    successful command into exit -6. All our work is done and flushed by now.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _main() -> None:
+    """Run the app, turning EnvtoolsError into a message and an exit status."""
     try:
         rc = app(standalone_mode=False)  # returns typer.Exit's code instead of exiting
         sys.exit(rc if isinstance(rc, int) else 0)
