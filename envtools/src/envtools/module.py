@@ -10,7 +10,8 @@ re-run ``envtools module`` after changing an env.
 
 Activation follows ``conda activate --stack``: PATH gets ``<prefix>/bin`` in front,
 CONDA_PREFIX / CONDA_DEFAULT_ENV / CONDA_PROMPT_MODIFIER are set, CONDA_SHLVL goes up by
-one and a previously active env is kept as CONDA_PREFIX_<n>.
+one and a previously active env is kept as CONDA_PREFIX_<n> (``setenv``: conda's own
+stacking never leaves one behind, so unload unsets it).
 """
 
 from __future__ import annotations
@@ -162,9 +163,9 @@ def render_lua(prefix: Path, name: str, pkgs, changes, readonly: bool, desc: str
         'local shlvl = tonumber(os.getenv("CONDA_SHLVL") or "") or 0',
         'if mode() == "unload" then shlvl = shlvl - 1 end',
         'if mode() == "unload" then',
-        '  if os.getenv("CONDA_PREFIX_" .. shlvl) then pushenv("CONDA_PREFIX_" .. shlvl, "") end',
+        '  if os.getenv("CONDA_PREFIX_" .. shlvl) then setenv("CONDA_PREFIX_" .. shlvl, "") end',
         'elseif os.getenv("CONDA_PREFIX") then',
-        '  pushenv("CONDA_PREFIX_" .. shlvl, os.getenv("CONDA_PREFIX"))',
+        '  setenv("CONDA_PREFIX_" .. shlvl, os.getenv("CONDA_PREFIX"))',
         "end",
         'pushenv("CONDA_SHLVL", tostring(shlvl + 1))',
         'pushenv("CONDA_PREFIX", prefix)',
@@ -203,9 +204,9 @@ def render_tcl(prefix: Path, name: str, pkgs, changes, readonly: bool, desc: str
         "}",
         "if {[module-info mode unload]} {",
         "    incr shlvl -1",
-        "    if {[info exists ::env(CONDA_PREFIX_$shlvl)]} { pushenv CONDA_PREFIX_$shlvl {} }",
+        "    if {[info exists ::env(CONDA_PREFIX_$shlvl)]} { setenv CONDA_PREFIX_$shlvl {} }",
         "} elseif {[info exists ::env(CONDA_PREFIX)]} {",
-        "    pushenv CONDA_PREFIX_$shlvl $::env(CONDA_PREFIX)",
+        "    setenv CONDA_PREFIX_$shlvl $::env(CONDA_PREFIX)",
         "}",
         "pushenv CONDA_SHLVL [expr {$shlvl + 1}]",
         "pushenv CONDA_PREFIX $prefix",
