@@ -252,3 +252,25 @@ def test_clone_add_pins_existing_packages(env, channel, tmp_path):
     p = run_envtools("clone", env, dest2, "--add", "libdemo>=2", check=False)
     assert p.returncode == 2 and "--allow-update" in p.stderr
     assert not dest2.exists()
+
+
+def test_hardlinks_only_when_safe_and_never_writable(env, tmp_path):
+    """Not root (a user namespace drops root's override): read-only cache files are
+    hardlinked, placeholder files are written fresh, and writing a linked file fails."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root to create a user namespace with unshare --user")
+    dest = tmp_path / "hl"
+    p = subprocess.run(["unshare", "--user", "--", *ENVTOOLS, "clone", str(env), str(dest)],
+                       capture_output=True, text=True)
+    if p.returncode != 0 and "unshare" in p.stderr:
+        pytest.skip(f"user namespaces unavailable: {p.stderr.strip()}")
+    assert p.returncode == 0, p.stderr
+    assert "hardlink" in p.stderr
+    cache_h = next((env.parent / "powerai.pkgs").glob("libdemo-*")) / "include" / "demo.h"
+    assert os.stat(dest / "include" / "demo.h").st_ino == os.stat(cache_h).st_ino
+    assert os.stat(dest / "share" / "demo" / "config.txt").st_nlink == 1  # relocated: own copy
+    w = subprocess.run(["unshare", "--user", "--", "sh", "-c",
+                        f"echo x >> {dest / 'include' / 'demo.h'}"], capture_output=True)
+    assert w.returncode != 0
+    assert b"x\n" not in cache_h.read_bytes()
+    check_runs_at(dest)

@@ -79,7 +79,8 @@ def clone(
     ] = None,
     link_mode: Annotated[
         str,
-        typer.Option(help="auto (reflink, then safe hardlink, then copy), reflink, copy."),
+        typer.Option(help="auto (reflink, else hardlink to read-only cache files when not "
+                     "root, else copy), reflink, copy."),
     ] = "auto",
     no_cache: Annotated[
         bool, typer.Option("--no-cache", help="Ignore the package cache: copy and relocate.")
@@ -89,7 +90,7 @@ def clone(
     """Clone SRC to DEST quickly and exactly, then optionally --add packages.
 
     Package files are linked from SRC's package cache when it is readable (reflink, or a
-    hardlink only where you cannot write the shared file), else copied from SRC; prefixes
+    hardlink to a cache file nobody may write, never as root), else copied from SRC; prefixes
     are relocated; pip-installed files are carried over. Built beside DEST and renamed
     into place: on failure or Ctrl-C nothing is left at DEST.
     """

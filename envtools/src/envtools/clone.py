@@ -77,7 +77,6 @@ class _Ctx:
     new_prefix: str
     old_prefix: str
     euid: int
-    groups: set[int]
     link_mode: str
     reflink_ok: bool | None = None
     hardlink_ok: bool = True
@@ -155,7 +154,7 @@ def _link_or_copy(ctx: _Ctx, src: str, dst: str, st: os.stat_result) -> str:
     if (
         ctx.link_mode == "auto"
         and ctx.hardlink_ok
-        and linking.hardlink_is_safe(st, ctx.euid, ctx.groups)
+        and linking.hardlink_is_safe(st, ctx.euid)
     ):
         try:
             os.link(src, dst)
@@ -430,7 +429,6 @@ def clone(
             new_prefix=str(destp),
             old_prefix=old_prefix,
             euid=os.geteuid(),
-            groups=set(os.getgroups()) | {os.getegid()},
             link_mode=link_mode,
         )
         items = []
@@ -561,8 +559,8 @@ def _write_clone_stat_cache(
                 else:
                     sc = src_cache.get(rel)
                     try:
-                        if sc and sc[:4] == stat_key(os.stat(srcp / rel)):
-                            sha = sc[4]
+                        if sc and sc[:3] == stat_key(os.stat(srcp / rel)):
+                            sha = sc[3]
                     except OSError:
                         sha = None
             if not sha:
@@ -575,4 +573,4 @@ def _write_clone_stat_cache(
                 entries[rel] = [*stat_key(st), sha]
     (tmp / STAT_CACHE).parent.mkdir(parents=True, exist_ok=True)
     with open(tmp / STAT_CACHE, "w") as fh:
-        json.dump({"version": 1, "files": entries}, fh, separators=(",", ":"))
+        json.dump({"version": 2, "files": entries}, fh, separators=(",", ":"))

@@ -1,10 +1,12 @@
 """sha256 of files and the stat cache that lets ``validate`` skip re-hashing unchanged files.
 
 Hashing a multi-GB environment takes longer than the 3 s validate budget, so envtools
-records each tracked file's (size, mtime_ns, ctime_ns, inode) together with its sha256
-when it creates the env. A file whose stat still matches has not been written since
-(writing updates ctime, which users cannot set back), so its recorded hash still holds;
-every other file is hashed again. ``validate --full`` ignores the cache.
+records each tracked file's (size, mtime_ns, inode) together with its sha256 when it
+creates the env. A file whose stat still matches has not been rewritten (a write updates
+mtime; replacing a file changes its inode), so its recorded hash still holds; every other
+file is hashed again. ctime is deliberately not part of the key: every hardlink a clone
+makes to a shared file changes its ctime. Resetting mtime by hand after an in-place edit
+would go unnoticed, which is what ``validate --full`` (re-hash everything) is for.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 
 
 def stat_key(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
 def hash_many(paths: Iterable[str], workers: int | None = None) -> dict[str, str | None]:
@@ -64,13 +66,13 @@ def write_stat_cache(prefix: Path, rel_paths: Iterable[str]) -> None:
         entries[rel] = [*stat_key(os.stat(prefix / rel)), h]
     (prefix / STAT_CACHE).parent.mkdir(parents=True, exist_ok=True)
     with open(prefix / STAT_CACHE, "w") as fh:
-        json.dump({"version": 1, "files": entries}, fh, separators=(",", ":"))
+        json.dump({"version": 2, "files": entries}, fh, separators=(",", ":"))
 
 
 def load_stat_cache(prefix: Path) -> dict[str, list]:
     try:
         with open(prefix / STAT_CACHE) as fh:
             data = json.load(fh)
-        return data.get("files", {}) if data.get("version") == 1 else {}
+        return data.get("files", {}) if data.get("version") == 2 else {}
     except (OSError, ValueError):
         return {}

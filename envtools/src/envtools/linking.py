@@ -1,9 +1,13 @@
 """Placing one file: reflink, hardlink (only when safe) or copy.
 
-A hardlink shares the inode with the shared package cache, so anyone who can write the
-file writes into every env linked to it. We therefore hardlink only files the cloning
-user can neither write nor chmod (not the owner, not root, no group/other write bit).
-A reflink (FICLONE, on XFS/btrfs) shares blocks copy-on-write and is always safe.
+A hardlink shares the inode with the shared package cache, so a write through it lands
+in every env linked to that file. We hardlink only files that nobody may write (no write
+bit at all, as envtools install leaves the cache) and never as root, who writes through
+permissions. Then an in-place write into the clone fails with EACCES instead of changing
+the shared file; tools that replace files (pip, conda, editors' rename-on-save) unlink
+the link and leave the shared inode alone. Files that must change (prefix placeholders)
+are always written fresh. A reflink (FICLONE, on XFS/btrfs) shares blocks copy-on-write
+and is always safe, so it is tried first.
 """
 
 from __future__ import annotations
@@ -33,15 +37,10 @@ def reflink(src: str, dst: str, mode: int) -> None:
         os.close(sfd)
 
 
-def hardlink_is_safe(st: os.stat_result, euid: int, groups: set[int]) -> bool:
-    """True when the current user could not write through a hardlink to this inode."""
-    if euid == 0 or st.st_uid == euid:
-        return False  # root writes anything; the owner can chmod u+w
-    if st.st_mode & stat.S_IWOTH:
-        return False
-    if st.st_gid in groups and st.st_mode & stat.S_IWGRP:
-        return False
-    return True
+def hardlink_is_safe(st: os.stat_result, euid: int) -> bool:
+    """True when nobody but root could write through a hardlink to this inode, and we
+    are not root (root ignores permission bits, so its accidental writes would land)."""
+    return euid != 0 and not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
 
 
 def copy(src: str, dst: str, mode: int) -> None:

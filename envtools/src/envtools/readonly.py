@@ -102,7 +102,7 @@ def make_readonly(root: Path) -> None:
 
 def make_writable(root: Path) -> None:
     """Give the owner write permission back (for ``envtools remove``)."""
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         os.chmod(dirpath, stat.S_IMODE(os.stat(dirpath).st_mode) | stat.S_IWUSR)
         for name in filenames:
             fp = os.path.join(dirpath, name)

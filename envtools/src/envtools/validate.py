@@ -240,8 +240,8 @@ def check_files(ctx: Context) -> None:
             _altered(ctx, r, rel)
             continue
         c = cache.get(rel)
-        if c is not None and c[:4] == stat_key(st):
-            if c[4] != sha:
+        if c is not None and c[:3] == stat_key(st):
+            if c[3] != sha:
                 _altered(ctx, r, rel)
             continue
         to_hash.append(rel)
