@@ -198,12 +198,20 @@ def _place(ctx: _Ctx, item: tuple) -> tuple[str, str, str | None]:
     return rel, COPY, None
 
 
-def _run_parallel(fn, items, label: str, workers: int = 4, chunk: int = 256) -> list:
+def _run_parallel(fn, items, label: str, workers: int = 1, chunk: int = 256) -> list:
     """Map ``fn`` over ``items`` in threads, in order, with progress; stop fast on Ctrl-C.
 
     Work goes out in chunks (few futures, little locking) and every chunk checks a cancel
     flag between items, so an interrupt stops the workers within one file.
     """
+    if workers <= 1:  # linking is a syscall per file; threads only add GIL hand-offs
+        out = []
+        with task(label, len(items)) as advance:
+            for i in range(0, len(items), chunk):
+                part = [fn(it) for it in items[i:i + chunk]]
+                out.extend(part)
+                advance(len(part))
+        return out
     cancel = threading.Event()
 
     def run_chunk(part: list) -> list:
@@ -573,4 +581,4 @@ def _write_clone_stat_cache(
                 entries[rel] = [*stat_key(st), sha]
     (tmp / STAT_CACHE).parent.mkdir(parents=True, exist_ok=True)
     with open(tmp / STAT_CACHE, "w") as fh:
-        json.dump({"version": 2, "files": entries}, fh, separators=(",", ":"))
+        fh.write(json.dumps({"version": 2, "files": entries}, separators=(",", ":")))

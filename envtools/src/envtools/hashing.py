@@ -66,7 +66,7 @@ def write_stat_cache(prefix: Path, rel_paths: Iterable[str]) -> None:
         entries[rel] = [*stat_key(os.stat(prefix / rel)), h]
     (prefix / STAT_CACHE).parent.mkdir(parents=True, exist_ok=True)
     with open(prefix / STAT_CACHE, "w") as fh:
-        json.dump({"version": 2, "files": entries}, fh, separators=(",", ":"))
+        fh.write(json.dumps({"version": 2, "files": entries}, separators=(",", ":")))
 
 
 def load_stat_cache(prefix: Path) -> dict[str, list]:

@@ -120,8 +120,12 @@ class Prefix:
 
 
 def write_record(meta_dir: Path, data: dict) -> Path:
-    """Write one record the way conda and rattler do (indented JSON, ``name-ver-build``)."""
+    """Write one record as ``name-version-build.json``.
+
+    ``json.dumps`` without indent runs in C; ``json.dump(fh, indent=2)`` runs the pure
+    Python encoder, which cost more than linking the files themselves in clone.
+    """
     fp = meta_dir / f"{data['name']}-{data['version']}-{data['build']}.json"
     with open(fp, "w") as fh:
-        json.dump(data, fh, indent=2)
+        fh.write(json.dumps(data))
     return fp
