@@ -168,9 +168,15 @@ def _link_or_copy(ctx: _Ctx, src: str, dst: str, st: os.stat_result) -> str:
     return COPY
 
 
-def _place(ctx: _Ctx, item: tuple) -> tuple[str, str, str | None]:
-    """Create one tracked file in the clone; returns (rel, how, sha256 of new content)."""
-    rel, source, path_type, placeholder, file_mode, from_cache = item
+def _place(ctx: _Ctx, item: tuple) -> tuple[str, str, str | None, list | None]:
+    """Create one tracked file in the clone.
+
+    Returns (rel, how, sha256 if we know it, stat key of the new file if we know it):
+    a file placed from the cache has the package's recorded hash, a relocated one the
+    hash of what we wrote, and a hardlink shares the stat we already took of its source,
+    so the clone's stat cache costs no extra hashing and hardly any system calls.
+    """
+    rel, source, path_type, placeholder, file_mode, from_cache, sha = item
     dst = os.path.join(ctx.dest_tmp, rel)
     if path_type == "softlink":
         target = os.readlink(source)
@@ -178,10 +184,10 @@ def _place(ctx: _Ctx, item: tuple) -> tuple[str, str, str | None]:
             if old and target.startswith(old):
                 target = ctx.new_prefix + target[len(old):]
         os.symlink(target, dst)
-        return rel, SYMLINK, None
+        return rel, SYMLINK, None, None
     if path_type == "directory":
         os.makedirs(dst, exist_ok=True)
-        return rel, "directory", None
+        return rel, "directory", None, None
     st = os.stat(source)
     old = placeholder if from_cache else (ctx.old_prefix if placeholder else None)
     if old:
@@ -190,12 +196,17 @@ def _place(ctx: _Ctx, item: tuple) -> tuple[str, str, str | None]:
         new = relocate(data, old, ctx.new_prefix, file_mode or "text", what=rel)
         with open(dst, "wb") as fh:
             fh.write(new)
-        os.chmod(dst, linking.writable_mode(st.st_mode))
-        return rel, RELOCATED, hashlib.sha256(new).hexdigest()
+            os.fchmod(fh.fileno(), linking.writable_mode(st.st_mode))
+            fh.flush()
+            key = stat_key(os.fstat(fh.fileno()))
+        return rel, RELOCATED, hashlib.sha256(new).hexdigest(), key
     if from_cache:
-        return rel, _link_or_copy(ctx, source, dst, st), None
+        how = _link_or_copy(ctx, source, dst, st)
+        if how == HARDLINK:
+            return rel, how, sha, stat_key(st)
+        return rel, how, sha, stat_key(os.stat(dst))
     linking.copy(source, dst, linking.writable_mode(st.st_mode))
-    return rel, COPY, None
+    return rel, COPY, None, None
 
 
 def _run_parallel(fn, items, label: str, workers: int = 1, chunk: int = 256) -> list:
@@ -449,29 +460,27 @@ def clone(
                 if cdir is not None:
                     source = os.path.join(cdir, _cache_rel(r, rel))
                     from_cache = True
-                    if not os.path.lexists(source) and r.noarch_python:
+                    if r.noarch_python and not os.path.lexists(source):
                         source, from_cache = os.path.join(srcp, rel), False
                 else:
                     source, from_cache = os.path.join(srcp, rel), False
                 items.append((rel, source, e.get("path_type"), ph, e.get("file_mode"),
-                              from_cache))
-                dirs.add(os.path.dirname(rel))
-        for d in sorted(dirs):
-            if d:
-                os.makedirs(os.path.join(tmp, d), exist_ok=True)
+                              from_cache, e.get("sha256")))
+                d = os.path.dirname(rel)
+                while d and d not in dirs:  # every ancestor, so plain mkdir works in order
+                    dirs.add(d)
+                    d = os.path.dirname(d)
+        for d in sorted(dirs):  # parents sort before their children
+            os.mkdir(os.path.join(tmp, d))
 
         def place(item: tuple) -> tuple[str, str, str | None]:
             try:
                 return _place(ctx, item)
-            except FileNotFoundError:
-                rel, _source, path_type, ph, fm, from_cache = item
-                if from_cache:  # cache entry incomplete: take this file from SRC instead
-                    return _place(ctx, (rel, os.path.join(srcp, rel), path_type, ph, fm, False))
-                raise
-            except PermissionError:
-                rel, _source, path_type, ph, fm, from_cache = item
-                if from_cache:
-                    return _place(ctx, (rel, os.path.join(srcp, rel), path_type, ph, fm, False))
+            except (FileNotFoundError, PermissionError):
+                rel, _source, path_type, ph, fm, from_cache, _sha = item
+                if from_cache:  # cache entry incomplete or unreadable: take SRC's file
+                    return _place(ctx, (rel, os.path.join(srcp, rel), path_type, ph, fm, False,
+                                        None))
                 raise
 
         try:
@@ -483,10 +492,13 @@ def clone(
                 f"repair the source (envtools validate {srcp}) or restore its package cache",
             ) from e
         new_sha: dict[str, str] = {}
-        for rel, how, sha in results:
+        known: dict[str, list] = {}  # rel -> [*stat key, sha256] for the stat cache
+        for rel, how, sha, key in results:
             report.placed[how] = report.placed.get(how, 0) + 1
-            if sha:
+            if how == RELOCATED:
                 new_sha[rel] = sha
+            if sha and key:
+                known[rel] = [*key, sha]
 
         # untracked files: pip installs and anything else users put there
         owned = {e["_path"] for r in prefix.records for e in r.paths}
@@ -508,7 +520,7 @@ def clone(
         meta = tmp / "conda-meta"
         meta.mkdir(exist_ok=True)
         for r in prefix.records:
-            data = json.loads(json.dumps(r.data))
+            data = r.data  # ours to change: the SRC records are not used after this
             cdir = cache.get(r.name)
             data["extracted_package_dir"] = str(cdir) if cdir else ""
             data["link"] = {"source": str(cdir) if cdir else str(srcp), "type": 1 if cdir else 3}
@@ -524,7 +536,7 @@ def clone(
             fh.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} <==\n"
                      f"# cmd: envtools clone {srcp} {destp}\n")
         write_prefix_info(tmp, destp, cache_root_of(cache))
-        _write_clone_stat_cache(tmp, prefix.records, cache, new_sha, srcp)
+        _write_clone_stat_cache(tmp, prefix.records, cache, known, srcp)
 
         if add:
             report.added = _add_packages(
@@ -543,42 +555,35 @@ def cache_root_of(cache: dict[str, Path]) -> Path | None:
 
 
 def _write_clone_stat_cache(
-    tmp: Path, records: list[Record], cache: dict[str, Path], new_sha: dict[str, str],
+    tmp: Path, records: list[Record], cache: dict[str, Path], known: dict[str, list],
     srcp: Path,
 ) -> None:
-    """Stat cache for the clone without hashing what we know: cache files and rewrites.
+    """Stat cache for the clone without hashing: what placing the files told us.
 
-    A file placed from the cache has the package's recorded sha256; a relocated one has
-    the hash we computed while writing it; a file copied from SRC is trusted only if SRC's
-    own stat cache vouched for it, otherwise validate will hash it.
+    Files from the cache and relocated files are in ``known``; a file copied from SRC is
+    trusted only if SRC's own stat cache vouched for it, otherwise validate hashes it.
     """
-    src_cache = load_stat_cache(srcp)
-    entries = {}
+    entries = dict(known)
+    if all(r.name in cache for r in records):
+        src_cache: dict = {}
+    else:
+        src_cache = load_stat_cache(srcp)
+    tmp_s, src_s = str(tmp), str(srcp)
     for r in records:
-        cdir = cache.get(r.name)
+        if r.name in cache:
+            continue
         for e in r.paths:
             rel = e["_path"]
-            if e.get("path_type") in ("softlink", "directory"):
-                continue
-            sha = new_sha.get(rel)
-            if sha is None and not e.get("prefix_placeholder"):
-                if cdir is not None:
-                    sha = e.get("sha256")
-                else:
-                    sc = src_cache.get(rel)
-                    try:
-                        if sc and sc[:3] == stat_key(os.stat(srcp / rel)):
-                            sha = sc[3]
-                    except OSError:
-                        sha = None
-            if not sha:
+            sc = src_cache.get(rel)
+            if rel in entries or sc is None or e.get("prefix_placeholder"):
                 continue
             try:
-                st = os.lstat(tmp / rel)
+                if sc[:3] == stat_key(os.stat(os.path.join(src_s, rel))):
+                    st = os.lstat(os.path.join(tmp_s, rel))
+                    if stat.S_ISREG(st.st_mode):
+                        entries[rel] = [*stat_key(st), sc[3]]
             except OSError:
                 continue
-            if stat.S_ISREG(st.st_mode):
-                entries[rel] = [*stat_key(st), sha]
     (tmp / STAT_CACHE).parent.mkdir(parents=True, exist_ok=True)
     with open(tmp / STAT_CACHE, "w") as fh:
         fh.write(json.dumps({"version": 2, "files": entries}, separators=(",", ":")))
