@@ -196,50 +196,60 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, list[float]] = {}
 
-    def measure(name: str, cmd: list[str], dest: Path | None, env=None) -> None:
-        for _ in range(a.repeat):
-            if dest is not None:
-                _rm(dest)
-            results.setdefault(name, []).append(_time(cmd, env))
-            if dest is not None:
-                _rm(dest)
-
     d = work / "dest"
-    measure("cp -a", ["cp", "-a", str(src), str(d)], d)
-    if cache:
-        script = work / "rattler_install.py"
-        script.write_text(RATTLER_INSTALL)
-        # py-rattler reports the install alone (no import). It refuses a read-only cache
-        # ("no eligible writable layers"), so the cache is made writable for these runs
-        # only; as root it then hardlinks from it.
+    script = work / "rattler_install.py"
+    script.write_text(RATTLER_INSTALL)
+    clone_label = ("envtools clone (cache, non-root owner)" if userns
+                   else "envtools clone (cache)")
+
+    def timed(name: str, cmd: list[str], dest: Path | None) -> None:
+        if dest is not None:
+            _rm(dest)
+        results.setdefault(name, []).append(_time(cmd))
+        if dest is not None:
+            _rm(dest)
+
+    def rattler_install() -> None:
+        # py-rattler refuses a read-only cache ("no eligible writable layers"), so the cache
+        # is made writable for this run only; as root it then hardlinks from it. Both the
+        # whole process (python, import, install) and the install call alone are kept.
         from envtools.readonly import make_readonly, make_writable
 
+        _rm(d)
         make_writable(Path(cache))
         try:
-            for _ in range(a.repeat):
-                _rm(d)
-                out = subprocess.run([sys.executable, str(script), str(src), str(d), cache],
-                                     capture_output=True, text=True)
-                if not out.stdout.strip():  # (it may abort at exit after printing: py-rattler)
-                    raise RuntimeError(out.stderr[-3000:])
-                results.setdefault("py-rattler install (same cache)", []).append(
-                    float(out.stdout.strip().splitlines()[-1]))
+            t = time.perf_counter()
+            out = subprocess.run([sys.executable, str(script), str(src), str(d), cache],
+                                 capture_output=True, text=True)
+            whole = time.perf_counter() - t
+            if not out.stdout.strip():  # (it may abort at exit after printing: py-rattler)
+                raise RuntimeError(out.stderr[-3000:])
         finally:
             for lock in Path(cache).glob("*.lock"):
                 lock.unlink()
             (Path(cache) / ".cache.lock").unlink(missing_ok=True)
             make_readonly(Path(cache))
+        results.setdefault("py-rattler install (same cache), whole process", []).append(whole)
+        results.setdefault("py-rattler install (same cache), install() call", []).append(
+            float(out.stdout.strip().splitlines()[-1]))
         _rm(d)
-        label = "envtools clone (cache, non-root owner)" if userns else "envtools clone (cache)"
-        measure(label, [*userns, *envtools, "clone", str(src), str(d)], d)
-        if userns:
-            measure("envtools clone (cache, as root: no hardlinks)",
-                    [*envtools, "clone", str(src), str(d)], d)
-    measure("envtools clone --no-cache", [*envtools, "clone", "--no-cache", str(src), str(d)], d)
-    measure("envtools validate", [*envtools, "validate", str(src)], None)
-    measure("envtools validate --full", [*envtools, "validate", "--full", str(src)], None)
-    # python + envtools start-up, included in every envtools figure above
-    measure("(python -m envtools --help: start-up)", [*envtools, "--help"], None)
+
+    # rounds interleave every command, so load from other users hits them all alike
+    for i in range(a.repeat):
+        console.print(f"round {i + 1}/{a.repeat}")
+        timed("cp -a", ["cp", "-a", str(src), str(d)], d)
+        if cache:
+            rattler_install()
+            timed(clone_label, [*userns, *envtools, "clone", str(src), str(d)], d)
+            if userns:
+                timed("envtools clone (cache, as root: copies)",
+                      [*envtools, "clone", str(src), str(d)], d)
+        timed("envtools clone --no-cache", [*envtools, "clone", "--no-cache", str(src), str(d)],
+              d)
+        timed("envtools validate", [*envtools, "validate", str(src)], None)
+        timed("envtools validate --full", [*envtools, "validate", "--full", str(src)], None)
+        # python + envtools start-up, included in every envtools figure above
+        timed("(python -m envtools --help: start-up)", [*envtools, "--help"], None)
 
     med = {k: statistics.median(v) for k, v in results.items()}
     from rich.table import Table
@@ -251,17 +261,17 @@ def main(argv: list[str] | None = None) -> int:
     t.add_column("runs s")
     for k, v in results.items():
         t.add_row(k, f"{med[k]:.3f}", " ".join(f"{x:.3f}" for x in v))
-    out = console.__class__()  # stdout
+    out = console.__class__(width=120)  # stdout
     out.print(t)
     cpa = med["cp -a"]
     lines = []
     clone_key = next((k for k in med if k.startswith("envtools clone (cache")), None)
     if clone_key:
-        r = med["py-rattler install (same cache)"]
+        r = med["py-rattler install (same cache), whole process"]
         c = med[clone_key]
         lines.append(f"clone with cache: {cpa / c:.1f}x faster than cp -a (target >= 10x); "
-                     f"{c / r:.2f}x the time of a py-rattler install from the same cache "
-                     f"(target <= 1.0x)")
+                     f"{c / r:.2f}x the time of a py-rattler install from the same cache, whole "
+                     f"processes (target <= 1.0x)")
     n = med["envtools clone --no-cache"]
     lines.append(f"clone without cache: {n / cpa:.2f}x the time of cp -a (target <= 1.5x)")
     lines.append(f"validate: {med['envtools validate']:.2f} s (target <= 3 s); "
