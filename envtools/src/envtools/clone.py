@@ -188,8 +188,11 @@ def _place(ctx: _Ctx, item: tuple) -> tuple[str, str, str | None, list | None]:
     if path_type == "directory":
         os.makedirs(dst, exist_ok=True)
         return rel, "directory", None, None
-    st = os.stat(source)
     old = placeholder if from_cache else (ctx.old_prefix if placeholder else None)
+    if not old and not from_cache:
+        linking.copy(source, dst)
+        return rel, COPY, None, None
+    st = os.stat(source)
     if old:
         with open(source, "rb") as fh:
             data = fh.read()
@@ -205,7 +208,7 @@ def _place(ctx: _Ctx, item: tuple) -> tuple[str, str, str | None, list | None]:
         if how == HARDLINK:
             return rel, how, sha, stat_key(st)
         return rel, how, sha, stat_key(os.stat(dst))
-    linking.copy(source, dst, linking.writable_mode(st.st_mode))
+    linking.copy(source, dst)
     return rel, COPY, None, None
 
 
@@ -301,7 +304,7 @@ def _copy_untracked(ctx: _Ctx, src: Path, rel: str) -> tuple[str, bool]:
             fh.write(data)
         os.chmod(d, linking.writable_mode(st.st_mode))
         return rel, True
-    linking.copy(s, d, linking.writable_mode(st.st_mode))
+    linking.copy(s, d)
     return rel, False
 
 
