@@ -27,7 +27,7 @@ from pathlib import Path
 from envtools import linking
 from envtools.errors import EnvtoolsError
 from envtools.hashing import STAT_CACHE, load_stat_cache, stat_key
-from envtools.prefix_records import ENVTOOLS_META_PREFIX, Prefix, Record, write_record
+from envtools.prefix_records import Prefix, Record, write_record
 from envtools.progress import info, task
 from envtools.readonly import read_prefix_info, refuse_readonly, write_prefix_info
 from envtools.relocate import looks_binary, relocate
@@ -379,11 +379,7 @@ def _add_packages(
     from envtools.install import channel_source, solve
 
     meta = tmp / "conda-meta"
-    installed = [
-        rattler.PrefixRecord.from_path(p)
-        for p in sorted(meta.glob("*.json"))
-        if not p.name.startswith(ENVTOOLS_META_PREFIX)
-    ]
+    installed = [rattler.PrefixRecord.from_path(p) for p in sorted(meta.glob("*.json"))]
     sources = [channel_source(c[7:] if c.startswith("file://") else c) for c in channels]
     try:
         records = asyncio.run(

@@ -14,9 +14,6 @@ from pathlib import Path
 
 from envtools.errors import EnvtoolsError
 
-#: envtools keeps its own files in conda-meta/envtools/ (conda reads conda-meta/*.json).
-ENVTOOLS_META_PREFIX = "envtools"
-
 
 @dataclass
 class Record:
@@ -91,7 +88,8 @@ class Prefix:
         except PermissionError as e:
             raise EnvtoolsError(f"cannot read {meta}: {e.strerror}", "check permissions") from e
         for name in names:
-            if not name.endswith(".json") or name.startswith(ENVTOOLS_META_PREFIX):
+            # (envtools' own files are in conda-meta/envtools/, never conda-meta/*.json)
+            if not name.endswith(".json"):
                 continue
             fp = meta / name
             try:
