@@ -274,3 +274,37 @@ def test_hardlinks_only_when_safe_and_never_writable(env, tmp_path):
     assert w.returncode != 0
     assert b"x\n" not in cache_h.read_bytes()
     check_runs_at(dest)
+
+
+@pytest.fixture
+def xfs_dir(tmp_path):
+    """A loop-mounted XFS with reflink, where root can make one (else the test skips)."""
+    if os.geteuid() != 0 or not shutil.which("mkfs.xfs"):
+        pytest.skip("needs root and mkfs.xfs (apt-get install xfsprogs) for a reflink fs")
+    img, mnt = tmp_path / "xfs.img", tmp_path / "xfs"
+    mnt.mkdir()
+    with open(img, "wb") as fh:
+        fh.truncate(512 << 20)
+    if subprocess.run(["mkfs.xfs", "-q", "-m", "reflink=1", str(img)],
+                      capture_output=True).returncode != 0 or subprocess.run(
+            ["mount", "-o", "loop", str(img), str(mnt)], capture_output=True).returncode != 0:
+        pytest.skip("cannot make or loop-mount an XFS image here")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_reflink_clone_on_xfs(channel, xfs_dir):
+    """On a reflink filesystem even root links from the cache, safely (copy-on-write)."""
+    env = xfs_dir / "envs" / "powerai"
+    run_envtools("install", "--channel", channel, "--prefix", env, "demo-meta")
+    dest = xfs_dir / "clone"
+    p = run_envtools("clone", env, dest)
+    assert "reflink" in p.stderr and "hardlink" not in p.stderr
+    check_runs_at(dest)
+    h = dest / "include" / "demo.h"
+    with open(h, "ab") as fh:  # the clone's copy is writable and private
+        fh.write(b"int mine;\n")
+    assert b"mine" not in (env / "include" / "demo.h").read_bytes()
+    assert json.loads(run_envtools("validate", env, "--json").stdout)["exit_status"] == 0

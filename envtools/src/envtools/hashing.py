@@ -35,7 +35,9 @@ def stat_key(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
-def hash_many(paths: Iterable[str], workers: int | None = None) -> dict[str, str | None]:
+def hash_many(
+    paths: Iterable[str], workers: int | None = None, advance=None
+) -> dict[str, str | None]:
     """Hash files in a thread pool (hashlib releases the GIL); None for unreadable ones."""
 
     def one(p: str) -> tuple[str, str | None]:
@@ -46,8 +48,13 @@ def hash_many(paths: Iterable[str], workers: int | None = None) -> dict[str, str
 
     paths = list(paths)
     workers = workers or min(8, (os.cpu_count() or 2) * 2)
+    out: dict[str, str | None] = {}
     with ThreadPoolExecutor(workers) as ex:
-        return dict(ex.map(one, paths, chunksize=64))
+        for p, h in ex.map(one, paths, chunksize=64):
+            out[p] = h
+            if advance is not None:
+                advance()
+    return out
 
 
 def write_stat_cache(prefix: Path, rel_paths: Iterable[str]) -> None:

@@ -245,8 +245,8 @@ def check_files(ctx: Context) -> None:
                 _altered(ctx, r, rel)
             continue
         to_hash.append(rel)
-    with task("hashing files", len(to_hash)):
-        got = hash_many(os.path.join(root, rel) for rel in to_hash) if to_hash else {}
+    with task("hashing files", len(to_hash)) as advance:
+        got = hash_many((os.path.join(root, rel) for rel in to_hash), advance=advance)
     for rel in to_hash:
         h = got.get(os.path.join(root, rel))
         if h is not None and h != want[rel]:
