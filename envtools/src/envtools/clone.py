@@ -212,6 +212,54 @@ def _place(ctx: _Ctx, item: tuple) -> tuple[str, str, str | None, list | None]:
     return rel, COPY, None, None
 
 
+def _probe_reflink(pkg_dir: Path, tmp: Path) -> bool | None:
+    """Can this cache reflink into DEST's filesystem? Tried once, on a cache file."""
+    probe = tmp / ".envtools-reflink-probe"
+    for cand in (pkg_dir / "info" / "index.json", pkg_dir / "info" / "paths.json"):
+        try:
+            linking.reflink(str(cand), str(probe), 0o600)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+        probe.unlink()
+        return True
+    return None
+
+
+def _hardlink_fast_path(ctx: _Ctx, items: list[tuple], results: list) -> list[tuple]:
+    """Hardlink plain cache files in one tight loop; return the items left for _place.
+
+    The same rule as :func:`_link_or_copy` (no write bit on the file, not root), without
+    the per-file function calls, which are most of a 20,000-file clone's time.
+    """
+    rest = []
+    dest = str(ctx.dest_tmp) + "/"
+    link, stat_ = os.link, os.stat
+    with task("linking package files", len(items)) as advance:
+        for n, item in enumerate(items):
+            rel, source, path_type, ph, _fm, from_cache, sha = item
+            if ph or not from_cache or path_type in ("softlink", "directory") \
+                    or not ctx.hardlink_ok:
+                rest.append(item)
+                continue
+            try:
+                st = stat_(source)
+                if st.st_mode & 0o222:
+                    rest.append(item)
+                    continue
+                link(source, dest + rel)
+            except OSError as e:
+                if e.errno in linking.LINK_GIVE_UP:
+                    ctx.hardlink_ok = False
+                rest.append(item)
+                continue
+            results.append((rel, HARDLINK, sha, [st.st_size, st.st_mtime_ns, st.st_ino]))
+            if n % 1024 == 0:
+                advance(1024)
+    return rest
+
+
 def _run_parallel(fn, items, label: str, workers: int = 1, chunk: int = 256) -> list:
     """Map ``fn`` over ``items`` in threads, in order, with progress; stop fast on Ctrl-C.
 
@@ -471,6 +519,8 @@ def clone(
                     d = os.path.dirname(d)
         for d in sorted(dirs):  # parents sort before their children
             os.mkdir(os.path.join(tmp, d))
+        if cache and link_mode == "auto":
+            ctx.reflink_ok = _probe_reflink(next(iter(cache.values())), tmp)
 
         def place(item: tuple) -> tuple[str, str, str | None]:
             try:
@@ -482,8 +532,11 @@ def clone(
                                         None))
                 raise
 
+        results: list = []
+        if ctx.reflink_ok is False and ctx.euid != 0:
+            items = _hardlink_fast_path(ctx, items, results)
         try:
-            results = _run_parallel(place, items, "linking package files")
+            results += _run_parallel(place, items, "linking package files")
         except FileNotFoundError as e:
             raise EnvtoolsError(
                 f"{e.filename} is missing from the source environment and no package cache "
