@@ -308,3 +308,13 @@ def test_reflink_clone_on_xfs(channel, xfs_dir):
         fh.write(b"int mine;\n")
     assert b"mine" not in (env / "include" / "demo.h").read_bytes()
     assert json.loads(run_envtools("validate", env, "--json").stdout)["exit_status"] == 0
+
+
+def test_clone_is_bit_for_bit_a_fresh_install_at_dest(env, channel, tmp_path):
+    """Cloning to DEST gives the bytes installing the same packages at DEST gives."""
+    dest = tmp_path / "same" / "env"
+    run_envtools("clone", env, dest)
+    cloned = tree_digest(dest)
+    shutil.rmtree(dest)
+    run_envtools("install", "--channel", channel, "--prefix", dest, "demo-meta")
+    assert tree_digest(dest) == cloned
