@@ -318,3 +318,22 @@ def test_clone_is_bit_for_bit_a_fresh_install_at_dest(env, channel, tmp_path):
     shutil.rmtree(dest)
     run_envtools("install", "--channel", channel, "--prefix", dest, "demo-meta")
     assert tree_digest(dest) == cloned
+
+
+def test_untracked_cache_notices_new_files(channel, tmp_path):
+    """The recorded list of untracked files is only trusted while no directory changed."""
+    from envtools.prefix_records import Prefix
+    from envtools.untracked import untracked
+
+    env = tmp_path / "envs" / "p"
+    run_envtools("install", "--channel", channel, "--prefix", env, "demo-meta")
+    owned = {e["_path"] for r in Prefix.load(env).records for e in r.paths}
+    assert untracked(env, owned)[0] == ["CACHEDIR.TAG"]
+    share = env / "share" / "demo"
+    os.chmod(share, 0o755)  # an admin adds a file to the read-only env behind our back
+    (share / "site-note.txt").write_text(f"see {env}\n")
+    os.chmod(share, 0o555)
+    assert "share/demo/site-note.txt" in untracked(env, owned)[0]
+    dest = tmp_path / "c"
+    run_envtools("clone", env, dest)
+    assert (dest / "share" / "demo" / "site-note.txt").read_text() == f"see {dest}\n"

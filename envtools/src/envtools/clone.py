@@ -32,6 +32,7 @@ from envtools.progress import info, task
 from envtools.readonly import read_prefix_info, refuse_readonly, write_prefix_info
 from envtools.relocate import looks_binary, relocate
 from envtools.tempdirs import atomic_dir
+from envtools.untracked import untracked
 
 _SITE_RE = re.compile(r"^lib/python\d+\.\d+/site-packages/")
 
@@ -304,30 +305,6 @@ def _run_parallel(fn, items, label: str, workers: int = 1, chunk: int = 256) -> 
     return results
 
 
-def _untracked(src: Path, owned: set[str]) -> tuple[list[str], list[str]]:
-    """Files (and empty dirs) under SRC that no package record owns, as relative paths."""
-    files, empty_dirs = [], []
-    src_s = str(src)
-    n = len(src_s) + 1
-    for dirpath, dirnames, filenames in os.walk(src_s):
-        rel_dir = dirpath[n:]
-        if rel_dir == "conda-meta":
-            dirnames[:] = []
-            continue
-        for d in list(dirnames):
-            full = os.path.join(dirpath, d)
-            if os.path.islink(full):
-                filenames.append(d)  # a symlink to a directory is copied as a link
-                dirnames.remove(d)
-        for f in filenames:
-            rel = f"{rel_dir}/{f}" if rel_dir else f
-            if rel not in owned:
-                files.append(rel)
-        if not filenames and not dirnames and rel_dir:
-            empty_dirs.append(rel_dir)
-    return files, empty_dirs
-
-
 def _copy_untracked(ctx: _Ctx, src: Path, rel: str) -> tuple[str, bool]:
     """Copy one untracked file, rewriting SRC's prefix; returns (rel, was_rewritten)."""
     s = os.path.join(src, rel)
@@ -499,24 +476,27 @@ def clone(
         )
         items = []
         dirs: set[str] = set()
+        src_base = str(srcp) + "/"
         for r in prefix.records:
             cdir = cache.get(r.name)
+            base = str(cdir) + "/" if cdir is not None else None
+            noarch_py = r.noarch_python
             for e in r.paths:
                 rel = e["_path"]
-                ph = e.get("prefix_placeholder")
-                if cdir is not None:
-                    source = os.path.join(cdir, _cache_rel(r, rel))
-                    from_cache = True
-                    if r.noarch_python and not os.path.lexists(source):
-                        source, from_cache = os.path.join(srcp, rel), False
+                if base is None:
+                    source, from_cache = src_base + rel, False
+                elif noarch_py:
+                    source, from_cache = base + _cache_rel(r, rel), True
+                    if not os.path.lexists(source):
+                        source, from_cache = src_base + rel, False
                 else:
-                    source, from_cache = os.path.join(srcp, rel), False
-                items.append((rel, source, e.get("path_type"), ph, e.get("file_mode"),
-                              from_cache, e.get("sha256")))
-                d = os.path.dirname(rel)
+                    source, from_cache = base + rel, True
+                items.append((rel, source, e.get("path_type"), e.get("prefix_placeholder"),
+                              e.get("file_mode"), from_cache, e.get("sha256")))
+                d = rel.rpartition("/")[0]
                 while d and d not in dirs:  # every ancestor, so plain mkdir works in order
                     dirs.add(d)
-                    d = os.path.dirname(d)
+                    d = d.rpartition("/")[0]
         for d in sorted(dirs):  # parents sort before their children
             os.mkdir(os.path.join(tmp, d))
         if cache and link_mode == "auto":
@@ -554,7 +534,7 @@ def clone(
 
         # untracked files: pip installs and anything else users put there
         owned = {e["_path"] for r in prefix.records for e in r.paths}
-        files, empty = _untracked(srcp, owned)
+        files, empty = untracked(srcp, owned)
         rewritten = {
             rel
             for rel, changed in _run_parallel(

@@ -31,6 +31,7 @@ from envtools.readonly import (
     write_prefix_info,
 )
 from envtools.tempdirs import atomic_dir
+from envtools.untracked import write_cache as write_untracked_cache
 
 EXPLICIT = Path("conda-meta") / "envtools" / "explicit.txt"
 
@@ -160,6 +161,7 @@ def install(
         _drop_cache_locks(cache)
         make_readonly(cache)
         tracked = [e["_path"] for r in Prefix.load(tmp).records for e in r.paths]
+        write_untracked_cache(tmp, set(tracked))
         make_readonly(tmp)
         os.chmod(tmp / STAT_CACHE.parent, 0o755)
         write_stat_cache(tmp, tracked)
