@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = read_prefix_info(src).get("package_cache")
     work = Path(tempfile.mkdtemp(prefix="clones-", dir=a.workdir or src.parent))
     nfiles, nbytes = _count_files(src)
+    load_start = os.getloadavg()
     console.print(f"env: {src}: {nfiles} files, {nbytes / 2**20:.0f} MiB; cache: {cache}")
 
     results: dict[str, list[float]] = {}
@@ -251,11 +252,13 @@ def main(argv: list[str] | None = None) -> int:
         # python + envtools start-up, included in every envtools figure above
         timed("(python -m envtools --help: start-up)", [*envtools, "--help"], None)
 
+    load_end = os.getloadavg()
     med = {k: statistics.median(v) for k, v in results.items()}
     from rich.table import Table
 
     t = Table(title=f"envtools bench: {nfiles} files, {nbytes / 2**20:.0f} MiB, "
-              f"median of {a.repeat}")
+              f"median of {a.repeat}, {os.cpu_count()} CPUs, load average "
+              f"{load_start[0]:.1f} -> {load_end[0]:.1f}")
     t.add_column("what")
     t.add_column("median s", justify="right")
     t.add_column("runs s")
