@@ -128,8 +128,11 @@ def build_bench_channel(files: int, packages: int) -> Path:
 
 
 def _rm(p: Path) -> None:
+    """Remove a tree, making only its *directories* writable: a chmod of its files would
+    also change the package cache files they are hardlinked to."""
     if p.exists():
-        subprocess.run(["chmod", "-R", "u+w", str(p)], check=False)
+        for dirpath, _dirs, _files in os.walk(p):
+            os.chmod(dirpath, 0o755)
         shutil.rmtree(p)
 
 

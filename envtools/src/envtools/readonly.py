@@ -100,10 +100,17 @@ def make_readonly(root: Path) -> None:
     os.chmod(root, shared_readonly_mode(os.stat(root).st_mode))
 
 
-def make_writable(root: Path) -> None:
-    """Give the owner write permission back (for ``envtools remove``)."""
+def make_writable(root: Path, files: bool = False) -> None:
+    """Give the owner write permission on ``root``'s directories (and files if asked).
+
+    Directories are enough to add or delete entries. Files are left alone by default:
+    they may be hardlinks shared with a package cache or other envs, and a chmod would
+    change those too.
+    """
     for dirpath, _dirnames, filenames in os.walk(root):
         os.chmod(dirpath, stat.S_IMODE(os.stat(dirpath).st_mode) | stat.S_IWUSR)
+        if not files:
+            continue
         for name in filenames:
             fp = os.path.join(dirpath, name)
             st = os.lstat(fp)
