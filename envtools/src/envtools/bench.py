@@ -69,6 +69,24 @@ for i in range(nfiles):
 '''
 
 
+GEN_LARGE = r'''
+import os, random, sys
+prefix, n = sys.argv[1], int(sys.argv[2])
+pool = random.Random(54321).randbytes(1 << 24)  # 16 MiB of noise, written repeatedly
+names = ["libtorch_cuda", "libcudnn_engines", "libcublasLt", "libtensorflow_cc",
+         "libnccl", "libtorch_cpu", "libcusparse", "libcufft", "libxla", "libcurand"]
+os.makedirs(os.path.join(prefix, "lib"), exist_ok=True)
+for i in range(n):
+    size = (64 + 192 * ((i * 7) % n) // max(1, n - 1)) << 20  # 64 .. 256 MiB
+    with open(os.path.join(prefix, "lib", "%s.so.%d" % (names[i % len(names)], i)), "wb") as f:
+        left = size
+        while left > 0:
+            k = min(left, len(pool))
+            f.write(pool[:k])
+            left -= k
+'''
+
+
 def _recipe(i: int, nfiles: int, gen: Path) -> str:
     return (
         f"package:\n  name: bench-pkg{i:03d}\n  version: 1.0.0\n"
@@ -77,8 +95,10 @@ def _recipe(i: int, nfiles: int, gen: Path) -> str:
     )
 
 
-def _meta_recipe(n: int) -> str:
+def _meta_recipe(n: int, large: int) -> str:
     deps = "".join(f"    - bench-pkg{i:03d}\n" for i in range(n))
+    if large:
+        deps += "    - bench-large\n"
     return (
         "package:\n  name: bench-env\n  version: 1.0.0\n"
         "build:\n  number: 0\n  script:\n    - mkdir -p $PREFIX/share && echo bench > "
@@ -87,13 +107,15 @@ def _meta_recipe(n: int) -> str:
     )
 
 
-def build_bench_channel(files: int, packages: int) -> Path:
-    """Generate (once; cached by parameters) a channel whose env has ``files`` files."""
+def build_bench_channel(files: int, packages: int, large: int = 0) -> Path:
+    """Generate (once; cached by parameters) a channel whose env has ``files`` files
+    (plus ``large`` framework-sized libraries of 64-256 MiB, in one more package)."""
     import rattler
     import rattler_build
 
     per = max(1, files // packages)
-    key = hashlib.sha256(f"{files}:{packages}:{GEN}:{_recipe(0, per, Path('g'))}".encode())
+    key = hashlib.sha256(
+        f"{files}:{packages}:{large}:{GEN}:{GEN_LARGE}:{_recipe(0, per, Path('g'))}".encode())
     base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ddl-ce"
     root = base / "envtools-bench" / key.hexdigest()[:16]
     channel = root / "channel"
@@ -109,9 +131,17 @@ def build_bench_channel(files: int, packages: int) -> Path:
         d.mkdir()
         (d / "recipe.yaml").write_text(_recipe(i, per, gen))
         recipes.append(str(d / "recipe.yaml"))
+    if large:
+        (root / "gen_large.py").write_text(GEN_LARGE)
+        d = root / "recipes" / "bench-large"
+        d.mkdir()
+        (d / "recipe.yaml").write_text(
+            "package:\n  name: bench-large\n  version: 1.0.0\nbuild:\n  number: 0\n"
+            f"  script:\n    - {sys.executable} {root / 'gen_large.py'} $PREFIX {large}\n")
+        recipes.append(str(d / "recipe.yaml"))
     d = root / "recipes" / "bench-env"
     d.mkdir()
-    (d / "recipe.yaml").write_text(_meta_recipe(packages))
+    (d / "recipe.yaml").write_text(_meta_recipe(packages, large))
     recipes.append(str(d / "recipe.yaml"))
     console.print(f"building {packages + 1} bench packages ({per} files each), once...")
     with warnings.catch_warnings():
@@ -172,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix", type=Path, help="bench an existing envtools-installed env")
     ap.add_argument("--files", type=int, default=20000)
     ap.add_argument("--packages", type=int, default=40)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--large-libs", type=int, default=0, metavar="N",
+                    help="add N framework-sized libraries (64-256 MiB each, like libtorch_cuda "
+                    "or libcudnn), for an env shaped like a real PyTorch/TensorFlow one")
     ap.add_argument("--workdir", type=Path, help="where clones go [default: a temp dir in "
                     "the env's parent, same filesystem]")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -184,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.prefix:
         src = a.prefix.absolute()
     else:
-        channel = build_bench_channel(a.files, a.packages)
+        channel = build_bench_channel(a.files, a.packages, a.large_libs)
         tmp_root = Path(tempfile.mkdtemp(prefix="envtools-bench-", dir=a.workdir or "/tmp"))
         src = tmp_root / "site" / "envs" / "bench"
         console.print(f"installing the bench env into {src}")
