@@ -2,7 +2,7 @@
 
 Debian's ``lmod`` and ``environment-modules`` packages conflict, so one machine can have
 only one installed. The other is taken from its Debian package, unpacked with
-``dpkg-deb -x`` into ~/.cache/ddl-ce/debs (both run from any directory: Lmod finds its
+``dpkg-deb -x`` into ~/.cache/ddl-ce/envtools-debs (both run from any directory: Lmod finds its
 Lua sources next to its own script, Modules' modulecmd.tcl is self-contained).
 """
 
@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ddl-ce" / "debs"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ddl-ce" / "envtools-debs"
 
 
 def _unpack(pkg: str) -> Path | None:
