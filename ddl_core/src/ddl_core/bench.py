@@ -185,6 +185,7 @@ def plot(coll: str, rows: list[dict[str, Any]], path: str) -> None:
         ax.plot([r["size"] for r in pts], [r["busbw"] for r in pts], style,
                 label="DDL" if impl == "ddl" else "MPI (mpi4py)")
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title(f"{coll}, {ddl.size()} ranks")
