@@ -130,3 +130,14 @@ def test_host_checks_name_the_host_quickly() -> None:
 def test_host_names_never_reach_a_shell(hosts: str) -> None:
     p = dry(f"--hosts={hosts}", "true")
     assert p.returncode == 2 and "not a valid host name" in p.stderr
+
+
+def test_named_local_host_with_more_ranks_than_cores_runs() -> None:
+    # the rankfile's slots wrap around this machine's cores, and ranks yield
+    n = (os.cpu_count() or 1) * 2
+    p = subprocess.run([str(BIN / "ddlrun"), "-H", f"localhost:{n}", sys.executable, "-c",
+                        "import ddl_core as d; d.init(); print('R', d.rank(), d.topology())"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert sorted(ln for ln in p.stdout.splitlines() if ln.startswith("R ")) == sorted(
+        f"R {r} ({n},)" for r in range(n))

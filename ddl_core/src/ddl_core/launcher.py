@@ -319,13 +319,16 @@ def _stash(kind: str, text: str) -> str:
     return str(p)
 
 
-def rankfile_text(placement: list[tuple[str, int]], cores: int | None = None) -> str:
-    """Open MPI rankfile: rank r on its host, slot = its index on that host (modulo the
-    cores where all hosts share one machine's, as in the emulated cluster)."""
+def rankfile_text(placement: list[tuple[str, int]], cores: int | None = None,
+                  local_cores: dict[str, int] | None = None) -> str:
+    """Open MPI rankfile: rank r on its host, slot = its index on that host, modulo the
+    cores where they are known (all hosts sharing this machine's, as in the emulated
+    cluster, or this host itself)."""
     lines, r = [], 0
     for host, n in placement:
+        c = cores or (local_cores or {}).get(host)
         for i in range(n):
-            lines.append(f"rank {r}={host} slot={i % cores if cores else i}")
+            lines.append(f"rank {r}={host} slot={i % c if c else i}")
             r += 1
     return "\n".join(lines) + "\n"
 
@@ -346,11 +349,15 @@ def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
     if flavor == "openmpi":
         if np_ is not None:
             cmd += ["-n", str(np_)]
+        over_local = False
         if placement:
             cmd += ["--host", ",".join(f"{h}:{n}" for h, n in placement)]
             shared = plan.cluster is not None
-            rf = _stash("rankfile", rankfile_text(placement, cores if shared else None))
-            cmd += ["--map-by", f"rankfile:file={rf}" + (":OVERSUBSCRIBE" if shared else "")]
+            local = {h: cores for h, _ in placement if is_local(h)}
+            over_local = any(n > cores for h, n in placement if h in local)
+            rf = _stash("rankfile", rankfile_text(placement, cores if shared else None, local))
+            cmd += ["--map-by", f"rankfile:file={rf}" +
+                    (":OVERSUBSCRIBE" if shared or over_local else "")]
         elif plan.hosts:
             cmd += ["--host", ",".join(h.name + (f":{h.slots}" if h.slots else "")
                                        for h in plan.hosts)]
@@ -358,6 +365,8 @@ def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
             cmd += ["--hostfile", plan.hostfile]
         if plan.cluster is not None:
             cmd += plan.cluster.mpirun_args()
+        elif over_local:  # more ranks than this host's cores: share them, and yield
+            cmd += ["--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"]
         elif local_only and np_ is not None and np_ > cores:
             # More ranks than cores: allow it, and make idle ranks yield the CPU or
             # Open MPI's busy polling makes every rank crawl.
