@@ -1,0 +1,169 @@
+"""Install ``powerai`` from the channel into a read-only prefix and check it.
+
+Prefers the project's ``envtools`` CLI (install, module, validate) when it is installed;
+until then (or where it is absent) it solves and installs with py-rattler directly and
+says so. Either way the prefix is a standard conda environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import stat
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+console = Console(stderr=True)
+
+
+@dataclass
+class InstallResult:
+    """What the install stage did, for the summary and the report."""
+
+    prefix: Path
+    tool: str
+    solve_seconds: float = 0.0
+    install_seconds: float = 0.0
+    packages: int = 0
+    skipped: bool = False
+    checks: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def solve(channels: list[str], specs: list[str], platform: str) -> tuple[list, float]:
+    """Solve ``specs`` against local channels for ``platform``; returns (records, seconds)."""
+    import rattler
+
+    t0 = time.perf_counter()
+    records = asyncio.run(
+        rattler.solve(
+            sources=[rattler.Channel(c) for c in channels],
+            specs=specs,
+            platforms=[platform, "noarch"],
+            virtual_packages=[
+                rattler.GenericVirtualPackage(rattler.PackageName("__glibc"), rattler.Version("2.36"), "0"),
+                rattler.GenericVirtualPackage(rattler.PackageName("__unix"), rattler.Version("0"), "0"),
+                rattler.GenericVirtualPackage(rattler.PackageName("__linux"), rattler.Version("6.1"), "0"),
+            ],
+            timestamp_policy="ignore" if _has_policy() else "require-timestamp",
+        )
+    )
+    return records, time.perf_counter() - t0
+
+
+def _has_policy() -> bool:
+    import inspect
+
+    import rattler
+
+    return "timestamp_policy" in inspect.signature(rattler.solve).parameters
+
+
+def _set_writable(prefix: Path, writable: bool) -> None:
+    """Toggle write permission on the whole prefix (read-only = shared site install)."""
+    for root, dirs, files in os.walk(prefix):
+        for n in dirs + files:
+            p = Path(root) / n
+            if p.is_symlink():
+                continue
+            mode = p.stat().st_mode
+            p.chmod(mode | stat.S_IWUSR if writable else mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    mode = prefix.stat().st_mode
+    prefix.chmod(mode | stat.S_IWUSR if writable else mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+
+
+def installed_set(prefix: Path) -> set[str]:
+    """``name-version-build`` of every package recorded in ``conda-meta``."""
+    meta = prefix / "conda-meta"
+    out = set()
+    for f in meta.glob("*.json") if meta.is_dir() else []:
+        try:
+            d = json.loads(f.read_text())
+            out.add(f"{d['name']}-{d['version']}-{d['build']}")
+        except (KeyError, json.JSONDecodeError):
+            continue
+    return out
+
+
+def install_with_rattler(channels: list[str], spec: str, prefix: Path, platform: str) -> InstallResult:
+    """Solve + install with py-rattler; a no-op when the prefix already holds the solution."""
+    import rattler
+
+    res = InstallResult(prefix, "py-rattler")
+    records, res.solve_seconds = solve(channels, [spec], platform)
+    res.packages = len(records)
+    want = {f"{r.name.normalized}-{r.version}-{r.build}" for r in records}
+    if prefix.exists() and installed_set(prefix) == want:
+        res.skipped = True
+        return res
+    t0 = time.perf_counter()
+    if prefix.exists():
+        _set_writable(prefix, True)
+        shutil.rmtree(prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    asyncio.run(rattler.install(records, target_prefix=prefix, show_progress=False))
+    _set_writable(prefix, False)
+    res.install_seconds = time.perf_counter() - t0
+    return res
+
+
+def install_powerai(channels: list[str], prefix: Path, platform: str, spec: str = "powerai") -> InstallResult:
+    """Install via ``envtools`` when available, else py-rattler (saying so)."""
+    envtools = shutil.which("envtools")
+    if envtools:
+        res = InstallResult(prefix, "envtools")
+        _, res.solve_seconds = solve(channels, [spec], platform)
+        t0 = time.perf_counter()
+        cmd = [envtools, "install", "--prefix", str(prefix)]
+        for c in channels:
+            cmd += ["--channel", c]
+        proc = subprocess.run([*cmd, spec], capture_output=True, text=True)
+        if proc.returncode == 0:
+            res.install_seconds = time.perf_counter() - t0
+            res.packages = len(installed_set(prefix))
+            return res
+        res = install_with_rattler(channels, spec, prefix, platform)
+        res.notes.append(f"envtools install failed ({proc.stderr.strip()[-300:]}); used py-rattler")
+        return res
+    res = install_with_rattler(channels, spec, prefix, platform)
+    res.notes.append("envtools is not installed yet: installed with py-rattler directly")
+    return res
+
+
+def smoke_check(prefix: Path, imports: list[str], commands: list[list[str]]) -> dict[str, str]:
+    """Import the curated modules and run the CLIs from the installed prefix."""
+    checks: dict[str, str] = {}
+    py = prefix / "bin" / "python"
+    env = {**os.environ, "PATH": f"{prefix / 'bin'}:{os.environ.get('PATH', '')}"}
+    env.pop("PYTHONPATH", None)
+    env.pop("VIRTUAL_ENV", None)
+    for mod in imports:
+        p = subprocess.run([str(py), "-c", f"import {mod}"], capture_output=True, text=True, env=env)
+        checks[f"import {mod}"] = "ok" if p.returncode == 0 else "FAILED: " + p.stderr.strip()[-200:]
+    for cmd in commands:
+        exe = prefix / "bin" / cmd[0]
+        p = subprocess.run([str(exe), *cmd[1:]], capture_output=True, text=True, env=env)
+        checks[" ".join(cmd)] = "ok" if p.returncode == 0 else "FAILED: " + (p.stderr or p.stdout).strip()[-200:]
+    return checks
+
+
+def envtools_post(prefix: Path, name: str, modulefiles: Path) -> dict[str, str]:
+    """``envtools module`` + ``envtools validate --json`` when envtools exists."""
+    envtools = shutil.which("envtools")
+    if not envtools:
+        return {"envtools": "not installed yet: modulefiles and validation skipped"}
+    out: dict[str, str] = {}
+    p = subprocess.run(
+        [envtools, "module", str(prefix), "--name", name, "--out", str(modulefiles), "--format", "both"],
+        capture_output=True, text=True,
+    )
+    out["envtools module"] = "ok" if p.returncode == 0 else "FAILED: " + p.stderr.strip()[-300:]
+    p = subprocess.run([envtools, "validate", str(prefix), "--json"], capture_output=True, text=True)
+    out["envtools validate"] = "ok" if p.returncode == 0 else "FAILED: " + (p.stdout + p.stderr).strip()[-300:]
+    return out
