@@ -54,7 +54,11 @@ class RunResult:
 
     @property
     def failed(self) -> list[Outcome]:
-        return [o for o in self.outcomes if o.status in ("failed", "blocked") or o.test_status == "failed"]
+        return [
+            o
+            for o in self.outcomes
+            if o.status in ("failed", "blocked") or o.test_status == "failed"
+        ]
 
 
 class _LogCallback:
@@ -161,14 +165,18 @@ def run_builds(
             continue
         blockers = [a for a in nx.ancestors(g, node.key) if a in bad]
         if blockers:
-            by_key[node.key] = Outcome(node, "blocked", error="needs failed " + ", ".join(sorted(blockers)))
+            by_key[node.key] = Outcome(
+                node, "blocked", error="needs failed " + ", ".join(sorted(blockers))
+            )
             bad.add(node.key)
             console.print(f"[yellow]{head}: blocked (needs {', '.join(sorted(blockers))})")
             continue
         published = channel_dir / node.subdir / node.filename
         prev = state.get(node.key, {})
         if not force and published.exists() and prev.get("digest") == node.digest:
-            by_key[node.key] = Outcome(node, "skipped", path=published, test_status=prev.get("test", ""))
+            by_key[node.key] = Outcome(
+                node, "skipped", path=published, test_status=prev.get("test", "")
+            )
             console.print(f"[dim]{head}: up to date, skipped")
             continue
         log = logs / f"{node.name}-{node.version}-{node.build_string}.log"
@@ -189,20 +197,32 @@ def run_builds(
                     package_format="conda:3",
                     env_isolation=rb.EnvironmentIsolation.CONDA_BUILD,
                 )
-            pkg = next(p for p in res.packages if Path(p).name == node.filename) if res.packages else None
+            pkg = (
+                next(p for p in res.packages if Path(p).name == node.filename)
+                if res.packages
+                else None
+            )
             if pkg is None:
-                raise RuntimeError(f"rattler-build produced {res.packages}, expected {node.filename}")
+                raise RuntimeError(
+                    f"rattler-build produced {res.packages}, expected {node.filename}"
+                )
             index_channel(staging, subdirs)
-            by_key[node.key] = Outcome(node, "built", time.monotonic() - t0, path=Path(pkg), log=log)
+            by_key[node.key] = Outcome(
+                node, "built", time.monotonic() - t0, path=Path(pkg), log=log
+            )
             size = Path(pkg).stat().st_size / 1e6
             console.print(f"[green]{head}: built in {time.monotonic() - t0:.1f} s ({size:.1f} MB)")
         except (ChecksumError, MirrorMiss) as exc:
-            by_key[node.key] = Outcome(node, "failed", time.monotonic() - t0, error=str(exc), log=log)
+            by_key[node.key] = Outcome(
+                node, "failed", time.monotonic() - t0, error=str(exc), log=log
+            )
             bad.add(node.key)
             console.print(f"[red]{head}: FAILED: {exc}")
         except Exception as exc:  # noqa: BLE001 - any build error is reported, not raised
             msg = str(exc).strip().splitlines()
-            by_key[node.key] = Outcome(node, "failed", time.monotonic() - t0, error=" ".join(msg[-3:])[:600], log=log)
+            by_key[node.key] = Outcome(
+                node, "failed", time.monotonic() - t0, error=" ".join(msg[-3:])[:600], log=log
+            )
             bad.add(node.key)
             console.print(f"[red]{head}: FAILED after {time.monotonic() - t0:.1f} s, log: {log}")
             for line in msg[-15:]:
@@ -248,7 +268,9 @@ def run_builds(
             bad.add(o.node.key)
 
     t_pub = time.monotonic()
-    publish = [] if (bad and not continue_on_failure) else [o for o in built if o.node.key not in bad]
+    publish = (
+        [] if (bad and not continue_on_failure) else [o for o in built if o.node.key not in bad]
+    )
     for o in publish:
         dest = channel_dir / o.node.subdir / o.node.filename
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -23,15 +23,24 @@ VARIANT_AXES = ("python", "mpi", "build_type", "cuda_compiler_version")
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(stderr=True)
 
-RecipesOpt = Annotated[Path | None, typer.Option("--recipes", help="recipes folder (default: recipes/)")]
-ChannelOpt = Annotated[Path | None, typer.Option("--channel", help="output channel (default: channel/)")]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="variant config (default: conda_build_config.yaml)")]
+RecipesOpt = Annotated[
+    Path | None, typer.Option("--recipes", help="recipes folder (default: recipes/)")
+]
+ChannelOpt = Annotated[
+    Path | None, typer.Option("--channel", help="output channel (default: channel/)")
+]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="variant config (default: conda_build_config.yaml)")
+]
 UpstreamOpt = Annotated[
     list[str] | None,
-    typer.Option("--upstream", help="upstream channel(s), overriding upstream_channels (a dir or a name)"),
+    typer.Option(
+        "--upstream", help="upstream channel(s), overriding upstream_channels (a dir or a name)"
+    ),
 ]
 PlatformOpt = Annotated[
-    list[str] | None, typer.Option("--platform", help="target platform(s) (default: this machine's)")
+    list[str] | None,
+    typer.Option("--platform", help="target platform(s) (default: this machine's)"),
 ]
 
 
@@ -72,9 +81,18 @@ def _has_package_factory(channels: list[str]):
 
     def has(spec: str) -> bool:
         ms = MatchSpec(spec)
-        return any(n == ms.name.normalized and (ms.version is None or ms.version.matches(_v(v))) for n, v in records)
+        return any(
+            n == ms.name.normalized and (ms.version is None or _vs(ms.version).matches(_v(v)))
+            for n, v in records
+        )
 
     return has
+
+
+def _vs(spec: str):
+    from rattler import VersionSpec
+
+    return VersionSpec(spec)
 
 
 def _v(v: str):
@@ -83,7 +101,9 @@ def _v(v: str):
     return Version(v)
 
 
-def resolve_upstream(s: Settings, upstream: list[str] | None, *, platforms: list[str]) -> dict | None:
+def resolve_upstream(
+    s: Settings, upstream: list[str] | None, *, platforms: list[str]
+) -> dict | None:
     """Pick the channels builds solve against; build the stand-ins when offline."""
     from ci.standins import build_standins, upstream_reachable
 
@@ -145,9 +165,15 @@ def run_pipeline(
         f"{', '.join(platforms)}" + (f" (dropped: {'; '.join(dropped)})" if dropped else "")
     )
     res = run_builds(
-        g, variants=variants, channel_dir=s.channel_dir, work_dir=s.work_dir, channels=s.channels,
-        mirror=SourceMirror(s.mirror_dir), continue_on_failure=continue_on_failure,
-        run_tests=tests, force=force,
+        g,
+        variants=variants,
+        channel_dir=s.channel_dir,
+        work_dir=s.work_dir,
+        channels=s.channels,
+        mirror=SourceMirror(s.mirror_dir),
+        continue_on_failure=continue_on_failure,
+        run_tests=tests,
+        force=force,
     )
     stages.update(res.stages)
     t = time.monotonic()
@@ -166,18 +192,31 @@ def _summary_table(res) -> Table:
     for c in ("package", "subdir", "status", "build s", "test"):
         t.add_column(c)
     for o in res.outcomes:
-        colour = {"built": "green", "skipped": "dim", "failed": "red", "blocked": "yellow"}[o.status]
-        t.add_row(f"{o.node.name} {o.node.version} {o.node.build_string}", o.node.subdir,
-                  f"[{colour}]{o.status}", f"{o.seconds:.1f}", o.test_status or "-")
+        colour = {"built": "green", "skipped": "dim", "failed": "red", "blocked": "yellow"}[
+            o.status
+        ]
+        t.add_row(
+            f"{o.node.name} {o.node.version} {o.node.build_string}",
+            o.node.subdir,
+            f"[{colour}]{o.status}",
+            f"{o.seconds:.1f}",
+            o.test_status or "-",
+        )
     return t
 
 
 @app.command()
 def build(
-    packages: Annotated[list[str] | None, typer.Option("--packages", "-p", help="only these (and what they need)")] = None,
-    continue_on_failure: Annotated[bool, typer.Option("--continue-on-failure", help="keep going past failures")] = False,
+    packages: Annotated[
+        list[str] | None, typer.Option("--packages", "-p", help="only these (and what they need)")
+    ] = None,
+    continue_on_failure: Annotated[
+        bool, typer.Option("--continue-on-failure", help="keep going past failures")
+    ] = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="skip recipe tests")] = False,
-    force: Annotated[bool, typer.Option("--force", help="rebuild even if the package exists")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="rebuild even if the package exists")
+    ] = False,
     recipes: RecipesOpt = None,
     channel: ChannelOpt = None,
     config: ConfigOpt = None,
@@ -189,15 +228,31 @@ def build(
     stages: dict[str, float] = {}
     platforms = platform or [host_subdir()]
     res, g, up, dropped, unavail, png, write_report = run_pipeline(
-        s, packages=packages, platforms=platforms, continue_on_failure=continue_on_failure,
-        tests=not no_test, force=force, upstream=upstream, stages=stages,
+        s,
+        packages=packages,
+        platforms=platforms,
+        continue_on_failure=continue_on_failure,
+        tests=not no_test,
+        force=force,
+        upstream=upstream,
+        stages=stages,
     )
-    report = write_report(s.channel_dir, res, graph_png=png.name if png.exists() else None, stages=stages,
-                          dropped=dropped, unavailable=unavail, upstream=up, install=None)
+    report = write_report(
+        s.channel_dir,
+        res,
+        graph_png=png.name if png.exists() else None,
+        stages=stages,
+        dropped=dropped,
+        unavailable=unavail,
+        upstream=up,
+        install=None,
+    )
     console.print(_summary_table(res))
     console.print(f"report: {report}")
     if res.failed:
-        console.print(f"[red]{len(res.failed)} package(s) failed[/]; published: {len(res.published)}")
+        console.print(
+            f"[red]{len(res.failed)} package(s) failed[/]; published: {len(res.published)}"
+        )
         raise typer.Exit(1)
 
 
@@ -211,8 +266,10 @@ def standins(
 
     s = _settings(None, None, config)
     summary = build_standins(s, platforms=platform or [host_subdir()])
-    console.print(f"stand-in channel {summary['channel']}: {len(summary['wheels'])} wheels, "
-                  f"{len(summary['recipes'])} source builds, {summary['seconds']:.1f} s")
+    console.print(
+        f"stand-in channel {summary['channel']}: {len(summary['wheels'])} wheels, "
+        f"{len(summary['recipes'])} source builds, {summary['seconds']:.1f} s"
+    )
 
 
 @app.command()
@@ -240,8 +297,12 @@ def render(
 
 @app.command()
 def matrix(
-    out: Annotated[Path, typer.Option("--out", help="where .ci_support/ and .github/ go")] = Path("build/matrix"),
-    ppc64le: Annotated[str, typer.Option("--ppc64le", help="native (runner label) or cross")] = "native",
+    out: Annotated[Path, typer.Option("--out", help="where .ci_support/ and .github/ go")] = Path(
+        "build/matrix"
+    ),
+    ppc64le: Annotated[
+        str, typer.Option("--ppc64le", help="native (runner label) or cross")
+    ] = "native",
     config: ConfigOpt = None,
 ) -> None:
     """Write one variant file per CI job and a GitHub Actions workflow running them."""
@@ -258,7 +319,9 @@ def matrix(
 @app.command()
 def channel(
     continue_on_failure: Annotated[bool, typer.Option("--continue-on-failure")] = False,
-    prefix: Annotated[Path, typer.Option("--prefix", help="read-only powerai prefix")] = Path("envs/powerai"),
+    prefix: Annotated[Path, typer.Option("--prefix", help="read-only powerai prefix")] = Path(
+        "envs/powerai"
+    ),
 ) -> None:
     """Everything `make channel` does: stand-ins, build, cross-build, test, index, install."""
     from ci.install import envtools_post, install_powerai, smoke_check
@@ -268,12 +331,20 @@ def channel(
     stages: dict[str, float] = {}
     here = host_subdir()
     res, g, up, dropped, unavail, png, write_report = run_pipeline(
-        s, packages=None, platforms=[here], continue_on_failure=continue_on_failure, tests=True,
-        force=False, upstream=None, stages=stages,
+        s,
+        packages=None,
+        platforms=[here],
+        continue_on_failure=continue_on_failure,
+        tests=True,
+        force=False,
+        upstream=None,
+        stages=stages,
     )
     for p in s.target_platforms:
         if p != here:
-            unavail.setdefault(p, "python, pytorch and tensorflow need a native build on that platform")
+            unavail.setdefault(
+                p, "python, pytorch and tensorflow need a native build on that platform"
+            )
     install_info: dict[str, str] = {}
     ok = not res.failed
     if ok:
@@ -285,27 +356,52 @@ def channel(
         t = time.monotonic()
         checks = smoke_check(
             prefix,
-            ["ddl_core", "numpy", "mpi4py", "torch", "tensorflow", "keras", "sklearn", "h5py", "xgboost"],
+            [
+                "ddl_core",
+                "numpy",
+                "mpi4py",
+                "torch",
+                "tensorflow",
+                "keras",
+                "sklearn",
+                "h5py",
+                "xgboost",
+            ],
             [["envtools", "--help"], ["ddlrun", "--help"]],
         )
         checks.update(envtools_post(prefix, f"powerai/{version}", s.root / "modulefiles"))
         stages["check powerai"] = time.monotonic() - t
         install_info = {
-            "prefix": str(prefix), "installed with": inst.tool, "packages": str(inst.packages),
+            "prefix": str(prefix),
+            "installed with": inst.tool,
+            "packages": str(inst.packages),
             "solve (s)": f"{inst.solve_seconds:.2f}",
             "install (s)": "up to date" if inst.skipped else f"{inst.install_seconds:.1f}",
-            **checks, **{f"note {i}": n for i, n in enumerate(inst.notes)},
+            **checks,
+            **{f"note {i}": n for i, n in enumerate(inst.notes)},
         }
         ok = all(v == "ok" or not v.startswith("FAILED") for v in checks.values())
-    report = write_report(s.channel_dir, res, graph_png=png.name if png.exists() else None, stages=stages,
-                          dropped=dropped, unavailable=unavail, upstream=up, install=install_info or None)
+    report = write_report(
+        s.channel_dir,
+        res,
+        graph_png=png.name if png.exists() else None,
+        stages=stages,
+        dropped=dropped,
+        unavailable=unavail,
+        upstream=up,
+        install=install_info or None,
+    )
     console.print(_summary_table(res))
     for k, v in install_info.items():
         colour = "red" if v.startswith("FAILED") else "default"
         console.print(f"  [{colour}]{k}: {v}")
-    console.print(f"\n[bold]channel[/] {s.channel_dir}  report {report}  total {time.monotonic() - t_all:.1f} s")
+    console.print(
+        f"\n[bold]channel[/] {s.channel_dir}  report {report}  total {time.monotonic() - t_all:.1f} s"
+    )
     if not ok:
-        console.print("[red]make channel failed[/]: see the report and the logs under build/ci/logs/")
+        console.print(
+            "[red]make channel failed[/]: see the report and the logs under build/ci/logs/"
+        )
         raise typer.Exit(1)
     console.print(
         "\nNext:\n"
@@ -326,14 +422,21 @@ def bench(
 
     s = _settings(None, None, None)
     t = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "ci", "channel", "--prefix", str(prefix)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ci", "channel", "--prefix", str(prefix)],
+        capture_output=True,
+        text=True,
+    )
     rerun = time.monotonic() - t
     chans = [str(s.channel_dir.resolve()), str(s.upstream_dir)]
     times = [solve(chans, ["powerai"], host_subdir())[1] for _ in range(5)]
-    print(f"make channel rerun (nothing changed): {rerun:.1f} s  (target <= 20 s)  rc={proc.returncode}")
-    print(f"solve powerai for {host_subdir()}: best {min(times):.2f} s, median {sorted(times)[2]:.2f} s"
-          "  (target <= 2 s)")
+    print(
+        f"make channel rerun (nothing changed): {rerun:.1f} s  (target <= 20 s)  rc={proc.returncode}"
+    )
+    print(
+        f"solve powerai for {host_subdir()}: best {min(times):.2f} s, median {sorted(times)[2]:.2f} s"
+        "  (target <= 2 s)"
+    )
     state_path = s.channel_dir / "REPORT.md"
     if state_path.exists():
         print(f"per-stage times of the last run: {state_path}")

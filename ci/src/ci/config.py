@@ -80,7 +80,9 @@ def load_settings(
     """Read conda_build_config.yaml; a missing or malformed file is a clear error."""
     cbc = cbc_path or root / "conda_build_config.yaml"
     if not cbc.is_file():
-        raise FileNotFoundError(f"{cbc} not found: ci needs a conda_build_config.yaml (see ci/README.md)")
+        raise FileNotFoundError(
+            f"{cbc} not found: ci needs a conda_build_config.yaml (see ci/README.md)"
+        )
     data = yaml.safe_load(cbc.read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{cbc}: expected a mapping of variant keys to lists")

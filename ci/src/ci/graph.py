@@ -40,7 +40,11 @@ def build_graph(nodes: list[Node]) -> nx.DiGraph:
                 if _variants_clash(provider, n):
                     continue
                 if provider.noarch or n.noarch or provider.subdir == n.subdir:
-                    if n.noarch and not provider.noarch and provider.target_platform != n.target_platform:
+                    if (
+                        n.noarch
+                        and not provider.noarch
+                        and provider.target_platform != n.target_platform
+                    ):
                         continue
                     g.add_edge(provider.key, n.key)
     try:
@@ -49,7 +53,8 @@ def build_graph(nodes: list[Node]) -> nx.DiGraph:
         return g
     names = [g.nodes[a]["node"].name for a, _ in cycle] + [g.nodes[cycle[0][0]]["node"].name]
     raise CycleError(
-        "dependency cycle between recipes: " + " -> ".join(names)
+        "dependency cycle between recipes: "
+        + " -> ".join(names)
         + ". Break it by removing one of these requirements (or by splitting an output)."
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from rattler.index import index_fs
@@ -15,7 +16,7 @@ def index_channel(channel: Path, subdirs: list[str] | None = None) -> None:
     channel.mkdir(parents=True, exist_ok=True)
     for sub in {"noarch", *(subdirs or [])}:
         (channel / sub).mkdir(exist_ok=True)
-    index_fs(channel, force=True)
+    asyncio.run(index_fs(channel, force=True))
 
 
 def packages_in(channel: Path) -> dict[str, Path]:

@@ -47,9 +47,15 @@ def solve(channels: list[str], specs: list[str], platform: str) -> tuple[list, f
             specs=specs,
             platforms=[platform, "noarch"],
             virtual_packages=[
-                rattler.GenericVirtualPackage(rattler.PackageName("__glibc"), rattler.Version("2.36"), "0"),
-                rattler.GenericVirtualPackage(rattler.PackageName("__unix"), rattler.Version("0"), "0"),
-                rattler.GenericVirtualPackage(rattler.PackageName("__linux"), rattler.Version("6.1"), "0"),
+                rattler.GenericVirtualPackage(
+                    rattler.PackageName("__glibc"), rattler.Version("2.36"), "0"
+                ),
+                rattler.GenericVirtualPackage(
+                    rattler.PackageName("__unix"), rattler.Version("0"), "0"
+                ),
+                rattler.GenericVirtualPackage(
+                    rattler.PackageName("__linux"), rattler.Version("6.1"), "0"
+                ),
             ],
             timestamp_policy="ignore" if _has_policy() else "require-timestamp",
         )
@@ -73,9 +79,15 @@ def _set_writable(prefix: Path, writable: bool) -> None:
             if p.is_symlink():
                 continue
             mode = p.stat().st_mode
-            p.chmod(mode | stat.S_IWUSR if writable else mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+            p.chmod(
+                mode | stat.S_IWUSR
+                if writable
+                else mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+            )
     mode = prefix.stat().st_mode
-    prefix.chmod(mode | stat.S_IWUSR if writable else mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    prefix.chmod(
+        mode | stat.S_IWUSR if writable else mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+    )
 
 
 def installed_set(prefix: Path) -> set[str]:
@@ -91,7 +103,9 @@ def installed_set(prefix: Path) -> set[str]:
     return out
 
 
-def install_with_rattler(channels: list[str], spec: str, prefix: Path, platform: str) -> InstallResult:
+def install_with_rattler(
+    channels: list[str], spec: str, prefix: Path, platform: str
+) -> InstallResult:
     """Solve + install with py-rattler; a no-op when the prefix already holds the solution."""
     import rattler
 
@@ -113,7 +127,9 @@ def install_with_rattler(channels: list[str], spec: str, prefix: Path, platform:
     return res
 
 
-def install_powerai(channels: list[str], prefix: Path, platform: str, spec: str = "powerai") -> InstallResult:
+def install_powerai(
+    channels: list[str], prefix: Path, platform: str, spec: str = "powerai"
+) -> InstallResult:
     """Install via ``envtools`` when available, else py-rattler (saying so)."""
     envtools = shutil.which("envtools")
     if envtools:
@@ -144,12 +160,18 @@ def smoke_check(prefix: Path, imports: list[str], commands: list[list[str]]) -> 
     env.pop("PYTHONPATH", None)
     env.pop("VIRTUAL_ENV", None)
     for mod in imports:
-        p = subprocess.run([str(py), "-c", f"import {mod}"], capture_output=True, text=True, env=env)
-        checks[f"import {mod}"] = "ok" if p.returncode == 0 else "FAILED: " + p.stderr.strip()[-200:]
+        p = subprocess.run(
+            [str(py), "-c", f"import {mod}"], capture_output=True, text=True, env=env
+        )
+        checks[f"import {mod}"] = (
+            "ok" if p.returncode == 0 else "FAILED: " + p.stderr.strip()[-200:]
+        )
     for cmd in commands:
         exe = prefix / "bin" / cmd[0]
         p = subprocess.run([str(exe), *cmd[1:]], capture_output=True, text=True, env=env)
-        checks[" ".join(cmd)] = "ok" if p.returncode == 0 else "FAILED: " + (p.stderr or p.stdout).strip()[-200:]
+        checks[" ".join(cmd)] = (
+            "ok" if p.returncode == 0 else "FAILED: " + (p.stderr or p.stdout).strip()[-200:]
+        )
     return checks
 
 
@@ -160,10 +182,25 @@ def envtools_post(prefix: Path, name: str, modulefiles: Path) -> dict[str, str]:
         return {"envtools": "not installed yet: modulefiles and validation skipped"}
     out: dict[str, str] = {}
     p = subprocess.run(
-        [envtools, "module", str(prefix), "--name", name, "--out", str(modulefiles), "--format", "both"],
-        capture_output=True, text=True,
+        [
+            envtools,
+            "module",
+            str(prefix),
+            "--name",
+            name,
+            "--out",
+            str(modulefiles),
+            "--format",
+            "both",
+        ],
+        capture_output=True,
+        text=True,
     )
     out["envtools module"] = "ok" if p.returncode == 0 else "FAILED: " + p.stderr.strip()[-300:]
-    p = subprocess.run([envtools, "validate", str(prefix), "--json"], capture_output=True, text=True)
-    out["envtools validate"] = "ok" if p.returncode == 0 else "FAILED: " + (p.stdout + p.stderr).strip()[-300:]
+    p = subprocess.run(
+        [envtools, "validate", str(prefix), "--json"], capture_output=True, text=True
+    )
+    out["envtools validate"] = (
+        "ok" if p.returncode == 0 else "FAILED: " + (p.stdout + p.stderr).strip()[-300:]
+    )
     return out

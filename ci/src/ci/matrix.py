@@ -46,10 +46,15 @@ def workflow(job_list: list[dict], support_dir: str, ppc64le: str) -> dict:
         runner: object = "ubuntu-24.04"
         if j["platform"] == "linux-ppc64le" and ppc64le == "native":
             runner = ["self-hosted", "linux", "ppc64le"]
-        include.append({
-            "job": j["name"], "config": f"{support_dir}/{j['name']}.yaml", "platform": j["platform"],
-            "runner": runner, "cross": not native,
-        })
+        include.append(
+            {
+                "job": j["name"],
+                "config": f"{support_dir}/{j['name']}.yaml",
+                "platform": j["platform"],
+                "runner": runner,
+                "cross": not native,
+            }
+        )
     steps = [
         {"uses": "actions/checkout@v4"},
         {"name": "System packages", "run": "sudo make .venv/.stamps/apt || make .venv/.stamps/apt"},

@@ -87,8 +87,9 @@ def recipe_digest(recipe_dir: Path, extra_paths: list[Path]) -> str:
     for base in [recipe_dir, *extra_paths]:
         files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
         for f in files:
-            rel = str(f)
-            if any(part in ("build", "__pycache__", ".git") for part in f.parts[len(base.parts):]):
+            # relative names: the digest must not change when the checkout moves
+            rel = f.name if base.is_file() else str(f.relative_to(base))
+            if any(part in ("build", "__pycache__", ".git") for part in f.parts[len(base.parts) :]):
                 continue
             h.update(rel.encode())
             h.update(f.read_bytes())
@@ -120,7 +121,11 @@ def filter_variants(
     if not have_cuda_compiler():
         drop("build_type", lambda t: t != "cuda", "no CUDA compiler (nvcc) on this build host")
     if has_package is not None:
-        drop("python", lambda p: has_package(f"python {p}.*"), "the upstream channel has no such python")
+        drop(
+            "python",
+            lambda p: has_package(f"python {p}.*"),
+            "the upstream channel has no such python",
+        )
         drop(
             "mpi",
             lambda m: m == "external" or has_package(str(m)),
@@ -138,7 +143,9 @@ def render_recipe(
         vc = rb.VariantConfig(
             {k: val for k, val in variants.items() if k != "zip_keys"}, variants.get("zip_keys")
         )
-        rendered = recipe.render(vc, rb.RenderConfig(platform=rb.PlatformConfig(target_platform=platform)))
+        rendered = recipe.render(
+            vc, rb.RenderConfig(platform=rb.PlatformConfig(target_platform=platform))
+        )
     except Exception as exc:  # noqa: BLE001 - rattler-build raises several error types
         raise RecipeError(f"{path}: cannot render for {platform}: {exc}") from exc
     nodes: list[Node] = []
@@ -150,7 +157,9 @@ def render_recipe(
         if isinstance(sources, dict):
             sources = [sources]
         local = [
-            (path.parent / s["path"]).resolve() for s in sources if isinstance(s, dict) and "path" in s
+            (path.parent / s["path"]).resolve()
+            for s in sources
+            if isinstance(s, dict) and "path" in s
         ]
         noarch = build.get("noarch")
         node = Node(

@@ -36,8 +36,16 @@ def draw_graph(g: nx.DiGraph, out: Path) -> None:
     pos = {k: (x, -y) for k, (x, y) in pos.items()}
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names)), 4 + names.number_of_nodes() * 0.1))
     nx.draw_networkx(
-        names, pos, ax=ax, node_color="#cfe2f3", node_size=2600, node_shape="s",
-        font_size=9, arrows=True, arrowsize=14, edge_color="#555555",
+        names,
+        pos,
+        ax=ax,
+        node_color="#cfe2f3",
+        node_size=2600,
+        node_shape="s",
+        font_size=9,
+        arrows=True,
+        arrowsize=14,
+        edge_color="#555555",
     )
     ax.set_title("DDL-CE build graph (arrow: is needed by)")
     ax.axis("off")
@@ -102,12 +110,18 @@ def write_report(
             f"| {rec['name']} | {rec['version']} | {rec['build']} | {key.split('/')[0]} | {size:.2f} "
             f"| {this} | {bsec:.1f} | {test} | {rec.get('license') or st.get('license') or '?'} |"
         )
-    failed = [o for o in run.outcomes if o.status in ("failed", "blocked") or o.test_status == "failed"]
+    failed = [
+        o for o in run.outcomes if o.status in ("failed", "blocked") or o.test_status == "failed"
+    ]
     lines += ["", "## Failures (this run)", ""]
     if failed:
         for o in failed:
-            why = o.error or ("tests failed: " + o.test_output.strip().splitlines()[-1] if o.test_output else "")
-            lines.append(f"- `{o.node.key}`: {o.status}{' / tests ' + o.test_status if o.test_status else ''}: {why}")
+            why = o.error or (
+                "tests failed: " + o.test_output.strip().splitlines()[-1] if o.test_output else ""
+            )
+            lines.append(
+                f"- `{o.node.key}`: {o.status}{' / tests ' + o.test_status if o.test_status else ''}: {why}"
+            )
             if o.log:
                 lines.append(f"  log: `{o.log}`")
     else:
@@ -115,19 +129,30 @@ def write_report(
     lines += ["", "## Variants", ""]
     variants = sorted({json.dumps(o.node.variant, sort_keys=True) for o in run.outcomes})
     for v in variants:
-        users = sorted({o.node.name for o in run.outcomes if json.dumps(o.node.variant, sort_keys=True) == v})
+        users = sorted(
+            {o.node.name for o in run.outcomes if json.dumps(o.node.variant, sort_keys=True) == v}
+        )
         lines.append(f"- `{v}`: {', '.join(users)}")
     if dropped:
         lines += ["", "Variant values not built here:", ""] + [f"- {d}" for d in dropped]
     lines += ["", "## Not available offline on every platform", ""]
     if unavailable:
-        lines += [f"- **{k}**: {v}. Left to a native build (see `python -m ci matrix`)." for k, v in unavailable.items()]
+        lines += [
+            f"- **{k}**: {v}. Left to a native build (see `python -m ci matrix`)."
+            for k, v in unavailable.items()
+        ]
     else:
         lines.append("Nothing.")
     licenses: dict[str, list[str]] = {}
     for rec in recs.values():
         licenses.setdefault(rec.get("license") or "?", []).append(rec["name"])
-    lines += ["", "## Licenses (from each package's about section)", "", "| license | packages |", "| --- | --- |"]
+    lines += [
+        "",
+        "## Licenses (from each package's about section)",
+        "",
+        "| license | packages |",
+        "| --- | --- |",
+    ]
     for lic in sorted(licenses):
         lines.append(f"| {lic} | {', '.join(sorted(set(licenses[lic])))} |")
     if upstream:

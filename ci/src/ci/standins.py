@@ -108,27 +108,47 @@ def download_wheels(spec: dict, subdir: str, dest: Path) -> list[Path]:
             return files
     before = set(dest.glob("*.whl"))
     cmd = [
-        sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
-        "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
-        "--abi", "cp" + python.replace(".", ""), "--abi", "abi3", "--abi", "none",
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--only-binary=:all:",
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp" + python.replace(".", ""),
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
         *_pip_platform_args(plat["arch"], str(plat.get("glibc", "2.28"))),
-        "-d", str(dest), "--report", str(dest / "report.json"), *spec["requirements"],
+        "-d",
+        str(dest),
+        *spec["requirements"],
     ]
-    console.print(f"[bold]stand-ins[/]: pip download {len(spec['requirements'])} requirements "
-                  f"and their closure for {subdir} (python {python})")
+    console.print(
+        f"[bold]stand-ins[/]: pip download {len(spec['requirements'])} requirements "
+        f"and their closure for {subdir} (python {python})"
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(
-            "pip could not download the stand-in wheels:\n" + proc.stderr[-3000:]
+            "pip could not download the stand-in wheels:\n"
+            + proc.stderr[-3000:]
             + "\nCheck that a PyPI index (or a local wheel directory via PIP_FIND_LINKS) is reachable."
         )
-    report = json.loads((dest / "report.json").read_text())
+    # pip names every file of the closure: "Saved <path>" or "File was already downloaded <path>"
     names = []
-    for item in report.get("install", []):
-        url = item.get("download_info", {}).get("url", "")
-        names.append(Path(urllib.request.url2pathname(url.rsplit("/", 1)[-1].split("#")[0])).name)
-    files = [dest / n for n in names if (dest / n).exists()]
-    if len(files) != len(names):
+    for line in proc.stdout.splitlines():
+        line = line.strip()
+        for lead in ("Saved ", "File was already downloaded "):
+            if line.startswith(lead) and line.endswith(".whl"):
+                names.append(Path(line[len(lead) :]).name)
+    files = [dest / n for n in dict.fromkeys(names) if (dest / n).exists()]
+    if not files:
         files = sorted(set(dest.glob("*.whl")) - before) or sorted(dest.glob("*.whl"))
     listing.write_text("\n".join(f.name for f in files))
     stamp.touch()
@@ -144,8 +164,12 @@ def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str) -> 
     staging = channel.parent / f".standins-staging-{os.getpid()}"
     if todo:
         with Progress(
-            TextColumn("[bold]stand-ins[/] converting wheels"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TextColumn("{task.description}"), console=console,
+            TextColumn("[bold]stand-ins[/] converting wheels"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=console,
         ) as prog:
             task = prog.add_task("", total=len(todo))
             for w in sorted(todo, key=lambda p: -p.stat().st_size):
@@ -160,8 +184,11 @@ def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str) -> 
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(pkg.path, dest)
                 state[w.name] = {
-                    "key": f"{pkg.subdir}/{pkg.path.name}", "name": pkg.name, "version": pkg.version,
-                    "depends": pkg.depends, "license": pkg.license,
+                    "key": f"{pkg.subdir}/{pkg.path.name}",
+                    "name": pkg.name,
+                    "version": pkg.version,
+                    "depends": pkg.depends,
+                    "license": pkg.license,
                 }
                 prog.advance(task)
         shutil.rmtree(staging, ignore_errors=True)
@@ -200,12 +227,18 @@ def build_standins(settings: Settings, *, platforms: list[str] | None = None) ->
         nodes = render_all(recipes, variants, [here])
         g = build_graph(nodes)
         res = run_builds(
-            g, variants=variants, channel_dir=up, work_dir=settings.work_dir / "upstream",
-            channels=[], mirror=SourceMirror(settings.mirror_dir), run_tests=True,
+            g,
+            variants=variants,
+            channel_dir=up,
+            work_dir=settings.work_dir / "upstream",
+            channels=[],
+            mirror=SourceMirror(settings.mirror_dir),
+            run_tests=True,
         )
         if res.failed:
             raise RuntimeError(
-                "stand-in build failed: " + "; ".join(f"{o.node.name}: {o.error or o.test_status}" for o in res.failed)
+                "stand-in build failed: "
+                + "; ".join(f"{o.node.name}: {o.error or o.test_status}" for o in res.failed)
             )
         summary["recipes"] = [o.node.key for o in res.outcomes]
         summary["recipe_stages"] = res.stages

@@ -197,7 +197,9 @@ def convert_wheel(
         if not info_dirs:
             raise WheelError(f"{wheel}: no .dist-info directory inside")
         dist_info = info_dirs[0]
-        meta = email.parser.Parser().parsestr((dist_info / "METADATA").read_text("utf-8", "replace"))
+        meta = email.parser.Parser().parsestr(
+            (dist_info / "METADATA").read_text("utf-8", "replace")
+        )
 
         site = root / ("site-packages" if pure else f"lib/python{python}/site-packages")
         bindir = root / ("python-scripts" if pure else "bin")
@@ -215,7 +217,9 @@ def convert_wheel(
                         bindir.mkdir(parents=True, exist_ok=True)
                         for s in sub.iterdir():
                             data = s.read_bytes()
-                            if data.startswith(b"#!python") or data.startswith(b"#!/usr/bin/env python"):
+                            if data.startswith(b"#!python") or data.startswith(
+                                b"#!/usr/bin/env python"
+                            ):
                                 data = TRAMPOLINE.encode() + data.split(b"\n", 1)[1]
                             (bindir / s.name).write_bytes(data)
                             (bindir / s.name).chmod(0o755)
@@ -247,11 +251,17 @@ def convert_wheel(
         depends: list[str] = []
         for line in meta.get_all("Requires-Dist") or []:
             dep = requirement_to_conda(line, env)
-            if dep and dep.split()[0] not in [d.split()[0] for d in depends] and dep.split()[0] != name:
+            if (
+                dep
+                and dep.split()[0] not in [d.split()[0] for d in depends]
+                and dep.split()[0] != name
+            ):
                 depends.append(dep)
         if pure:
             req_py = _pep440_to_conda(meta.get("Requires-Python") or "")
-            depends.insert(0, f"python {req_py}" if req_py and _valid_spec(f"python {req_py}") else "python")
+            depends.insert(
+                0, f"python {req_py}" if req_py and _valid_spec(f"python {req_py}") else "python"
+            )
             target, build = "noarch", "pyh_0"
         else:
             # files live under lib/pythonX.Y, so every binary wheel pins its Python.

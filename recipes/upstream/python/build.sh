@@ -11,4 +11,4 @@ ln -sf pydoc3 "$PREFIX/bin/pydoc"
 # not needed at run time and large: the test suite leftovers, idle, tkinter demos, static lib
 rm -rf "$PREFIX/lib/python3.11/idlelib" "$PREFIX/lib/python3.11/tkinter" "$PREFIX/lib/python3.11/turtledemo"
 find "$PREFIX/lib/python3.11/config-3.11-"* -name 'libpython3.11.a' -delete || true
-find "$PREFIX" -name '__pycache__' -type d -prune -exec rm -rf {} +
+# keep the stdlib .pyc files: a shared read-only install can never write them later
