@@ -7,7 +7,7 @@ ROOT := $(CURDIR)
 VENV := $(ROOT)/.venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
-STAMPS := $(ROOT)/.venv/.stamps
+STAMPS := .venv/.stamps
 export PATH := $(VENV)/bin:$(PATH)
 # The PyPI Open MPI refuses root unless told; CI and these machines run as root.
 export OMPI_ALLOW_RUN_AS_ROOT := 1

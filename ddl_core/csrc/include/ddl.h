@@ -59,10 +59,12 @@ typedef enum {
 } ddl_dtype_t;
 
 /*
- * Reduction ops. 16-bit floats (float16, bfloat16) are reduced pairwise in float32 and
- * rounded once to the 16-bit format per step (as NCCL does); avg divides the float32 sum
- * by the world size before the final rounding. Integer sum/prod wrap modulo 2^bits (as
- * numpy does); integer avg is the sum divided by the size, truncated toward zero.
+ * Reduction ops. 16-bit floats (float16, bfloat16) travel as 16 bits and each pairwise
+ * reduction is computed in float32 and rounded once to the 16-bit format (as NCCL does),
+ * so a sum of N values is rounded N-1 times, never accumulated in 16-bit arithmetic; avg
+ * divides the reduced sum by the world size in float32 and rounds once. Integer sum/prod
+ * wrap modulo 2^bits (as numpy does); integer avg is the sum divided by the size,
+ * truncated toward zero (C division).
  */
 typedef enum {
     DDL_SUM = 0,

@@ -1,0 +1,289 @@
+/* The collectives: argument checks, the mismatch check, and the topology-aware allreduce.
+ *
+ * Mismatch detection costs nothing extra on the latency path: a small allreduce travels as
+ * one recursive doubling whose messages carry a 32-byte header with the min and max of
+ * every rank's call signature, so after log2(P) steps all ranks hold the same verdict.
+ * Every other call first runs that recursive doubling with the header alone (log2(P)
+ * small messages, a few microseconds, measured by `python -m ddl_core.bench check`)
+ * before any data moves, so a mismatch fails on every rank before anything is written. */
+#include <string.h>
+
+#include "ddl_internal.h"
+
+static uint64_t mix(uint64_t x) { /* splitmix64 finaliser */
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+uint64_t ddl_signature(int coll, uint64_t count, int dtype, int op, int root) {
+    uint64_t h = mix((uint64_t)coll * 0x9e3779b97f4a7c15ULL);
+    h = mix(h ^ count);
+    h = mix(h ^ ((uint64_t)(uint32_t)dtype << 32 | (uint32_t)op));
+    return mix(h ^ (uint64_t)(uint32_t)root);
+}
+
+void ddl_header_init(ddl_header_t *h, uint64_t sig, uint64_t count) {
+    h->sig_min = h->sig_max = sig;
+    h->count_min = h->count_max = count;
+}
+
+void ddl_header_merge(ddl_header_t *into, const ddl_header_t *from) {
+    if (from->sig_min < into->sig_min) into->sig_min = from->sig_min;
+    if (from->sig_max > into->sig_max) into->sig_max = from->sig_max;
+    if (from->count_min < into->count_min) into->count_min = from->count_min;
+    if (from->count_max > into->count_max) into->count_max = from->count_max;
+}
+
+ddl_status_t ddl_header_verdict(const ddl_header_t *h, const char *coll) {
+    if (h->sig_min == h->sig_max) return DDL_SUCCESS;
+    if (h->count_min != h->count_max)
+        return ddl_fail(DDL_ERR_MISMATCH,
+                        "%s called with different counts on different ranks (from %llu to %llu "
+                        "elements): every rank must pass the same count, dtype and op, in the "
+                        "same order",
+                        coll, (unsigned long long)h->count_min, (unsigned long long)h->count_max);
+    return ddl_fail(DDL_ERR_MISMATCH,
+                    "%s called with different arguments on different ranks (the dtype, op, "
+                    "root or the collective itself differ; counts agree): every rank must call "
+                    "the same collectives in the same order with the same arguments",
+                    coll);
+}
+
+/* Header-only exchange: the verdict before any data moves. */
+static ddl_status_t check(ddl_ctx_t *ctx, uint64_t sig, uint64_t count, const char *coll) {
+    ddl_header_t h;
+    ddl_header_init(&h, sig, count);
+    DDL_CHECK(ddl_rd_allreduce_checked(&ctx->world, &h, NULL, 0, DDL_UINT8, DDL_SUM));
+    return ddl_header_verdict(&h, coll);
+}
+
+ddl_status_t ddl_allreduce_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *buf, size_t count,
+                               ddl_dtype_t dtype, ddl_op_t op, uint64_t sig) {
+    size_t es = ddl_dtype_size(dtype);
+    ddl_op_t wop = ddl_wire_op(op);
+    ddl_topo_t *t = &ctx->topo;
+    int P = ctx->world.size;
+    const void *in = sendbuf == DDL_IN_PLACE ? buf : sendbuf;
+    if (P == 1) {
+        if (in != buf && count) memcpy(buf, in, count * es);
+        ddl_finish_avg(buf, count, dtype, op == DDL_AVG ? P : 1);
+        return DDL_SUCCESS;
+    }
+    ddl_algo_t plan[DDL_MAX_LEVELS];
+    int flat;
+    ddl_model_plan(&ddl_g.model, t->dims, t->nlevels, count * es, ddl_g.forced_algo, plan, &flat);
+    /* Paths that work in place on buf start with a copy of an out-of-place input; a
+     * reduce-scatter first level reads the input directly instead. */
+    int first_rs = !flat && (plan[0] == DDL_ALGO_RING ||
+                             (plan[0] == DDL_ALGO_RABENSEIFNER &&
+                              (t->level[0].size & (t->level[0].size - 1)) == 0));
+    if (in != buf && count && !first_rs) memcpy(buf, in, count * es);
+    if (flat && plan[0] == DDL_ALGO_RECDOUBLING && count * es <= DDL_FUSED_MAX) {
+        ddl_header_t h;
+        ddl_header_init(&h, sig, count);
+        DDL_CHECK(ddl_rd_allreduce_checked(&ctx->world, &h, buf, count, dtype, wop));
+        DDL_CHECK(ddl_header_verdict(&h, "allreduce"));
+    } else {
+        DDL_CHECK(check(ctx, sig, count, "allreduce"));
+        if (flat && plan[0] == DDL_ALGO_RECDOUBLING) {
+            ddl_header_t h;
+            ddl_header_init(&h, sig, count);
+            DDL_CHECK(ddl_rd_allreduce_checked(&ctx->world, &h, buf, count, dtype, wop));
+        } else if (flat) {
+            DDL_CHECK(ddl_mpi_allreduce(&ctx->world, buf, count, dtype, wop));
+        } else {
+            size_t lo[DDL_MAX_LEVELS + 1], hi[DDL_MAX_LEVELS + 1];
+            int whole[DDL_MAX_LEVELS];
+            lo[0] = 0;
+            hi[0] = count;
+            char *b = buf;
+            for (int l = 0; l < t->nlevels; l++) {
+                const ddl_comm_t *lc = &t->level[l];
+                size_t n = hi[l] - lo[l];
+                char *seg = b + lo[l] * es;
+                int pow2 = (lc->size & (lc->size - 1)) == 0;
+                whole[l] = plan[l] == DDL_ALGO_RECDOUBLING || plan[l] == DDL_ALGO_MPI ||
+                           (plan[l] == DDL_ALGO_RABENSEIFNER && !pow2);
+                if (whole[l]) {
+                    if (plan[l] == DDL_ALGO_RECDOUBLING || plan[l] == DDL_ALGO_RABENSEIFNER) {
+                        ddl_header_t h;
+                        ddl_header_init(&h, sig, count);
+                        DDL_CHECK(ddl_rd_allreduce_checked(lc, &h, seg, n, dtype, wop));
+                    } else {
+                        DDL_CHECK(ddl_mpi_allreduce(lc, seg, n, dtype, wop));
+                    }
+                    lo[l + 1] = lo[l];
+                    hi[l + 1] = hi[l];
+                    continue;
+                }
+                const char *src = l == 0 ? (const char *)in : seg;
+                if (plan[l] == DDL_ALGO_RABENSEIFNER)
+                    DDL_CHECK(ddl_halving_reduce_scatter(lc, src, seg, n, dtype, wop));
+                else
+                    DDL_CHECK(ddl_ring_reduce_scatter(lc, src, seg, n, dtype, wop));
+                size_t blo, bhi;
+                ddl_block_range(n, lc->size, lc->rank, &blo, &bhi);
+                lo[l + 1] = lo[l] + blo;
+                hi[l + 1] = lo[l] + bhi;
+            }
+            for (int l = t->nlevels - 1; l >= 0; l--) {
+                if (whole[l]) continue;
+                const ddl_comm_t *lc = &t->level[l];
+                char *seg = b + lo[l] * es;
+                size_t n = hi[l] - lo[l];
+                if (plan[l] == DDL_ALGO_RABENSEIFNER)
+                    DDL_CHECK(ddl_doubling_allgather(lc, seg, n, dtype));
+                else
+                    DDL_CHECK(ddl_ring_allgather(lc, seg, n, dtype));
+            }
+        }
+    }
+    if (op == DDL_AVG) ddl_finish_avg(buf, count, dtype, P);
+    return DDL_SUCCESS;
+}
+
+/* Binomial tree from `root`, for small messages and two ranks. */
+static ddl_status_t bcast_tree(const ddl_comm_t *c, void *buf, size_t bytes, int root) {
+    int p = c->size, vr = (c->rank - root + p) % p, mask = 1;
+    while (mask < p) {
+        if (vr & mask) {
+            int src = (vr - mask + root) % p;
+            DDL_CHECK(ddl_sendrecv(c, NULL, 0, -1, buf, bytes, src, 201));
+            break;
+        }
+        mask <<= 1;
+    }
+    for (mask >>= 1; mask > 0; mask >>= 1) {
+        if (vr + mask < p) {
+            int dst = (vr + mask + root) % p;
+            DDL_CHECK(ddl_sendrecv(c, buf, bytes, dst, NULL, 0, -1, 201));
+        }
+    }
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_broadcast_ctx(ddl_ctx_t *ctx, void *buf, size_t count, ddl_dtype_t dtype,
+                               int root) {
+    const ddl_comm_t *c = &ctx->world;
+    DDL_CHECK(check(ctx, ddl_signature(DDL_COLL_BROADCAST, count, dtype, 0, root), count,
+                    "broadcast"));
+    size_t es = ddl_dtype_size(dtype), bytes = count * es;
+    int p = c->size;
+    if (p == 1 || bytes == 0) return DDL_SUCCESS;
+    if (p <= 2 || bytes < (size_t)64 * 1024 || count < (size_t)p)
+        return bcast_tree(c, buf, bytes, root);
+    /* Large: the root scatters one block to each rank, then a ring allgather (van de
+     * Geijn), so the root sends n bytes once instead of log2(p) times. */
+    char *b = buf;
+    if (c->rank == root) {
+        for (int i = 0; i < p; i++) {
+            if (i == root) continue;
+            size_t lo, hi;
+            ddl_block_range(count, p, i, &lo, &hi);
+            DDL_CHECK(ddl_sendrecv(c, b + lo * es, (hi - lo) * es, i, NULL, 0, -1, 202));
+        }
+    } else {
+        size_t lo, hi;
+        ddl_block_range(count, p, c->rank, &lo, &hi);
+        DDL_CHECK(ddl_sendrecv(c, NULL, 0, -1, b + lo * es, (hi - lo) * es, root, 202));
+    }
+    return ddl_ring_allgather(c, buf, count, dtype);
+}
+
+ddl_status_t ddl_allgather_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
+                               size_t sendcount, ddl_dtype_t dtype) {
+    const ddl_comm_t *c = &ctx->world;
+    DDL_CHECK(check(ctx, ddl_signature(DDL_COLL_ALLGATHER, sendcount, dtype, 0, 0), sendcount,
+                    "allgather"));
+    size_t es = ddl_dtype_size(dtype), bytes = sendcount * es;
+    int p = c->size;
+    char *dst = (char *)recvbuf + (size_t)c->rank * bytes;
+    if (sendbuf != DDL_IN_PLACE && sendbuf != dst && bytes) memcpy(dst, sendbuf, bytes);
+    size_t total = sendcount * (size_t)p;
+    if (p == 1 || bytes == 0) return DDL_SUCCESS;
+    if ((p & (p - 1)) == 0 && bytes < (size_t)256 * 1024)
+        return ddl_doubling_allgather(c, recvbuf, total, dtype);
+    return ddl_ring_allgather(c, recvbuf, total, dtype);
+}
+
+ddl_status_t ddl_reduce_scatter_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
+                                    size_t recvcount, ddl_dtype_t dtype, ddl_op_t op) {
+    const ddl_comm_t *c = &ctx->world;
+    DDL_CHECK(check(ctx, ddl_signature(DDL_COLL_REDUCE_SCATTER, recvcount, dtype, op, 0),
+                    recvcount, "reduce_scatter"));
+    size_t es = ddl_dtype_size(dtype);
+    int p = c->size;
+    size_t total = recvcount * (size_t)p;
+    const void *src = sendbuf == DDL_IN_PLACE ? recvbuf : sendbuf;
+    char *work = ddl_scratch(3, total * es);
+    if (!work) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for %zu bytes", total * es);
+    ddl_op_t wop = ddl_wire_op(op);
+    if ((p & (p - 1)) == 0)
+        DDL_CHECK(ddl_halving_reduce_scatter(c, src, work, total, dtype, wop));
+    else
+        DDL_CHECK(ddl_ring_reduce_scatter(c, src, work, total, dtype, wop));
+    if (recvcount) memmove(recvbuf, work + (size_t)c->rank * recvcount * es, recvcount * es);
+    if (op == DDL_AVG) ddl_finish_avg(recvbuf, recvcount, dtype, p);
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_barrier_ctx(ddl_ctx_t *ctx) {
+    return check(ctx, ddl_signature(DDL_COLL_BARRIER, 0, 0, 0, 0), 0, "barrier");
+}
+
+/* ---- the public blocking API ---------------------------------------------------------- */
+
+static ddl_status_t check_args(const void *buf, size_t count, int dtype, int op, const char *fn) {
+    if (!ddl_dtype_valid(dtype))
+        return ddl_fail(DDL_ERR_INVALID_ARG,
+                        "%s: unknown dtype %d; use one of float16, bfloat16, float32, float64, "
+                        "int8, uint8, int32, int64",
+                        fn, dtype);
+    if (op >= 0 && !ddl_op_valid(op))
+        return ddl_fail(DDL_ERR_INVALID_ARG,
+                        "%s: unknown op %d; use one of sum, avg, min, max, prod", fn, op);
+    if (count > 0 && buf == NULL)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL buffer for %zu elements", fn, count);
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_allreduce(const void *sendbuf, void *recvbuf, size_t count, ddl_dtype_t dtype,
+                           ddl_op_t op) {
+    DDL_CHECK(ddl_require_init());
+    DDL_CHECK(check_args(recvbuf, count, (int)dtype, (int)op, "ddl_allreduce"));
+    if (sendbuf == NULL && count)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_allreduce: NULL send buffer");
+    return ddl_allreduce_ctx(&ddl_g.app, sendbuf, recvbuf, count, dtype, op,
+                             ddl_signature(DDL_COLL_ALLREDUCE, count, dtype, op, 0));
+}
+
+ddl_status_t ddl_broadcast(void *buf, size_t count, ddl_dtype_t dtype, int root) {
+    DDL_CHECK(ddl_require_init());
+    DDL_CHECK(check_args(buf, count, (int)dtype, -1, "ddl_broadcast"));
+    if (root < 0 || root >= ddl_g.size)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_broadcast: root %d is not a rank (0..%d)", root,
+                        ddl_g.size - 1);
+    return ddl_broadcast_ctx(&ddl_g.app, buf, count, dtype, root);
+}
+
+ddl_status_t ddl_allgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                           ddl_dtype_t dtype) {
+    DDL_CHECK(ddl_require_init());
+    DDL_CHECK(check_args(recvbuf, sendcount, (int)dtype, -1, "ddl_allgather"));
+    return ddl_allgather_ctx(&ddl_g.app, sendbuf, recvbuf, sendcount, dtype);
+}
+
+ddl_status_t ddl_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                ddl_dtype_t dtype, ddl_op_t op) {
+    DDL_CHECK(ddl_require_init());
+    DDL_CHECK(check_args(recvbuf, recvcount, (int)dtype, (int)op, "ddl_reduce_scatter"));
+    return ddl_reduce_scatter_ctx(&ddl_g.app, sendbuf, recvbuf, recvcount, dtype, op);
+}
+
+ddl_status_t ddl_barrier(void) {
+    DDL_CHECK(ddl_require_init());
+    return ddl_barrier_ctx(&ddl_g.app);
+}

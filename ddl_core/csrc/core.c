@@ -1,0 +1,265 @@
+/* Life cycle, configuration from the environment, and introspection.
+ *
+ * Two contexts are built at init, each with its own duplicated communicators: one for the
+ * blocking API (called from the application thread) and one for the progress thread.
+ * Separate communicators keep the two streams of collectives from ever matching each
+ * other's messages, so blocking and asynchronous calls may overlap freely. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ddl_internal.h"
+
+ddl_state_t ddl_g;
+
+const char *ddl_algo_name(ddl_algo_t algo) {
+    static const char *names[DDL_NUM_ALGOS] = {"auto", "ring", "rabenseifner", "recdoubling",
+                                               "mpi"};
+    return (int)algo >= 0 && algo < DDL_NUM_ALGOS ? names[algo] : "unknown";
+}
+
+int ddl_initialized(void) { return ddl_g.initialized; }
+
+ddl_status_t ddl_require_init(void) {
+    if (ddl_g.initialized) return DDL_SUCCESS;
+    if (ddl_g.finalized)
+        return ddl_fail(DDL_ERR_NOT_INITIALIZED,
+                        "DDL was finalized: no collective can run after ddl_finalize()");
+    return ddl_fail(DDL_ERR_NOT_INITIALIZED,
+                    "DDL is not initialized: call ddl_init() (Python: ddl_core.init()) first");
+}
+
+static ddl_status_t env_double(const char *name, double lo, double hi, double *out) {
+    const char *v = getenv(name);
+    if (!v || !*v) return DDL_SUCCESS;
+    char *end;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (errno || *end || d < lo || d > hi)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "%s=%s is not a number in [%g, %g]", name, v, lo, hi);
+    *out = d;
+    return DDL_SUCCESS;
+}
+
+static ddl_status_t parse_algo(const char *v, ddl_algo_t *out) {
+    for (int a = 0; a < DDL_NUM_ALGOS; a++)
+        if (strcmp(v, ddl_algo_name((ddl_algo_t)a)) == 0) {
+            *out = (ddl_algo_t)a;
+            return DDL_SUCCESS;
+        }
+    if (strcmp(v, "rhd") == 0 || strcmp(v, "halving") == 0) {
+        *out = DDL_ALGO_RABENSEIFNER;
+        return DDL_SUCCESS;
+    }
+    return ddl_fail(DDL_ERR_INVALID_ARG,
+                    "DDL_ALGO=%s is not an algorithm; use auto, ring, rabenseifner, recdoubling "
+                    "or mpi",
+                    v);
+}
+
+/* Everything from the environment is read and checked before MPI starts, so a typo in a
+ * variable fails fast and identically on every rank. */
+static ddl_status_t read_env(int *dims, int *nlevels) {
+    double level = 0, fusion = 64.0 * 1024 * 1024, cycle = 1.0;
+    DDL_CHECK(env_double("DDL_LOG", 0, 5, &level));
+    ddl_log_level = (int)level;
+    DDL_CHECK(env_double("DDL_TIMEOUT", 0.001, 1e9, &ddl_timeout_s));
+    DDL_CHECK(env_double("DDL_FUSION_THRESHOLD", 0, 1e12, &fusion));
+    DDL_CHECK(env_double("DDL_CYCLE_TIME_MS", 0, 1e6, &cycle));
+    ddl_g.fusion_threshold = (size_t)fusion;
+    ddl_g.cycle_time_s = cycle / 1000.0;
+    ddl_g.forced_algo = DDL_ALGO_AUTO;
+    const char *a = getenv("DDL_ALGO");
+    if (a && *a) DDL_CHECK(parse_algo(a, &ddl_g.forced_algo));
+    *nlevels = 0;
+    const char *t = getenv("DDL_TOPOLOGY");
+    if (t && *t) DDL_CHECK(ddl_parse_topology(t, dims, nlevels));
+    return DDL_SUCCESS;
+}
+
+static ddl_status_t dup_world(ddl_comm_t *c) {
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c->comm));
+    /* Errors come back as codes so they become exceptions, not aborts. */
+    MPI_CHECK(MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(c->comm, &c->rank));
+    MPI_CHECK(MPI_Comm_size(c->comm, &c->size));
+    return DDL_SUCCESS;
+}
+
+/* The cache `python -m ddl_core.tune` writes: $DDL_CACHE_DIR, else $XDG_CACHE_HOME/ddl-ce,
+ * else ~/.cache/ddl-ce, then tune-<grid>.txt (ddl_core/tunecache.py agrees). */
+static int tune_cache_path(char *out, size_t n) {
+    const char *dir = getenv("DDL_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"),
+               *home = getenv("HOME");
+    char base[768];
+    if (dir && *dir)
+        snprintf(base, sizeof base, "%s", dir);
+    else if (xdg && *xdg)
+        snprintf(base, sizeof base, "%s/ddl-ce", xdg);
+    else if (home && *home)
+        snprintf(base, sizeof base, "%s/.cache/ddl-ce", home);
+    else
+        return 0;
+    char grid[128] = "";
+    for (int i = 0; i < ddl_g.app.topo.nlevels; i++)
+        snprintf(grid + strlen(grid), sizeof grid - strlen(grid), "%s%d", i ? "x" : "",
+                 ddl_g.app.topo.dims[i]);
+    return snprintf(out, n, "%s/tune-%s.txt", base, grid) < (int)n;
+}
+
+ddl_status_t ddl_init(void) {
+    if (ddl_g.initialized) return DDL_SUCCESS;
+    if (ddl_g.finalized)
+        return ddl_fail(DDL_ERR_NOT_INITIALIZED,
+                        "DDL cannot be initialized again after ddl_finalize() (MPI allows one "
+                        "initialization per process)");
+    int dims[DDL_MAX_LEVELS], nlevels;
+    DDL_CHECK(read_env(dims, &nlevels));
+    int inited = 0, fin = 0, provided = 0;
+    MPI_CHECK(MPI_Initialized(&inited));
+    MPI_CHECK(MPI_Finalized(&fin));
+    if (fin) return ddl_fail(DDL_ERR_NOT_INITIALIZED, "MPI was already finalized");
+    if (!inited) {
+        MPI_CHECK(MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided));
+        ddl_g.we_initialized_mpi = 1;
+    } else {
+        MPI_CHECK(MPI_Query_thread(&provided));
+    }
+    DDL_CHECK(dup_world(&ddl_g.app.world));
+    DDL_CHECK(dup_world(&ddl_g.progress.world));
+    ddl_g.rank = ddl_g.app.world.rank;
+    ddl_g.size = ddl_g.app.world.size;
+
+    MPI_Comm local;
+    MPI_CHECK(MPI_Comm_split_type(ddl_g.app.world.comm, MPI_COMM_TYPE_SHARED, ddl_g.rank,
+                                  MPI_INFO_NULL, &local));
+    MPI_CHECK(MPI_Comm_rank(local, &ddl_g.local_rank));
+    MPI_CHECK(MPI_Comm_size(local, &ddl_g.local_size));
+    MPI_CHECK(MPI_Comm_free(&local));
+
+    ddl_status_t rc = ddl_topo_build(&ddl_g.app, ddl_g.app.world.comm, dims, nlevels);
+    if (rc == DDL_SUCCESS)
+        rc = ddl_topo_build(&ddl_g.progress, ddl_g.progress.world.comm, dims, nlevels);
+    if (rc != DDL_SUCCESS) return rc;
+
+    ddl_model_defaults(&ddl_g.model, ddl_g.app.topo.nlevels);
+    const char *tune = getenv("DDL_TUNE_FILE");
+    char cached[1024];
+    if (tune && *tune) {
+        DDL_CHECK(ddl_model_load(&ddl_g.model, tune, ddl_g.app.topo.dims, ddl_g.app.topo.nlevels));
+    } else if (tune_cache_path(cached, sizeof cached) && access(cached, R_OK) == 0) {
+        DDL_CHECK(ddl_model_load(&ddl_g.model, cached, ddl_g.app.topo.dims,
+                                 ddl_g.app.topo.nlevels));
+        ddl_log(1, "cost model from %s", cached);
+    }
+
+    ddl_g.initialized = 1;
+    if (provided >= MPI_THREAD_MULTIPLE) {
+        DDL_CHECK(ddl_progress_start());
+    } else {
+        ddl_log(0, "MPI provides thread level %d, not MPI_THREAD_MULTIPLE: asynchronous "
+                   "collectives are disabled", provided);
+    }
+    ddl_log(1, "initialized: %d ranks, %d local, topology levels %d", ddl_g.size,
+            ddl_g.local_size, ddl_g.app.topo.nlevels);
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_finalize(void) {
+    DDL_CHECK(ddl_require_init());
+    ddl_status_t rc = ddl_progress_stop();
+    ddl_topo_free(&ddl_g.app);
+    ddl_topo_free(&ddl_g.progress);
+    MPI_Comm_free(&ddl_g.app.world.comm);
+    MPI_Comm_free(&ddl_g.progress.world.comm);
+    ddl_g.initialized = 0;
+    ddl_g.finalized = 1;
+    if (ddl_g.we_initialized_mpi) {
+        int fin = 0;
+        MPI_Finalized(&fin);
+        if (!fin) MPI_CHECK(MPI_Finalize());
+    }
+    return rc;
+}
+
+#define GETTER(fn, field)                                                                 \
+    ddl_status_t fn(int *out) {                                                           \
+        DDL_CHECK(ddl_require_init());                                                    \
+        if (!out) return ddl_fail(DDL_ERR_INVALID_ARG, #fn ": NULL output pointer");      \
+        *out = ddl_g.field;                                                               \
+        return DDL_SUCCESS;                                                               \
+    }
+GETTER(ddl_rank, rank)
+GETTER(ddl_size, size)
+GETTER(ddl_local_rank, local_rank)
+GETTER(ddl_local_size, local_size)
+
+ddl_status_t ddl_topology(int *nlevels, int dims[DDL_MAX_LEVELS]) {
+    DDL_CHECK(ddl_require_init());
+    *nlevels = ddl_g.app.topo.nlevels;
+    for (int i = 0; i < *nlevels; i++) dims[i] = ddl_g.app.topo.dims[i];
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_set_algorithm(ddl_algo_t algo) {
+    if ((int)algo < 0 || algo >= DDL_NUM_ALGOS)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "unknown algorithm %d", (int)algo);
+    ddl_g.forced_algo = algo;
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_set_level_cost(int level, double alpha, double beta) {
+    DDL_CHECK(ddl_require_init());
+    if (level < 0 || level >= ddl_g.app.topo.nlevels || alpha < 0 || beta < 0)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "level %d (of %d) alpha %g beta %g", level,
+                        ddl_g.app.topo.nlevels, alpha, beta);
+    ddl_g.model.alpha[level] = alpha;
+    ddl_g.model.beta[level] = beta;
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_get_level_cost(int level, double *alpha, double *beta) {
+    DDL_CHECK(ddl_require_init());
+    if (level < 0 || level >= ddl_g.app.topo.nlevels)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "level %d is not in 0..%d", level,
+                        ddl_g.app.topo.nlevels - 1);
+    *alpha = ddl_g.model.alpha[level];
+    *beta = ddl_g.model.beta[level];
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_plan(size_t bytes, ddl_algo_t algos[DDL_MAX_LEVELS], double *predicted_s) {
+    DDL_CHECK(ddl_require_init());
+    int flat;
+    double t = ddl_model_plan(&ddl_g.model, ddl_g.app.topo.dims, ddl_g.app.topo.nlevels, bytes,
+                              ddl_g.forced_algo, algos, &flat);
+    if (ddl_g.size == 1) t = 0.0;
+    if (predicted_s) *predicted_s = t;
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_set_fusion(size_t threshold_bytes, double cycle_time_ms) {
+    if (cycle_time_ms < 0)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "cycle time %g ms is negative", cycle_time_ms);
+    ddl_g.fusion_threshold = threshold_bytes;
+    ddl_g.cycle_time_s = cycle_time_ms / 1000.0;
+    return DDL_SUCCESS;
+}
+
+const char *ddl_version_string(void) {
+    static char buf[512];
+    if (!buf[0]) {
+        char lib[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+        int len = 0;
+        MPI_Get_library_version(lib, &len);
+        char *nl = strchr(lib, '\n');
+        if (nl) *nl = 0;
+        char *comma = strchr(lib, ',');
+        if (comma) *comma = 0;
+        snprintf(buf, sizeof buf, "libddl %d.%d.%d (%s)", DDL_VERSION_MAJOR, DDL_VERSION_MINOR,
+                 DDL_VERSION_PATCH, lib);
+    }
+    return buf;
+}

@@ -1,0 +1,197 @@
+/* Internal declarations shared by libddl's translation units. Not installed. */
+#ifndef DDL_INTERNAL_H
+#define DDL_INTERNAL_H
+
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddl.h"
+
+/* ---- errors (errors.c) ---------------------------------------------------------- */
+
+/* Record a message for ddl_last_error() and return `status`, so call sites read
+ * `return ddl_fail(DDL_ERR_INVALID_ARG, "...", ...)`. */
+ddl_status_t ddl_fail(ddl_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Set a message that already carries its rank prefix (from another thread). */
+ddl_status_t ddl_fail_verbatim(ddl_status_t status, const char *msg);
+/* Map an MPI return code to DDL_ERR_MPI with the MPI error string and the call site. */
+ddl_status_t ddl_mpi_fail(int mpi_rc, const char *what);
+void ddl_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+extern int ddl_log_level;
+
+#define DDL_CHECK(call)                                                                   \
+    do {                                                                                  \
+        ddl_status_t ddl_check_rc_ = (call);                                              \
+        if (ddl_check_rc_ != DDL_SUCCESS) return ddl_check_rc_;                           \
+    } while (0)
+#define MPI_CHECK(call)                                                                   \
+    do {                                                                                  \
+        int mpi_check_rc_ = (call);                                                       \
+        if (mpi_check_rc_ != MPI_SUCCESS) return ddl_mpi_fail(mpi_check_rc_, #call);      \
+    } while (0)
+
+/* ---- dtypes and reductions (reduce.c) -------------------------------------------- */
+
+bool ddl_dtype_valid(int dtype);
+bool ddl_op_valid(int op);
+/* dst[i] = dst[i] (op) src[i] for i < count; avg reduces as sum (see ddl_finish_avg). */
+void ddl_reduce(void *dst, const void *src, size_t count, ddl_dtype_t dtype, ddl_op_t op);
+/* dst[i] = a[i] (op) src[i]; dst == a is allowed (then it is ddl_reduce). */
+void ddl_reduce3(void *dst, const void *a, const void *src, size_t count, ddl_dtype_t dtype,
+                 ddl_op_t op);
+/* Divide by `divisor` in place: the last step of an average. */
+void ddl_finish_avg(void *buf, size_t count, ddl_dtype_t dtype, int divisor);
+/* The op the wire uses: avg travels as sum and is divided once at the end. */
+static inline ddl_op_t ddl_wire_op(ddl_op_t op) { return op == DDL_AVG ? DDL_SUM : op; }
+
+/* ---- communicators and point-to-point with deadlines (p2p.c) ------------------------ */
+
+typedef struct {
+    MPI_Comm comm;
+    int rank;
+    int size;
+} ddl_comm_t;
+
+/* Seconds from a monotonic clock. */
+double ddl_now(void);
+extern double ddl_timeout_s;
+
+/* Exchange with peers, waiting at most DDL_TIMEOUT. Either side may be absent (peer < 0).
+ * The receive is probed first so a message of an unexpected size is reported (as
+ * DDL_ERR_MISMATCH naming the sizes) instead of truncating or hanging. */
+ddl_status_t ddl_sendrecv(const ddl_comm_t *c, const void *sbuf, size_t sbytes, int dst,
+                          void *rbuf, size_t rbytes, int src, int tag);
+/* Pre-posted exchange for small messages: the receive is posted first into a buffer of
+ * `rcap` bytes, which the caller guarantees no peer message can exceed (truncating a large
+ * message is not safe in every MPI). *got receives the sender's size. */
+ddl_status_t ddl_sendrecv_capped(const ddl_comm_t *c, const void *sbuf, size_t sbytes, int dst,
+                                 void *rbuf, size_t rcap, int src, int tag, size_t *got);
+/* The largest payload the fused recursive doubling carries; above it a header-only check
+ * runs first, so no rank ever sends more than this into a capped receive. */
+#define DDL_FUSED_MAX ((size_t)64 * 1024)
+/* Wait for an MPI request with the deadline (used for MPI's own collectives). */
+ddl_status_t ddl_wait_request(MPI_Request *req, const ddl_comm_t *c, const char *what);
+
+/* ---- signatures: the mismatch check ------------------------------------------------- */
+
+/* Every collective call carries a 64-bit signature of (collective, count, dtype, op,
+ * root). A header holding the minimum and maximum signature seen is combined along the
+ * algorithm's own messages; when min != max after the exchange every rank knows some rank
+ * disagreed and all of them fail with DDL_ERR_MISMATCH. */
+typedef struct {
+    uint64_t sig_min;
+    uint64_t sig_max;
+    uint64_t count_min; /* for the error message */
+    uint64_t count_max;
+} ddl_header_t;
+
+enum { DDL_COLL_ALLREDUCE = 1, DDL_COLL_BROADCAST, DDL_COLL_ALLGATHER,
+       DDL_COLL_REDUCE_SCATTER, DDL_COLL_BARRIER, DDL_COLL_NEGOTIATE, DDL_COLL_FUSED };
+
+uint64_t ddl_signature(int coll, uint64_t count, int dtype, int op, int root);
+void ddl_header_init(ddl_header_t *h, uint64_t sig, uint64_t count);
+void ddl_header_merge(ddl_header_t *into, const ddl_header_t *from);
+/* DDL_ERR_MISMATCH with a message naming what differs, or DDL_SUCCESS. */
+ddl_status_t ddl_header_verdict(const ddl_header_t *h, const char *coll_name);
+
+/* ---- algorithms (algos.c) ----------------------------------------------------------- */
+
+/* Recursive-doubling allreduce of a header plus `count` elements, any comm size (ranks
+ * beyond the largest power of two fold in first). Either part may be empty. This is the
+ * latency path and the checked exchange every other collective starts with. */
+ddl_status_t ddl_rd_allreduce_checked(const ddl_comm_t *c, ddl_header_t *hdr, void *buf,
+                                      size_t count, ddl_dtype_t dtype, ddl_op_t op);
+/* Reduce-scatter of in[0..count) over c into out: afterwards rank r's block r of out
+ * (block_range) holds the reduction of every rank's block r; other blocks of out hold
+ * partial sums. `in` is only read, so an out-of-place allreduce needs no initial copy;
+ * in == out works in place. */
+ddl_status_t ddl_ring_reduce_scatter(const ddl_comm_t *c, const void *in, void *out,
+                                     size_t count, ddl_dtype_t dtype, ddl_op_t op);
+ddl_status_t ddl_ring_allgather(const ddl_comm_t *c, void *buf, size_t count, ddl_dtype_t dtype);
+/* Rabenseifner's halves; need a power-of-two comm size. */
+ddl_status_t ddl_halving_reduce_scatter(const ddl_comm_t *c, const void *in, void *out,
+                                        size_t count, ddl_dtype_t dtype, ddl_op_t op);
+ddl_status_t ddl_doubling_allgather(const ddl_comm_t *c, void *buf, size_t count,
+                                    ddl_dtype_t dtype);
+/* Whole allreduce with MPI_Iallreduce under the deadline. */
+ddl_status_t ddl_mpi_allreduce(const ddl_comm_t *c, void *buf, size_t count, ddl_dtype_t dtype,
+                               ddl_op_t op);
+/* Block partition of `count` elements into `parts`: block i is [*lo, *hi). */
+void ddl_block_range(size_t count, int parts, int i, size_t *lo, size_t *hi);
+/* Scratch memory per thread, grown on demand and kept (no malloc per call). */
+void *ddl_scratch(int slot, size_t bytes);
+MPI_Datatype ddl_mpi_dtype(ddl_dtype_t dtype);
+
+/* ---- topology (topology.c) and the cost model (model.c) ---------------------------- */
+
+typedef struct {
+    int nlevels;
+    int dims[DDL_MAX_LEVELS];
+    int coord[DDL_MAX_LEVELS];
+    ddl_comm_t level[DDL_MAX_LEVELS]; /* ranks that differ only in this coordinate */
+    ddl_comm_t world;                 /* reordered so the grid matches placement */
+} ddl_topo_t;
+
+/* One context per thread that talks MPI: the application's and the progress thread's. */
+typedef struct {
+    ddl_comm_t world; /* a dup of MPI_COMM_WORLD in world order */
+    ddl_topo_t topo;
+} ddl_ctx_t;
+
+ddl_status_t ddl_topo_build(ddl_ctx_t *ctx, MPI_Comm base, const int *dims, int nlevels);
+void ddl_topo_free(ddl_ctx_t *ctx);
+/* Parse "4x2x2" into dims; DDL_ERR_INVALID_ARG naming the text when malformed. */
+ddl_status_t ddl_parse_topology(const char *text, int *dims, int *nlevels);
+
+typedef struct {
+    double alpha[DDL_MAX_LEVELS]; /* s per message */
+    double beta[DDL_MAX_LEVELS];  /* s per byte on the wire */
+    double gamma;                 /* s per byte reduced */
+} ddl_model_t;
+
+void ddl_model_defaults(ddl_model_t *m, int nlevels);
+ddl_status_t ddl_model_load(ddl_model_t *m, const char *path, const int *dims, int nlevels);
+/* Choose per-level algorithms for an allreduce of `bytes`; returns the predicted time. */
+/* *flat = 1: one algorithm over all ranks at once (out[] all the same). */
+double ddl_model_plan(const ddl_model_t *m, const int *dims, int nlevels, size_t bytes,
+                      ddl_algo_t forced, ddl_algo_t out[DDL_MAX_LEVELS], int *flat);
+
+/* ---- global state (core.c) ------------------------------------------------------------ */
+
+typedef struct {
+    int initialized;
+    int finalized;
+    int we_initialized_mpi;
+    int rank, size, local_rank, local_size;
+    ddl_ctx_t app;      /* used by the blocking API, on the caller's thread */
+    ddl_ctx_t progress; /* used by the progress thread only */
+    ddl_model_t model;
+    ddl_algo_t forced_algo;
+    size_t fusion_threshold;
+    double cycle_time_s;
+    size_t small_bytes; /* at or below: fused-header recursive doubling */
+} ddl_state_t;
+
+extern ddl_state_t ddl_g;
+
+ddl_status_t ddl_require_init(void);
+/* The allreduce engine both threads run: checked, topology-aware, in place on `buf`. */
+ddl_status_t ddl_allreduce_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *buf, size_t count,
+                               ddl_dtype_t dtype, ddl_op_t op, uint64_t sig);
+ddl_status_t ddl_broadcast_ctx(ddl_ctx_t *ctx, void *buf, size_t count, ddl_dtype_t dtype,
+                               int root);
+ddl_status_t ddl_allgather_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
+                               size_t sendcount, ddl_dtype_t dtype);
+ddl_status_t ddl_reduce_scatter_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
+                                    size_t recvcount, ddl_dtype_t dtype, ddl_op_t op);
+ddl_status_t ddl_barrier_ctx(ddl_ctx_t *ctx);
+
+/* Progress thread (async.c). */
+ddl_status_t ddl_progress_start(void);
+ddl_status_t ddl_progress_stop(void);
+
+#endif

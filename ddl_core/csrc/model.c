@@ -1,0 +1,154 @@
+/* The alpha-beta cost model that picks an allreduce algorithm per level and size.
+ *
+ * Per level l with p ranks, alpha_l seconds per message, beta_l seconds per byte on that
+ * level's link and gamma seconds per byte reduced, for n bytes at that level:
+ *
+ *   ring reduce-scatter      (p-1) a  + (p-1)/p n (b + g)
+ *   ring allgather           (p-1) a  + (p-1)/p n b
+ *   halving reduce-scatter   log2(p) a + (p-1)/p n (b + g)      (p a power of two)
+ *   doubling allgather       log2(p) a + (p-1)/p n b            (p a power of two)
+ *   recursive doubling       ceil(log2 p) (a + n b + n g) + [p not a power of two] 2 (a + n b)
+ *
+ * Levels run innermost first: a reduce-scatter at level l leaves n/p_l bytes for level
+ * l+1, a whole allreduce at level l (recursive doubling, or Rabenseifner when p_l is not
+ * a power of two) leaves n. The ranks of the inner levels all use an outer level's link
+ * at the same time, so from level 1 up beta counts prod(p_0..p_{l-1}) concurrent flows:
+ *   b_eff(l) = b_l * prod_{k<l} p_k.
+ * The whole allreduce costs the sum over levels of the reduce-scatter (or whole
+ * allreduce) and allgather of each level. Before any hierarchical plan runs, a header-only
+ * recursive doubling over all P ranks checks that every rank called the same collective:
+ *   check = ceil(log2 P) a_top.
+ * The alternative is one recursive doubling over all ranks with the header fused into the
+ * data: ceil(log2 P) (a_top + n b_top + n g). The cheaper of the two runs.
+ *
+ * alpha and beta per level are measured by `python -m ddl_core.tune` and read from
+ * DDL_TUNE_FILE; without one the defaults below (shared memory inside a node, a 10 Gb/s
+ * class network between nodes) apply. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ddl_internal.h"
+
+void ddl_model_defaults(ddl_model_t *m, int nlevels) {
+    for (int l = 0; l < DDL_MAX_LEVELS; l++) {
+        m->alpha[l] = l == 0 && nlevels > 1 ? 1.5e-6 : (nlevels > 1 ? 20e-6 : 1.5e-6);
+        m->beta[l] = l == 0 && nlevels > 1 ? 1.0 / 6e9 : (nlevels > 1 ? 1.0 / 1.2e9 : 1.0 / 6e9);
+    }
+    m->gamma = 1.0 / 8e9;
+}
+
+ddl_status_t ddl_model_load(ddl_model_t *m, const char *path, const int *dims, int nlevels) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return ddl_fail(DDL_ERR_INVALID_ARG,
+                        "cannot read the tuning file %s (DDL_TUNE_FILE): run `ddlrun ... python "
+                        "-m ddl_core.tune` to make one, or unset DDL_TUNE_FILE",
+                        path);
+    char line[256], topo[128] = "", want[128] = "";
+    for (int i = 0; i < nlevels; i++)
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? "x" : "", dims[i]);
+    ddl_model_t tmp = *m;
+    int seen = 0;
+    while (fgets(line, sizeof line, f)) {
+        int l;
+        double a, b, g;
+        if (sscanf(line, "topology %127s", topo) == 1) continue;
+        if (sscanf(line, "gamma %lf", &g) == 1) tmp.gamma = g;
+        if (sscanf(line, "level %d %lf %lf", &l, &a, &b) == 3 && l >= 0 && l < DDL_MAX_LEVELS) {
+            tmp.alpha[l] = a;
+            tmp.beta[l] = b;
+            seen++;
+        }
+    }
+    fclose(f);
+    if (strcmp(topo, want) != 0) {
+        ddl_log(0, "tuning file %s is for topology %s, this job is %s: using defaults", path,
+                topo[0] ? topo : "?", want);
+        return DDL_SUCCESS;
+    }
+    if (seen < nlevels) {
+        ddl_log(0, "tuning file %s has %d of %d levels: using defaults", path, seen, nlevels);
+        return DDL_SUCCESS;
+    }
+    *m = tmp;
+    return DDL_SUCCESS;
+}
+
+static int ceil_log2(int p) {
+    int k = 0;
+    while ((1 << k) < p) k++;
+    return k;
+}
+static int is_pow2(int p) { return p > 0 && (p & (p - 1)) == 0; }
+
+static double rd_cost(int p, double a, double b, double g, double n) {
+    if (p <= 1) return 0.0;
+    double t = ceil_log2(p) * (a + n * b + n * g);
+    if (!is_pow2(p)) t += 2.0 * (a + n * b);
+    return t;
+}
+
+/* Cost of level l's part for n bytes with algorithm `algo`; *whole says it reduced the
+ * whole segment (no reduce-scatter, so nothing to gather later). */
+static double level_cost(ddl_algo_t algo, int p, double a, double b, double g, double n,
+                         int *whole) {
+    double f = (double)(p - 1) / p;
+    *whole = 0;
+    switch (algo) {
+    case DDL_ALGO_RING:
+        return 2.0 * (p - 1) * a + f * n * (2.0 * b + g);
+    case DDL_ALGO_RABENSEIFNER:
+        if (is_pow2(p)) return 2.0 * ceil_log2(p) * a + f * n * (2.0 * b + g);
+        *whole = 1; /* folds into the nearest power of two: two more full exchanges */
+        return 2.0 * ceil_log2(p) * a + f * n * (2.0 * b + g) + 2.0 * (a + n * b);
+    case DDL_ALGO_RECDOUBLING:
+    case DDL_ALGO_MPI:
+        *whole = 1;
+        return rd_cost(p, a, b, g, n);
+    default:
+        return 1e30;
+    }
+}
+
+double ddl_model_plan(const ddl_model_t *m, const int *dims, int nlevels, size_t bytes,
+                      ddl_algo_t forced, ddl_algo_t out[DDL_MAX_LEVELS], int *flat) {
+    *flat = 0;
+    int P = 1;
+    for (int l = 0; l < nlevels; l++) P *= dims[l];
+    int top = nlevels - 1;
+    double n = (double)bytes, total = ceil_log2(P) * m->alpha[top], conc = 1.0;
+    for (int l = 0; l < nlevels; l++) {
+        double b = m->beta[l] * (l > 0 ? conc : 1.0);
+        ddl_algo_t best = DDL_ALGO_RING;
+        double best_t = 1e30;
+        int best_whole = 0;
+        static const ddl_algo_t cand[] = {DDL_ALGO_RING, DDL_ALGO_RABENSEIFNER,
+                                          DDL_ALGO_RECDOUBLING};
+        /* Forced ring or Rabenseifner run at every level; auto weighs all three. */
+        for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) {
+            if (forced != DDL_ALGO_AUTO && forced != DDL_ALGO_RECDOUBLING &&
+                forced != DDL_ALGO_MPI && cand[i] != forced)
+                continue;
+            int whole;
+            double t = level_cost(cand[i], dims[l], m->alpha[l], b, m->gamma, n, &whole);
+            if (t < best_t) best = cand[i], best_t = t, best_whole = whole;
+        }
+        out[l] = best;
+        total += best_t;
+        if (!best_whole) n /= dims[l];
+        conc *= dims[l];
+    }
+    /* The alternatives over all ranks at once: one fused recursive doubling (the latency
+     * path), or MPI's own allreduce (only when forced; costed like recursive doubling). */
+    if (forced == DDL_ALGO_AUTO || forced == DDL_ALGO_RECDOUBLING || forced == DDL_ALGO_MPI) {
+        double t = rd_cost(P, m->alpha[top], m->beta[top], m->gamma, (double)bytes);
+        if (forced != DDL_ALGO_AUTO || t <= total) {
+            ddl_algo_t a = forced == DDL_ALGO_MPI ? DDL_ALGO_MPI : DDL_ALGO_RECDOUBLING;
+            for (int l = 0; l < nlevels; l++) out[l] = a;
+            *flat = 1;
+            return forced == DDL_ALGO_MPI ? t + ceil_log2(P) * m->alpha[top] : t;
+        }
+    }
+    return total;
+}

@@ -1,0 +1,171 @@
+/* Point-to-point exchanges under a deadline.
+ *
+ * Every wait in libddl polls instead of blocking inside MPI so a peer that died or hung
+ * turns into DDL_ERR_TIMEOUT after DDL_TIMEOUT seconds rather than a job that hangs until
+ * its wall-clock limit. Receives are matched-probed first (MPI_Improbe) so the size of
+ * the incoming message is known before it is received: a peer that sends more or less
+ * than expected is reported instead of truncating (MPI_ERR_TRUNCATE; Open MPI 5 was seen
+ * to corrupt its heap truncating a large message) or hanging. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ddl_internal.h"
+
+double ddl_timeout_s = 300.0;
+/* Messages above this are sent in pieces so counts fit MPI's int. */
+#define PIECE ((size_t)1 << 30)
+
+double ddl_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int world_rank_of(const ddl_comm_t *c, int peer) {
+    MPI_Group g, w;
+    int out = peer;
+    if (MPI_Comm_group(c->comm, &g) != MPI_SUCCESS) return peer;
+    if (MPI_Comm_group(MPI_COMM_WORLD, &w) == MPI_SUCCESS) {
+        if (MPI_Group_translate_ranks(g, 1, &peer, w, &out) != MPI_SUCCESS) out = peer;
+        MPI_Group_free(&w);
+    }
+    MPI_Group_free(&g);
+    return out;
+}
+
+static ddl_status_t timeout_fail(const ddl_comm_t *c, int peer, const char *what) {
+    return ddl_fail(DDL_ERR_TIMEOUT,
+                    "no answer from rank %d for %.0f s while %s: that rank died, hung, or is "
+                    "not calling the same collective (set DDL_TIMEOUT higher if it is only "
+                    "slow)",
+                    world_rank_of(c, peer), ddl_timeout_s, what);
+}
+
+/* One piece: at most PIECE bytes each way. */
+static ddl_status_t exchange(const ddl_comm_t *c, const void *sbuf, size_t sbytes, int dst,
+                             void *rbuf, size_t rbytes, int src, int tag) {
+    MPI_Request sreq = MPI_REQUEST_NULL, rreq = MPI_REQUEST_NULL;
+    bool have_msg = src < 0;
+    if (dst >= 0)
+        MPI_CHECK(MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, dst, tag, c->comm, &sreq));
+    double deadline = 0.0;
+    for (unsigned spin = 0;; spin++) {
+        if (!have_msg) {
+            int flag = 0;
+            MPI_Message msg;
+            MPI_Status st;
+            MPI_CHECK(MPI_Improbe(src, tag, c->comm, &flag, &msg, &st));
+            if (flag) {
+                int n = 0;
+                MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &n));
+                /* A message of another size is received whole into scratch (consumed, so
+                 * nothing stays queued) and reported. */
+                void *into = (size_t)n == rbytes ? rbuf : ddl_scratch(7, (size_t)n);
+                if (!into) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for %d bytes", n);
+                MPI_CHECK(MPI_Imrecv(into, n, MPI_BYTE, &msg, &rreq));
+                have_msg = true;
+                if ((size_t)n != rbytes) {
+                    MPI_Wait(&rreq, MPI_STATUS_IGNORE);
+                    if (sreq != MPI_REQUEST_NULL) ddl_wait_request(&sreq, c, "sending");
+                    return ddl_fail(DDL_ERR_MISMATCH,
+                                    "rank %d sent %d bytes where %zu were expected: the ranks "
+                                    "disagree on the count, dtype or topology of this "
+                                    "collective",
+                                    world_rank_of(c, src), n, rbytes);
+                }
+            }
+        }
+        int sdone = 1, rdone = 1;
+        if (sreq != MPI_REQUEST_NULL) MPI_CHECK(MPI_Test(&sreq, &sdone, MPI_STATUS_IGNORE));
+        if (have_msg && rreq != MPI_REQUEST_NULL)
+            MPI_CHECK(MPI_Test(&rreq, &rdone, MPI_STATUS_IGNORE));
+        if (sdone && rdone && have_msg) break;
+        if ((spin & 255u) == 255u) {
+            double now = ddl_now();
+            if (deadline == 0.0) {
+                deadline = now + ddl_timeout_s;
+            } else if (now > deadline) {
+                return timeout_fail(c, have_msg ? dst : src,
+                                    have_msg ? "sending to it" : "waiting for its message");
+            }
+        }
+    }
+    return DDL_SUCCESS;
+}
+
+static ddl_status_t sendrecv(const ddl_comm_t *c, const void *sbuf, size_t sbytes, int dst,
+                             void *rbuf, size_t rbytes, int src, int tag) {
+    if (sbytes <= PIECE && rbytes <= PIECE)
+        return exchange(c, sbuf, sbytes, dst, rbuf, rbytes, src, tag);
+    /* Large: both sides cut the same pieces (sizes match, or the first piece reports it). */
+    size_t off_s = 0, off_r = 0;
+    do {
+        size_t ns = sbytes - off_s < PIECE ? sbytes - off_s : PIECE;
+        size_t nr = rbytes - off_r < PIECE ? rbytes - off_r : PIECE;
+        DDL_CHECK(exchange(c, (const char *)sbuf + off_s, ns, off_s < sbytes ? dst : -1,
+                           (char *)rbuf + off_r, nr, off_r < rbytes ? src : -1, tag));
+        off_s += ns;
+        off_r += nr;
+    } while (off_s < sbytes || off_r < rbytes);
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_sendrecv(const ddl_comm_t *c, const void *sbuf, size_t sbytes, int dst,
+                          void *rbuf, size_t rbytes, int src, int tag) {
+    return sendrecv(c, sbuf, sbytes, dst, rbuf, rbytes, src, tag);
+}
+
+ddl_status_t ddl_sendrecv_capped(const ddl_comm_t *c, const void *sbuf, size_t sbytes, int dst,
+                                 void *rbuf, size_t rcap, int src, int tag, size_t *got) {
+    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    MPI_Status sts[2];
+    if (src >= 0) MPI_CHECK(MPI_Irecv(rbuf, (int)rcap, MPI_BYTE, src, tag, c->comm, &reqs[0]));
+    if (dst >= 0) MPI_CHECK(MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, dst, tag, c->comm, &reqs[1]));
+    double deadline = 0.0;
+    for (unsigned spin = 0;; spin++) {
+        int done = 0;
+        int rc = MPI_Testall(2, reqs, &done, sts);
+        if (rc != MPI_SUCCESS) return ddl_mpi_fail(rc, "MPI_Testall");
+        if (done) break;
+        if ((spin & 255u) == 255u) {
+            double now = ddl_now();
+            if (deadline == 0.0) {
+                deadline = now + ddl_timeout_s;
+            } else if (now > deadline) {
+                int waiting_recv = reqs[0] != MPI_REQUEST_NULL;
+                return timeout_fail(c, waiting_recv ? src : dst,
+                                    waiting_recv ? "waiting for its message" : "sending to it");
+            }
+        }
+    }
+    *got = 0;
+    if (src >= 0) {
+        int n = 0;
+        MPI_CHECK(MPI_Get_count(&sts[0], MPI_BYTE, &n));
+        *got = (size_t)n;
+    }
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_wait_request(MPI_Request *req, const ddl_comm_t *c, const char *what) {
+    double deadline = 0.0;
+    for (unsigned spin = 0;; spin++) {
+        int done = 0;
+        MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
+        if (done) return DDL_SUCCESS;
+        if ((spin & 255u) == 255u) {
+            double now = ddl_now();
+            if (deadline == 0.0) {
+                deadline = now + ddl_timeout_s;
+            } else if (now > deadline) {
+                return ddl_fail(DDL_ERR_TIMEOUT,
+                                "%s did not complete within %.0f s on a communicator of %d "
+                                "ranks: a rank died, hung, or is not calling the same "
+                                "collective (set DDL_TIMEOUT higher if it is only slow)",
+                                what, ddl_timeout_s, c->size);
+            }
+        }
+    }
+}

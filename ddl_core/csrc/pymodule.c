@@ -1,0 +1,441 @@
+/* ddl_core._ddl: the CPython binding of libddl.
+ *
+ * Written against the C API directly (no ctypes, no Cython) because the latency of a small
+ * allreduce is part of DDL's promise: this layer takes buffer-protocol objects, checks
+ * them, releases the GIL and calls libddl, adding well under a microsecond. Dtypes are
+ * passed as libddl's codes by the Python layer (ddl_core/_buffers.py), which knows numpy,
+ * torch and plain buffers; errors become the exception classes defined here. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "ddl.h"
+
+static PyObject *DDLError, *MismatchError, *DDLTimeoutError, *NotInitializedError,
+    *InvalidArgumentError;
+
+static PyObject *raise_status(ddl_status_t st) {
+    PyObject *cls = DDLError;
+    switch (st) {
+    case DDL_ERR_MISMATCH: cls = MismatchError; break;
+    case DDL_ERR_TIMEOUT: cls = DDLTimeoutError; break;
+    case DDL_ERR_NOT_INITIALIZED: cls = NotInitializedError; break;
+    case DDL_ERR_INVALID_ARG: cls = InvalidArgumentError; break;
+    default: break;
+    }
+    PyErr_SetString(cls, ddl_last_error());
+    return NULL;
+}
+
+#define CALL(expr)                                                                        \
+    do {                                                                                  \
+        ddl_status_t st_;                                                                 \
+        Py_BEGIN_ALLOW_THREADS st_ = (expr);                                              \
+        Py_END_ALLOW_THREADS if (st_ != DDL_SUCCESS) return raise_status(st_);            \
+    } while (0)
+
+static int get_buf(PyObject *obj, Py_buffer *view, int writable, int dtype, size_t *count,
+                   const char *what) {
+    size_t es = ddl_dtype_size((ddl_dtype_t)dtype);
+    if (es == 0) {
+        PyErr_Format(InvalidArgumentError, "unknown dtype code %d", dtype);
+        return -1;
+    }
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) != 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError,
+                     "%s must be a C-contiguous%s buffer (numpy array, torch CPU tensor, "
+                     "bytearray...): make it contiguous first, e.g. np.ascontiguousarray(x) or "
+                     "x.contiguous()",
+                     what, writable ? ", writable" : "");
+        return -1;
+    }
+    if ((size_t)view->len % es) {
+        PyErr_Format(PyExc_ValueError, "%s holds %zd bytes, not a whole number of %zu-byte "
+                     "elements", what, view->len, es);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    *count = (size_t)view->len / es;
+    return 0;
+}
+
+static PyObject *py_init(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    CALL(ddl_init());
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_finalize(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    CALL(ddl_finalize());
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_initialized(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    return PyBool_FromLong(ddl_initialized());
+}
+
+#define INT_GETTER(name, fn)                                                              \
+    static PyObject *name(PyObject *self, PyObject *args) {                               \
+        (void)self, (void)args;                                                           \
+        int v;                                                                            \
+        ddl_status_t st = fn(&v);                                                         \
+        if (st != DDL_SUCCESS) return raise_status(st);                                   \
+        return PyLong_FromLong(v);                                                        \
+    }
+INT_GETTER(py_rank, ddl_rank)
+INT_GETTER(py_size, ddl_size)
+INT_GETTER(py_local_rank, ddl_local_rank)
+INT_GETTER(py_local_size, ddl_local_size)
+
+static PyObject *py_topology(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    int n, dims[DDL_MAX_LEVELS];
+    ddl_status_t st = ddl_topology(&n, dims);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; i < n; i++) PyTuple_SET_ITEM(t, i, PyLong_FromLong(dims[i]));
+    return t;
+}
+
+/* allreduce(send or None, recv, dtype, op): None means in place on recv. */
+static PyObject *py_allreduce(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *send, *recv;
+    int dtype, op;
+    if (!PyArg_ParseTuple(args, "OOii", &send, &recv, &dtype, &op)) return NULL;
+    Py_buffer rv, sv;
+    size_t rcount, scount;
+    if (get_buf(recv, &rv, 1, dtype, &rcount, "the output") < 0) return NULL;
+    const void *sptr = DDL_IN_PLACE;
+    int have_send = send != Py_None && send != recv;
+    if (have_send) {
+        if (get_buf(send, &sv, 0, dtype, &scount, "the input") < 0) {
+            PyBuffer_Release(&rv);
+            return NULL;
+        }
+        if (scount != rcount) {
+            PyBuffer_Release(&rv);
+            PyBuffer_Release(&sv);
+            return PyErr_Format(PyExc_ValueError, "input has %zu elements but output %zu",
+                                scount, rcount);
+        }
+        sptr = sv.buf;
+    }
+    ddl_status_t st;
+    void *rptr = rv.buf;
+    Py_BEGIN_ALLOW_THREADS st = ddl_allreduce(sptr, rptr, rcount, (ddl_dtype_t)dtype, (ddl_op_t)op);
+    Py_END_ALLOW_THREADS
+    if (have_send) PyBuffer_Release(&sv);
+    PyBuffer_Release(&rv);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_broadcast(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *buf;
+    int dtype, root;
+    if (!PyArg_ParseTuple(args, "Oii", &buf, &dtype, &root)) return NULL;
+    Py_buffer v;
+    size_t count;
+    if (get_buf(buf, &v, 1, dtype, &count, "the buffer") < 0) return NULL;
+    ddl_status_t st;
+    void *ptr = v.buf;
+    Py_BEGIN_ALLOW_THREADS st = ddl_broadcast(ptr, count, (ddl_dtype_t)dtype, root);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&v);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    Py_RETURN_NONE;
+}
+
+/* Shared by allgather and reduce_scatter: the small side and the size-times side. */
+static PyObject *gather_like(PyObject *args, int scatter) {
+    PyObject *send, *recv;
+    int dtype, op = 0;
+    if (scatter ? !PyArg_ParseTuple(args, "OOii", &send, &recv, &dtype, &op)
+                : !PyArg_ParseTuple(args, "OOi", &send, &recv, &dtype))
+        return NULL;
+    int size;
+    ddl_status_t st = ddl_size(&size);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    Py_buffer sv, rv;
+    size_t scount, rcount;
+    if (get_buf(send, &sv, 0, dtype, &scount, "the input") < 0) return NULL;
+    if (get_buf(recv, &rv, 1, dtype, &rcount, "the output") < 0) {
+        PyBuffer_Release(&sv);
+        return NULL;
+    }
+    size_t small = scatter ? rcount : scount, big = scatter ? scount : rcount;
+    if (big != small * (size_t)size) {
+        PyBuffer_Release(&sv);
+        PyBuffer_Release(&rv);
+        return PyErr_Format(PyExc_ValueError,
+                            "%s: the %s must hold size (%d) x %zu = %zu elements, not %zu",
+                            scatter ? "reduce_scatter" : "allgather",
+                            scatter ? "input" : "output", size, small, small * (size_t)size, big);
+    }
+    const void *sp = sv.buf;
+    void *rp = rv.buf;
+    Py_BEGIN_ALLOW_THREADS st = scatter ? ddl_reduce_scatter(sp, rp, rcount, (ddl_dtype_t)dtype,
+                                                             (ddl_op_t)op)
+                                        : ddl_allgather(sp, rp, scount, (ddl_dtype_t)dtype);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&sv);
+    PyBuffer_Release(&rv);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_allgather(PyObject *self, PyObject *args) {
+    (void)self;
+    return gather_like(args, 0);
+}
+static PyObject *py_reduce_scatter(PyObject *self, PyObject *args) {
+    (void)self;
+    return gather_like(args, 1);
+}
+
+static PyObject *py_barrier(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    CALL(ddl_barrier());
+    Py_RETURN_NONE;
+}
+
+/* ---- asynchronous requests ----------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD ddl_request_t req;
+    Py_buffer send, recv;
+    int have_send, have_recv;
+    int finished;
+} RequestObject;
+
+static void request_release(RequestObject *r) {
+    if (r->req) {
+        ddl_request_t q = r->req;
+        r->req = NULL;
+        Py_BEGIN_ALLOW_THREADS ddl_request_free(q); /* waits if still pending */
+        Py_END_ALLOW_THREADS
+    }
+    if (r->have_send) PyBuffer_Release(&r->send);
+    if (r->have_recv) PyBuffer_Release(&r->recv);
+    r->have_send = r->have_recv = 0;
+}
+
+static void request_dealloc(RequestObject *r) {
+    request_release(r);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static PyObject *request_test(RequestObject *r, PyObject *noargs) {
+    (void)noargs;
+    if (r->finished) Py_RETURN_TRUE;
+    int done = 0;
+    ddl_status_t st = ddl_test(r->req, &done);
+    if (done) {
+        r->finished = 1;
+        request_release(r);
+    }
+    if (st != DDL_SUCCESS) return raise_status(st);
+    return PyBool_FromLong(done);
+}
+
+static PyObject *request_wait(RequestObject *r, PyObject *noargs) {
+    (void)noargs;
+    if (r->finished) Py_RETURN_NONE;
+    ddl_status_t st;
+    ddl_request_t q = r->req;
+    Py_BEGIN_ALLOW_THREADS st = ddl_wait(q);
+    Py_END_ALLOW_THREADS
+    r->finished = 1;
+    request_release(r);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef request_methods[] = {
+    {"test", (PyCFunction)request_test, METH_NOARGS, "True once finished (raises its error)."},
+    {"wait", (PyCFunction)request_wait, METH_NOARGS, "Block until finished (raises its error)."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject RequestType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ddl_core._ddl.Request",
+    .tp_basicsize = sizeof(RequestObject),
+    .tp_dealloc = (destructor)request_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An asynchronous collective in flight; keeps its buffers alive until done.",
+    .tp_methods = request_methods,
+};
+
+/* i<coll>(kind, send or None, recv, dtype, op, root) -> Request */
+static PyObject *py_submit(PyObject *self, PyObject *args) {
+    (void)self;
+    int kind, dtype, op, root;
+    PyObject *send, *recv;
+    if (!PyArg_ParseTuple(args, "iOOiii", &kind, &send, &recv, &dtype, &op, &root)) return NULL;
+    RequestObject *r = PyObject_New(RequestObject, &RequestType);
+    if (!r) return NULL;
+    r->req = NULL;
+    r->have_send = r->have_recv = r->finished = 0;
+    size_t rcount = 0, scount = 0;
+    if (get_buf(recv, &r->recv, 1, dtype, &rcount, "the output") < 0) goto fail;
+    r->have_recv = 1;
+    if (send != Py_None && send != recv) {
+        if (get_buf(send, &r->send, 0, dtype, &scount, "the input") < 0) goto fail;
+        r->have_send = 1;
+    }
+    const void *sp = r->have_send ? r->send.buf : DDL_IN_PLACE;
+    void *rp = r->recv.buf;
+    ddl_status_t st;
+    int size = 1;
+    if (kind == 2 || kind == 3) {
+        st = ddl_size(&size);
+        if (st != DDL_SUCCESS) {
+            raise_status(st);
+            goto fail;
+        }
+        size_t small = kind == 3 ? rcount : scount, big = kind == 3 ? scount : rcount;
+        if (!r->have_send || big != small * (size_t)size) {
+            PyErr_Format(PyExc_ValueError, "the larger buffer must hold size (%d) x the smaller",
+                         size);
+            goto fail;
+        }
+    } else if (r->have_send && scount != rcount) {
+        PyErr_Format(PyExc_ValueError, "input has %zu elements but output %zu", scount, rcount);
+        goto fail;
+    }
+    switch (kind) {
+    case 0: st = ddl_iallreduce(sp, rp, rcount, (ddl_dtype_t)dtype, (ddl_op_t)op, &r->req); break;
+    case 1: st = ddl_ibroadcast(rp, rcount, (ddl_dtype_t)dtype, root, &r->req); break;
+    case 2: st = ddl_iallgather(sp, rp, scount, (ddl_dtype_t)dtype, &r->req); break;
+    case 3:
+        st = ddl_ireduce_scatter(sp, rp, rcount, (ddl_dtype_t)dtype, (ddl_op_t)op, &r->req);
+        break;
+    default: PyErr_Format(PyExc_ValueError, "unknown request kind %d", kind); goto fail;
+    }
+    if (st != DDL_SUCCESS) {
+        raise_status(st);
+        goto fail;
+    }
+    return (PyObject *)r;
+fail:
+    r->req = NULL;
+    Py_DECREF(r);
+    return NULL;
+}
+
+/* ---- tuning ------------------------------------------------------------------------------ */
+
+static PyObject *py_set_algorithm(PyObject *self, PyObject *args) {
+    (void)self;
+    int a;
+    if (!PyArg_ParseTuple(args, "i", &a)) return NULL;
+    CALL(ddl_set_algorithm((ddl_algo_t)a));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_plan(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long bytes;
+    if (!PyArg_ParseTuple(args, "K", &bytes)) return NULL;
+    ddl_algo_t algos[DDL_MAX_LEVELS];
+    double t;
+    int n, dims[DDL_MAX_LEVELS];
+    CALL(ddl_plan((size_t)bytes, algos, &t));
+    CALL(ddl_topology(&n, dims));
+    PyObject *names = PyTuple_New(n);
+    for (int i = 0; i < n; i++) PyTuple_SET_ITEM(names, i, PyUnicode_FromString(ddl_algo_name(algos[i])));
+    return Py_BuildValue("(Nd)", names, t);
+}
+
+static PyObject *py_set_level_cost(PyObject *self, PyObject *args) {
+    (void)self;
+    int level;
+    double a, b;
+    if (!PyArg_ParseTuple(args, "idd", &level, &a, &b)) return NULL;
+    CALL(ddl_set_level_cost(level, a, b));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_level_cost(PyObject *self, PyObject *args) {
+    (void)self;
+    int level;
+    double a, b;
+    if (!PyArg_ParseTuple(args, "i", &level)) return NULL;
+    CALL(ddl_get_level_cost(level, &a, &b));
+    return Py_BuildValue("(dd)", a, b);
+}
+
+static PyObject *py_set_fusion(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long threshold;
+    double cycle_ms;
+    if (!PyArg_ParseTuple(args, "Kd", &threshold, &cycle_ms)) return NULL;
+    CALL(ddl_set_fusion((size_t)threshold, cycle_ms));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_version(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    return PyUnicode_FromString(ddl_version_string());
+}
+
+static PyMethodDef methods[] = {
+    {"init", py_init, METH_NOARGS, NULL},
+    {"finalize", py_finalize, METH_NOARGS, NULL},
+    {"initialized", py_initialized, METH_NOARGS, NULL},
+    {"rank", py_rank, METH_NOARGS, NULL},
+    {"size", py_size, METH_NOARGS, NULL},
+    {"local_rank", py_local_rank, METH_NOARGS, NULL},
+    {"local_size", py_local_size, METH_NOARGS, NULL},
+    {"topology", py_topology, METH_NOARGS, NULL},
+    {"allreduce", py_allreduce, METH_VARARGS, NULL},
+    {"broadcast", py_broadcast, METH_VARARGS, NULL},
+    {"allgather", py_allgather, METH_VARARGS, NULL},
+    {"reduce_scatter", py_reduce_scatter, METH_VARARGS, NULL},
+    {"barrier", py_barrier, METH_NOARGS, NULL},
+    {"submit", py_submit, METH_VARARGS, NULL},
+    {"set_algorithm", py_set_algorithm, METH_VARARGS, NULL},
+    {"plan", py_plan, METH_VARARGS, NULL},
+    {"set_level_cost", py_set_level_cost, METH_VARARGS, NULL},
+    {"get_level_cost", py_get_level_cost, METH_VARARGS, NULL},
+    {"set_fusion", py_set_fusion, METH_VARARGS, NULL},
+    {"version", py_version, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_ddl", NULL, -1, methods,
+                                       NULL, NULL, NULL, NULL};
+
+static PyObject *new_error(PyObject *m, const char *name, PyObject *bases, const char *doc) {
+    char full[128];
+    snprintf(full, sizeof full, "ddl_core.%s", name);
+    PyObject *cls = PyErr_NewExceptionWithDoc(full, doc, bases, NULL);
+    if (cls) PyModule_AddObjectRef(m, name, cls);
+    return cls;
+}
+
+PyMODINIT_FUNC PyInit__ddl(void) {
+    if (PyType_Ready(&RequestType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m) return NULL;
+    DDLError = new_error(m, "DDLError", PyExc_RuntimeError, "A libddl call failed.");
+    PyObject *b;
+    b = PyTuple_Pack(1, DDLError);
+    MismatchError = new_error(m, "MismatchError", b,
+                              "Ranks disagreed on a collective's count, dtype, op or root.");
+    NotInitializedError = new_error(m, "NotInitializedError", b,
+                                    "Used before ddl_core.init() or after finalize().");
+    Py_DECREF(b);
+    b = PyTuple_Pack(2, DDLError, PyExc_TimeoutError);
+    DDLTimeoutError = new_error(m, "DDLTimeoutError", b, "A peer did not answer in DDL_TIMEOUT.");
+    Py_DECREF(b);
+    b = PyTuple_Pack(2, DDLError, PyExc_ValueError);
+    InvalidArgumentError = new_error(m, "InvalidArgumentError", b, "A bad dtype, op or argument.");
+    Py_DECREF(b);
+    PyModule_AddObjectRef(m, "Request", (PyObject *)&RequestType);
+    PyModule_AddIntConstant(m, "MAX_LEVELS", DDL_MAX_LEVELS);
+    return m;
+}

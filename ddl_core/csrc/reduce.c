@@ -1,0 +1,201 @@
+/* Element-wise reductions for every dtype x op, and the 16-bit float conversions.
+ *
+ * Why our own 16-bit conversions: libddl must build with any C11 compiler for x86_64 and
+ * ppc64le, where _Float16 support differs; these bit-exact round-to-nearest-even versions
+ * are portable and the loops around them vectorise. Integer sum and prod use unsigned
+ * arithmetic so overflow wraps as in numpy instead of being undefined behaviour. */
+#include <math.h>
+#include <string.h>
+
+#include "ddl_internal.h"
+
+bool ddl_dtype_valid(int dtype) { return dtype >= 0 && dtype < DDL_NUM_DTYPES; }
+bool ddl_op_valid(int op) { return op >= 0 && op < DDL_NUM_OPS; }
+
+size_t ddl_dtype_size(ddl_dtype_t dtype) {
+    static const size_t sizes[DDL_NUM_DTYPES] = {2, 2, 4, 8, 1, 1, 4, 8};
+    return ddl_dtype_valid((int)dtype) ? sizes[dtype] : 0;
+}
+
+const char *ddl_dtype_name(ddl_dtype_t dtype) {
+    static const char *names[DDL_NUM_DTYPES] = {"float16", "bfloat16", "float32", "float64",
+                                                "int8",    "uint8",    "int32",   "int64"};
+    return ddl_dtype_valid((int)dtype) ? names[dtype] : "unknown";
+}
+
+const char *ddl_op_name(ddl_op_t op) {
+    static const char *names[DDL_NUM_OPS] = {"sum", "avg", "min", "max", "prod"};
+    return ddl_op_valid((int)op) ? names[op] : "unknown";
+}
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t em = h & 0x7fffu;
+    uint32_t o;
+    if (em >= 0x7c00u) {
+        o = 0x7f800000u | ((em & 0x3ffu) << 13); /* inf / nan */
+    } else if (em >= 0x400u) {
+        o = (em << 13) + ((uint32_t)(127 - 15) << 23); /* normal: re-bias the exponent */
+    } else {
+        float f = (float)em * 5.9604644775390625e-8f; /* subnormal: em * 2^-24, exact */
+        memcpy(&o, &f, 4);
+    }
+    o |= sign;
+    float r;
+    memcpy(&r, &o, 4);
+    return r;
+}
+
+static inline uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x47800000u) /* >= 65536 (or inf/nan): inf, nan stays a quiet nan */
+        return (uint16_t)(sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (ax < 0x38800000u) { /* below the smallest normal half: let the FPU round */
+        float a;
+        memcpy(&a, &ax, 4);
+        a += 0.5f; /* aligns the half-subnormal grid with float's last mantissa bits */
+        uint32_t b;
+        memcpy(&b, &a, 4);
+        return (uint16_t)(sign | (b - 0x3f000000u));
+    }
+    uint32_t odd = (ax >> 13) & 1u;
+    ax += 0xc8000fffu + odd; /* re-bias by (15-127)<<23 and round to nearest even */
+    return (uint16_t)(sign | (ax >> 13));
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t o = (uint32_t)h << 16;
+    float r;
+    memcpy(&r, &o, 4);
+    return r;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet nan */
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+#define MINF(a, b) ((b) < (a) ? (b) : (a))
+#define MAXF(a, b) ((b) > (a) ? (b) : (a))
+
+/* One loop per (type, op): the switch is outside so each loop vectorises. */
+/* dst = a (op) b. dst may be a (in place) but the pointers are not declared restrict
+ * then; the out-of-place form lets a reduce-scatter read the user's input directly. */
+#define REDUCE_LOOPS(T, UT, d, a, s, n, op)                                               \
+    do {                                                                                  \
+        T *dd = (T *)(d);                                                                 \
+        const T *aa = (const T *)(a);                                                     \
+        const T *restrict ss = (const T *)(s);                                            \
+        switch (op) {                                                                     \
+        case DDL_SUM:                                                                     \
+        case DDL_AVG:                                                                     \
+            for (size_t i = 0; i < (n); i++) dd[i] = (T)((UT)aa[i] + (UT)ss[i]);          \
+            break;                                                                        \
+        case DDL_PROD:                                                                    \
+            for (size_t i = 0; i < (n); i++) dd[i] = (T)((UT)aa[i] * (UT)ss[i]);          \
+            break;                                                                        \
+        case DDL_MIN:                                                                     \
+            for (size_t i = 0; i < (n); i++) dd[i] = MINF(aa[i], ss[i]);                  \
+            break;                                                                        \
+        case DDL_MAX:                                                                     \
+            for (size_t i = 0; i < (n); i++) dd[i] = MAXF(aa[i], ss[i]);                  \
+            break;                                                                        \
+        default:                                                                          \
+            break;                                                                        \
+        }                                                                                 \
+    } while (0)
+
+#define REDUCE_16(TO32, FROM32, d, a, s, n, op)                                           \
+    do {                                                                                  \
+        uint16_t *dd = (uint16_t *)(d);                                                   \
+        const uint16_t *aa = (const uint16_t *)(a);                                       \
+        const uint16_t *restrict ss = (const uint16_t *)(s);                              \
+        switch (op) {                                                                     \
+        case DDL_SUM:                                                                     \
+        case DDL_AVG:                                                                     \
+            for (size_t i = 0; i < (n); i++) dd[i] = FROM32(TO32(aa[i]) + TO32(ss[i]));   \
+            break;                                                                        \
+        case DDL_PROD:                                                                    \
+            for (size_t i = 0; i < (n); i++) dd[i] = FROM32(TO32(aa[i]) * TO32(ss[i]));   \
+            break;                                                                        \
+        case DDL_MIN:                                                                     \
+            for (size_t i = 0; i < (n); i++) dd[i] = FROM32(MINF(TO32(aa[i]), TO32(ss[i]))); \
+            break;                                                                        \
+        case DDL_MAX:                                                                     \
+            for (size_t i = 0; i < (n); i++) dd[i] = FROM32(MAXF(TO32(aa[i]), TO32(ss[i]))); \
+            break;                                                                        \
+        default:                                                                          \
+            break;                                                                        \
+        }                                                                                 \
+    } while (0)
+
+/* Separate in-place and out-of-place instantiations: with dst == a the compiler can
+ * vectorise without runtime alias checks on the hot in-place path. */
+#define REDUCE_ALL(d, a, s, n, dtype, op)                                                 \
+    switch (dtype) {                                                                      \
+    case DDL_FLOAT16: REDUCE_16(f16_to_f32, f32_to_f16, d, a, s, n, op); break;           \
+    case DDL_BFLOAT16: REDUCE_16(bf16_to_f32, f32_to_bf16, d, a, s, n, op); break;        \
+    case DDL_FLOAT32: REDUCE_LOOPS(float, float, d, a, s, n, op); break;                  \
+    case DDL_FLOAT64: REDUCE_LOOPS(double, double, d, a, s, n, op); break;                \
+    case DDL_INT8: REDUCE_LOOPS(int8_t, uint8_t, d, a, s, n, op); break;                  \
+    case DDL_UINT8: REDUCE_LOOPS(uint8_t, uint8_t, d, a, s, n, op); break;                \
+    case DDL_INT32: REDUCE_LOOPS(int32_t, uint32_t, d, a, s, n, op); break;               \
+    case DDL_INT64: REDUCE_LOOPS(int64_t, uint64_t, d, a, s, n, op); break;               \
+    default: break;                                                                       \
+    }
+
+void ddl_reduce(void *dst, const void *src, size_t n, ddl_dtype_t dtype, ddl_op_t op) {
+    REDUCE_ALL(dst, dst, src, n, dtype, op)
+}
+
+void ddl_reduce3(void *restrict dst, const void *restrict a, const void *restrict src, size_t n,
+                 ddl_dtype_t dtype, ddl_op_t op) {
+    if (dst == a) {
+        ddl_reduce(dst, src, n, dtype, op);
+        return;
+    }
+    REDUCE_ALL(dst, a, src, n, dtype, op)
+}
+
+#define AVG_INT(T, b, n, div)                                                             \
+    do {                                                                                  \
+        T *p = (T *)(b);                                                                  \
+        for (size_t i = 0; i < (n); i++) p[i] = (T)((int64_t)p[i] / (int64_t)(div));                     \
+    } while (0)
+
+void ddl_finish_avg(void *buf, size_t n, ddl_dtype_t dtype, int divisor) {
+    if (divisor <= 1) return;
+    switch (dtype) {
+    case DDL_FLOAT16: {
+        uint16_t *p = buf;
+        for (size_t i = 0; i < n; i++) p[i] = f32_to_f16(f16_to_f32(p[i]) / (float)divisor);
+        break;
+    }
+    case DDL_BFLOAT16: {
+        uint16_t *p = buf;
+        for (size_t i = 0; i < n; i++) p[i] = f32_to_bf16(bf16_to_f32(p[i]) / (float)divisor);
+        break;
+    }
+    case DDL_FLOAT32: {
+        float *p = buf;
+        for (size_t i = 0; i < n; i++) p[i] /= (float)divisor;
+        break;
+    }
+    case DDL_FLOAT64: {
+        double *p = buf;
+        for (size_t i = 0; i < n; i++) p[i] /= (double)divisor;
+        break;
+    }
+    case DDL_INT8: AVG_INT(int8_t, buf, n, divisor); break;
+    case DDL_UINT8: AVG_INT(uint8_t, buf, n, divisor); break;
+    case DDL_INT32: AVG_INT(int32_t, buf, n, divisor); break;
+    case DDL_INT64: AVG_INT(int64_t, buf, n, divisor); break;
+    default: break;
+    }
+}

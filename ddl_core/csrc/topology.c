@@ -1,0 +1,144 @@
+/* The rank grid for topology-aware allreduce.
+ *
+ * Ranks form a grid of levels, innermost first (ranks per node, nodes per rack, racks).
+ * The grid is read from DDL_TOPOLOGY ("4x2x2") or detected: ranks that share memory
+ * (MPI_Comm_split_type) form the inner level and nodes the outer one. Racks cannot be
+ * seen from inside a job, so they come only from DDL_TOPOLOGY. With detection the world
+ * is reordered (node index major, local rank minor) so the grid matches the placement
+ * whatever rank order the launcher chose; with DDL_TOPOLOGY the world order is taken as
+ * given (ddlrun places consecutive ranks on one host). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddl_internal.h"
+
+ddl_status_t ddl_parse_topology(const char *text, int *dims, int *nlevels) {
+    int n = 0;
+    const char *p = text;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 1 << 20 || n == DDL_MAX_LEVELS)
+            return ddl_fail(DDL_ERR_INVALID_ARG,
+                            "DDL_TOPOLOGY=%s is not a grid like 4x2 (ranks per node x nodes) "
+                            "or 4x2x2 (x racks), with at most %d levels",
+                            text, DDL_MAX_LEVELS);
+        dims[n++] = (int)v;
+        p = end;
+        if (*p == 'x' || *p == 'X') {
+            p++;
+            if (!*p) return ddl_fail(DDL_ERR_INVALID_ARG, "DDL_TOPOLOGY=%s ends with 'x'", text);
+        } else if (*p) {
+            return ddl_fail(DDL_ERR_INVALID_ARG,
+                            "DDL_TOPOLOGY=%s: unexpected '%c'; write levels as 4x2x2", text, *p);
+        }
+    }
+    if (n == 0) return ddl_fail(DDL_ERR_INVALID_ARG, "DDL_TOPOLOGY is empty");
+    *nlevels = n;
+    return DDL_SUCCESS;
+}
+
+static ddl_status_t comm_fill(ddl_comm_t *c, MPI_Comm comm) {
+    c->comm = comm;
+    MPI_CHECK(MPI_Comm_rank(comm, &c->rank));
+    MPI_CHECK(MPI_Comm_size(comm, &c->size));
+    return DDL_SUCCESS;
+}
+
+/* Detect (ranks per node, nodes); *ok = 0 when nodes hold different numbers of ranks. */
+static ddl_status_t detect(MPI_Comm base, int size, int *local_size, int *node, int *local_rank,
+                           int *ok) {
+    MPI_Comm local, leaders;
+    MPI_CHECK(MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
+    MPI_CHECK(MPI_Comm_rank(local, local_rank));
+    MPI_CHECK(MPI_Comm_size(local, local_size));
+    int mm[2] = {-*local_size, *local_size};
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, mm, 2, MPI_INT, MPI_MAX, base));
+    *ok = (-mm[0] == mm[1]) && size % mm[1] == 0;
+    MPI_CHECK(MPI_Comm_split(base, *local_rank == 0 ? 0 : MPI_UNDEFINED, 0, &leaders));
+    int idx = 0;
+    if (leaders != MPI_COMM_NULL) {
+        MPI_CHECK(MPI_Comm_rank(leaders, &idx));
+        MPI_CHECK(MPI_Comm_free(&leaders));
+    }
+    MPI_CHECK(MPI_Bcast(&idx, 1, MPI_INT, 0, local));
+    *node = idx;
+    MPI_CHECK(MPI_Comm_free(&local));
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_topo_build(ddl_ctx_t *ctx, MPI_Comm base, const int *dims, int nlevels) {
+    ddl_topo_t *t = &ctx->topo;
+    int size, rank;
+    MPI_CHECK(MPI_Comm_size(base, &size));
+    MPI_CHECK(MPI_Comm_rank(base, &rank));
+    int key = rank;
+    if (nlevels > 0) {
+        long prod = 1;
+        for (int i = 0; i < nlevels; i++) prod *= dims[i];
+        if (prod != size) {
+            char txt[128] = "";
+            for (int i = 0; i < nlevels; i++)
+                snprintf(txt + strlen(txt), sizeof txt - strlen(txt), "%s%d", i ? "x" : "",
+                         dims[i]);
+            return ddl_fail(DDL_ERR_INVALID_ARG,
+                            "DDL_TOPOLOGY=%s describes %ld ranks but the job has %d: make the "
+                            "product of the levels equal the number of ranks",
+                            txt, prod, size);
+        }
+        memcpy(t->dims, dims, sizeof(int) * (size_t)nlevels);
+        t->nlevels = nlevels;
+    } else {
+        int lsize = 1, node = 0, lrank = 0, ok = 0;
+        DDL_CHECK(detect(base, size, &lsize, &node, &lrank, &ok));
+        if (!ok) {
+            ddl_log(1, "nodes hold different numbers of ranks: using a flat topology");
+            t->nlevels = 1;
+            t->dims[0] = size;
+        } else if (lsize == size || lsize == 1) {
+            t->nlevels = 1;
+            t->dims[0] = size;
+        } else {
+            t->nlevels = 2;
+            t->dims[0] = lsize;
+            t->dims[1] = size / lsize;
+            key = node * lsize + lrank;
+        }
+    }
+    /* Drop levels of extent 1: they would only add empty steps. */
+    int n = 0;
+    for (int i = 0; i < t->nlevels; i++)
+        if (t->dims[i] > 1 || t->nlevels == 1) t->dims[n++] = t->dims[i];
+    if (n == 0) t->dims[n++] = 1;
+    t->nlevels = n;
+
+    MPI_Comm w;
+    MPI_CHECK(MPI_Comm_split(base, 0, key, &w));
+    DDL_CHECK(comm_fill(&t->world, w));
+    int idx = t->world.rank;
+    for (int l = 0; l < t->nlevels; l++) {
+        t->coord[l] = idx % t->dims[l];
+        idx /= t->dims[l];
+    }
+    for (int l = 0; l < t->nlevels; l++) {
+        int color = 0, stride = 1;
+        for (int m = 0; m < t->nlevels; m++) {
+            if (m == l) continue;
+            color += t->coord[m] * stride;
+            stride *= t->dims[m];
+        }
+        MPI_Comm lc;
+        MPI_CHECK(MPI_Comm_split(t->world.comm, color, t->coord[l], &lc));
+        DDL_CHECK(comm_fill(&t->level[l], lc));
+    }
+    return DDL_SUCCESS;
+}
+
+void ddl_topo_free(ddl_ctx_t *ctx) {
+    ddl_topo_t *t = &ctx->topo;
+    for (int l = 0; l < t->nlevels; l++)
+        if (t->level[l].comm != MPI_COMM_NULL) MPI_Comm_free(&t->level[l].comm);
+    if (t->world.comm != MPI_COMM_NULL) MPI_Comm_free(&t->world.comm);
+    t->nlevels = 0;
+}

@@ -1,0 +1,223 @@
+"""DDL: topology-aware collectives over MPI for distributed deep learning.
+
+    import ddl_core as ddl
+    ddl.init()
+    y = ddl.allreduce(x)              # sum over ranks, x unchanged
+    ddl.allreduce(x, op="avg", out=x) # in place
+    h = ddl.allreduce_async(g); ...; h.wait()
+
+Inputs are numpy arrays (bfloat16 through ml_dtypes), torch CPU tensors, or any
+C-contiguous buffer-protocol object; nothing is copied on the way to libddl.
+"""
+
+from __future__ import annotations
+
+import atexit
+from typing import Any
+
+from . import _ddl
+import numpy as np
+
+from ._buffers import _NP_CODE, DTYPES, OP_CODE, OPS, as_buffer, empty_like, op_code
+from ._ddl import (
+    DDLError,
+    DDLTimeoutError,
+    InvalidArgumentError,
+    MismatchError,
+    NotInitializedError,
+)
+
+__version__ = "1.0.0"
+__all__ = [
+    "DTYPES", "OPS", "DDLError", "DDLTimeoutError", "InvalidArgumentError", "MismatchError",
+    "NotInitializedError", "Handle", "init", "finalize", "is_initialized", "rank", "size",
+    "local_rank", "local_size", "topology", "allreduce", "allreduce_async", "broadcast",
+    "broadcast_async", "allgather", "allgather_async", "reduce_scatter",
+    "reduce_scatter_async", "barrier", "plan", "set_algorithm", "set_fusion", "version",
+]
+
+_OP_CODE = dict(OP_CODE)
+ALGORITHMS = ("auto", "ring", "rabenseifner", "recdoubling", "mpi")
+
+rank = _ddl.rank
+size = _ddl.size
+local_rank = _ddl.local_rank
+local_size = _ddl.local_size
+is_initialized = _ddl.initialized
+barrier = _ddl.barrier
+version = _ddl.version
+
+
+def init() -> None:
+    """Initialise MPI (if nobody has) and DDL; harmless to call twice.
+
+    libddl reads the cost model that `python -m ddl_core.tune` cached for this topology
+    (or DDL_TUNE_FILE).
+    """
+    if _ddl.initialized():
+        return
+    _ddl.init()
+    atexit.register(_finalize_at_exit)
+
+
+def _finalize_at_exit() -> None:
+    if _ddl.initialized():
+        try:
+            _ddl.finalize()
+        except DDLError:
+            pass
+
+
+def finalize() -> None:
+    """Finish queued asynchronous work and shut DDL (and MPI, if DDL started it) down."""
+    _ddl.finalize()
+
+
+def topology() -> tuple[int, ...]:
+    """The rank grid, innermost level first, e.g. (4, 2) = 4 ranks per node x 2 nodes."""
+    return _ddl.topology()
+
+
+def _out(x: Any, out: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, Any, int]:
+    buf, code = as_buffer(x)
+    if out is None:
+        res, rbuf = empty_like(x, buf, shape)
+        return res, rbuf, code
+    if out is x:
+        return out, buf, code
+    rbuf, rcode = as_buffer(out)
+    if rcode != code:
+        raise TypeError(f"out has dtype {DTYPES[rcode]} but the input {DTYPES[code]}")
+    return out, rbuf, code
+
+
+def allreduce(x: Any, op: str = "sum", out: Any = None) -> Any:
+    """Reduce x over all ranks; the result goes to `out` (a new array if None; `out=x`
+    works in place) and is returned. op: sum, avg, min, max, prod."""
+    o = _OP_CODE.get(op)
+    if o is None:
+        o = op_code(op)
+    # Fast path, numpy in and out: the C binding checks contiguity and sizes itself.
+    if type(x) is np.ndarray and (out is None or type(out) is np.ndarray):
+        code = _NP_CODE.get(x.dtype)
+        if code is not None and code != 1:
+            if out is None:
+                out = np.empty_like(x)
+            elif out.dtype != x.dtype:
+                raise TypeError(f"out has dtype {out.dtype} but the input {x.dtype}")
+            _ddl.allreduce(None if out is x else x, out, code, o)
+            return out
+    res, rbuf, code = _out(x, out)
+    if res is x:
+        _ddl.allreduce(None, rbuf, code, o)
+    else:
+        _ddl.allreduce(as_buffer(x)[0], rbuf, code, o)
+    return res
+
+
+def broadcast(x: Any, root: int = 0) -> Any:
+    """Overwrite x on every rank with root's x (in place); returns x."""
+    buf, code = as_buffer(x)
+    _ddl.broadcast(buf, code, root)
+    return x
+
+
+def _gather_shape(x: Any) -> tuple[int, ...]:
+    shape = tuple(getattr(x, "shape", ()) or ())
+    n = size()
+    return (n * shape[0], *shape[1:]) if shape else (n,)
+
+
+def allgather(x: Any, out: Any = None) -> Any:
+    """Concatenate every rank's x along the first axis, in rank order."""
+    buf, code = as_buffer(x)
+    res, rbuf, _ = _out(x, out, _gather_shape(x)) if out is None else _out(x, out)
+    _ddl.allgather(buf, rbuf, code)
+    return res
+
+
+def _scatter_shape(x: Any) -> tuple[int, ...]:
+    shape = tuple(getattr(x, "shape", ()) or ())
+    n = size()
+    if shape and shape[0] % n == 0:
+        return (shape[0] // n, *shape[1:])
+    total = 1
+    for d in shape:
+        total *= d
+    if total % n:
+        raise ValueError(f"reduce_scatter: {total} elements do not split over {n} ranks")
+    return (total // n,)
+
+
+def reduce_scatter(x: Any, op: str = "sum", out: Any = None) -> Any:
+    """Reduce x over ranks and give rank i the i-th of `size()` equal blocks."""
+    o = op_code(op)
+    buf, code = as_buffer(x)
+    res, rbuf, _ = _out(x, out, _scatter_shape(x)) if out is None else _out(x, out)
+    _ddl.reduce_scatter(buf, rbuf, code, o)
+    return res
+
+
+class Handle:
+    """An asynchronous collective: `wait()` returns its result, `test()` polls."""
+
+    __slots__ = ("_req", "_result", "_keep")
+
+    def __init__(self, req: Any, result: Any, keep: Any) -> None:
+        self._req = req
+        self._result = result
+        self._keep = keep  # the user's objects stay alive as long as the request
+
+    def test(self) -> bool:
+        return self._req.test()
+
+    def wait(self) -> Any:
+        self._req.wait()
+        return self._result
+
+    synchronize = wait
+    poll = test
+
+
+def allreduce_async(x: Any, op: str = "sum", out: Any = None) -> Handle:
+    """Queue an allreduce for the progress thread; small ones are fused (see set_fusion)."""
+    o = op_code(op)
+    res, rbuf, code = _out(x, out)
+    sbuf = None if res is x else as_buffer(x)[0]
+    return Handle(_ddl.submit(0, sbuf, rbuf, code, o, 0), res, (x, res))
+
+
+def broadcast_async(x: Any, root: int = 0) -> Handle:
+    buf, code = as_buffer(x)
+    return Handle(_ddl.submit(1, None, buf, code, 0, root), x, x)
+
+
+def allgather_async(x: Any, out: Any = None) -> Handle:
+    buf, code = as_buffer(x)
+    res, rbuf, _ = _out(x, out, _gather_shape(x)) if out is None else _out(x, out)
+    return Handle(_ddl.submit(2, buf, rbuf, code, 0, 0), res, (x, res))
+
+
+def reduce_scatter_async(x: Any, op: str = "sum", out: Any = None) -> Handle:
+    o = op_code(op)
+    buf, code = as_buffer(x)
+    res, rbuf, _ = _out(x, out, _scatter_shape(x)) if out is None else _out(x, out)
+    return Handle(_ddl.submit(3, buf, rbuf, code, o, 0), res, (x, res))
+
+
+def set_algorithm(name: str) -> None:
+    """Force one allreduce algorithm (as DDL_ALGO does); 'auto' restores the cost model."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}: use one of {', '.join(ALGORITHMS)}")
+    _ddl.set_algorithm(ALGORITHMS.index(name))
+
+
+def plan(nbytes: int) -> tuple[tuple[str, ...], float]:
+    """(algorithm per level, predicted seconds) the cost model picks for nbytes."""
+    return _ddl.plan(int(nbytes))
+
+
+def set_fusion(threshold_bytes: int, cycle_time_ms: float) -> None:
+    """Tensor fusion: the fusion buffer's size and how long the progress thread lets
+    requests gather before it negotiates a batch (DDL_FUSION_THRESHOLD, DDL_CYCLE_TIME_MS)."""
+    _ddl.set_fusion(int(threshold_bytes), float(cycle_time_ms))

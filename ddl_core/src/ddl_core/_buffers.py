@@ -1,0 +1,127 @@
+"""Turn what users pass (numpy arrays, torch CPU tensors, buffer-protocol objects) into
+what the C binding takes: a contiguous buffer object and libddl's dtype code, without
+copying.
+
+Kept apart from the collectives so framework integrations can reuse it, and so the
+numpy fast path stays a couple of dictionary lookups: the latency of a small allreduce
+is mostly this layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64")
+DTYPE_CODE = {name: i for i, name in enumerate(DTYPES)}
+OPS = ("sum", "avg", "min", "max", "prod")
+OP_CODE = {name: i for i, name in enumerate(OPS)}
+OP_CODE["average"] = OP_CODE["avg"]
+OP_CODE["mean"] = OP_CODE["avg"]
+OP_CODE["product"] = OP_CODE["prod"]
+
+_NP_CODE: dict[np.dtype, int] = {
+    np.dtype(n): DTYPE_CODE[n] for n in DTYPES if n != "bfloat16"
+}
+try:  # bfloat16 arrays come from ml_dtypes (what JAX and TensorFlow use)
+    import ml_dtypes
+
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+    _NP_CODE[BF16] = DTYPE_CODE["bfloat16"]
+except ImportError:  # pragma: no cover - ml_dtypes is optional
+    BF16 = None
+
+# memoryview formats -> dtype code (native sizes checked at use)
+_FMT_CODE = {"e": 0, "f": 2, "d": 3, "b": 4, "B": 5, "c": 5}
+_INT_FMTS = {"i", "l", "q", "h", "n"}
+
+
+def op_code(op: str | int) -> int:
+    """libddl's code for an op name; an unknown op raises before any communication."""
+    if isinstance(op, int) and 0 <= op < len(OPS):
+        return op
+    code = OP_CODE.get(op.lower() if isinstance(op, str) else op)
+    if code is None:
+        raise ValueError(f"unknown op {op!r}: use one of {', '.join(OPS)}")
+    return code
+
+
+def np_code(dtype: np.dtype) -> int:
+    code = _NP_CODE.get(dtype)
+    if code is None:
+        raise TypeError(
+            f"dtype {dtype} is not supported: use one of {', '.join(DTYPES)}"
+        )
+    return code
+
+
+def _torch_view(t: Any) -> tuple[np.ndarray, int]:
+    import torch
+
+    if t.device.type != "cpu":
+        raise TypeError(
+            f"a tensor on {t.device} needs libddl's GPU path; pass a CPU tensor (t.cpu())"
+        )
+    if not t.is_contiguous():
+        raise ValueError(
+            "the tensor is not contiguous (a transposed or sliced view): call "
+            ".contiguous() first"
+        )
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy(), DTYPE_CODE["bfloat16"]
+    if t.dtype == torch.float16:
+        return t.view(torch.int16).numpy(), DTYPE_CODE["float16"]
+    arr = t.numpy()
+    return arr, np_code(arr.dtype)
+
+
+def as_buffer(x: Any) -> tuple[Any, int]:
+    """(object the C binding can read as a buffer, dtype code) for x, sharing memory."""
+    if isinstance(x, np.ndarray):
+        if not x.flags.c_contiguous:
+            raise ValueError(
+                "the array is not C-contiguous (a transposed or strided view): use "
+                "np.ascontiguousarray(x) first"
+            )
+        code = np_code(x.dtype)
+        if code == 1:  # numpy cannot export bfloat16 through the buffer protocol
+            return x.view(np.uint16), code
+        return x, code
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        return _torch_view(x)
+    try:
+        mv = memoryview(x)
+    except TypeError:
+        raise TypeError(
+            f"{type(x).__name__} is neither a numpy array, a torch tensor nor a buffer"
+        ) from None
+    if not mv.c_contiguous:
+        raise ValueError("the buffer is not C-contiguous: copy it into a contiguous one first")
+    fmt = mv.format.lstrip("@=<")
+    if fmt in _FMT_CODE:
+        return mv, _FMT_CODE[fmt]
+    if fmt.lower() in _INT_FMTS:
+        signed = fmt.islower()
+        if mv.itemsize == 4 and signed:
+            return mv, DTYPE_CODE["int32"]
+        if mv.itemsize == 8 and signed:
+            return mv, DTYPE_CODE["int64"]
+    raise TypeError(f"buffer format {mv.format!r} is not supported: use one of {', '.join(DTYPES)}")
+
+
+def empty_like(x: Any, buf: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, Any]:
+    """A fresh output shaped like x (or `shape`) of x's kind: (user object, its buffer)."""
+    if isinstance(x, np.ndarray):
+        out = np.empty(shape if shape is not None else x.shape, dtype=x.dtype)
+        return out, (out.view(np.uint16) if out.dtype == BF16 else out)
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        out = torch.empty(shape if shape is not None else x.shape, dtype=x.dtype)
+        return out, _torch_view(out)[0]
+    arr = np.asarray(buf)
+    out = np.empty(shape if shape is not None else arr.shape, dtype=arr.dtype)
+    return out, out

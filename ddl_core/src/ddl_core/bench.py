@@ -1,0 +1,250 @@
+"""nccl-tests-style benchmark of DDL's collectives against mpi4py, in one run.
+
+    ddlrun -n 2 python -m ddl_core.bench allreduce [--json F] [--plot F.png]
+
+For every size, DDL and MPI run on the same buffers, interleaved repetition by
+repetition so machine noise hits both alike; the table shows the median of the
+repetitions (each the slowest rank's mean over its iterations), the bus bandwidth and
+the DDL/MPI ratio. busbw = algbw x 2(n-1)/n for allreduce, (n-1)/n for allgather and
+reduce_scatter, 1 for broadcast (as nccl-tests). #wrong counts elements that differ from
+the exact expected result after the timed loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import ddl_core as ddl
+
+COLLECTIVES = ("allreduce", "allgather", "broadcast", "reduce_scatter")
+NP_DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32,
+             "int64": np.int64, "float16": np.float16, "int8": np.int8, "uint8": np.uint8}
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text.rstrip("KMG")) * mult)
+
+
+def busbw_factor(coll: str, n: int) -> float:
+    if coll == "allreduce":
+        return 2.0 * (n - 1) / n
+    if coll in ("allgather", "reduce_scatter"):
+        return (n - 1) / n
+    return 1.0
+
+
+def iterations(nbytes: int) -> int:
+    """The same on every rank (collectives must match): many for tiny sizes, few for big."""
+    return max(3, min(2000, (64 << 20) // max(nbytes, 1)))
+
+
+class Case:
+    """Buffers and the two implementations of one collective at one size."""
+
+    def __init__(self, coll: str, nbytes: int, dtype: Any, comm: Any) -> None:
+        self.coll, self.comm = coll, comm
+        n, r = ddl.size(), ddl.rank()
+        es = np.dtype(dtype).itemsize
+        # size = the bytes of the larger buffer, as nccl-tests reports it
+        total = max(nbytes // es, n if coll in ("allgather", "reduce_scatter") else 1)
+        if coll in ("allgather", "reduce_scatter"):
+            total -= total % n
+        self.count = total
+        self.nbytes = total * es
+        part = total // n
+        vals = lambda k, m: ((np.arange(k) % 13) + m).astype(dtype)  # noqa: E731
+        if coll == "allreduce":
+            self.x, self.y = vals(total, r + 1), np.empty(total, dtype)
+            self.expect = sum(vals(total, q + 1) for q in range(n)).astype(dtype)
+        elif coll == "allgather":
+            self.x, self.y = vals(part, r + 1), np.empty(total, dtype)
+            self.expect = np.concatenate([vals(part, q + 1) for q in range(n)])
+        elif coll == "reduce_scatter":
+            self.x, self.y = vals(total, r + 1), np.empty(part, dtype)
+            full = sum(vals(total, q + 1) for q in range(n)).astype(dtype)
+            self.expect = full[r * part:(r + 1) * part]
+        else:
+            self.x = self.y = vals(total, 7) if r == 0 else np.zeros(total, dtype)
+            self.expect = vals(total, 7)
+
+    def ddl_fn(self) -> Callable[[], None]:
+        x, y = self.x, self.y
+        return {
+            "allreduce": lambda: ddl.allreduce(x, out=y),
+            "allgather": lambda: ddl.allgather(x, out=y),
+            "reduce_scatter": lambda: ddl.reduce_scatter(x, out=y),
+            "broadcast": lambda: ddl.broadcast(x, 0),
+        }[self.coll]
+
+    def mpi_fn(self) -> Callable[[], None]:
+        x, y, c = self.x, self.y, self.comm
+        return {
+            "allreduce": lambda: c.Allreduce(x, y),
+            "allgather": lambda: c.Allgather(x, y),
+            "reduce_scatter": lambda: c.Reduce_scatter_block(x, y),
+            "broadcast": lambda: c.Bcast(x, 0),
+        }[self.coll]
+
+    def wrong(self) -> int:
+        return int(np.count_nonzero(self.y != self.expect))
+
+
+def timed(fn: Callable[[], None], iters: int, comm: Any) -> float:
+    """Mean seconds per call on the slowest rank."""
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    dt = (time.perf_counter() - t0) / iters
+    return comm.allreduce(dt, op=_mpi().MAX)
+
+
+def _mpi() -> Any:
+    from mpi4py import MPI
+
+    return MPI
+
+
+def run(coll: str, sizes: list[int], dtype: Any, reps: int) -> list[dict[str, Any]]:
+    comm = _mpi().COMM_WORLD
+    n = ddl.size()
+    rows = []
+    for nbytes in sizes:
+        case = Case(coll, nbytes, dtype, comm)
+        iters = iterations(case.nbytes)
+        fns = {"ddl": case.ddl_fn(), "mpi": case.mpi_fn()}
+        wrong: dict[str, int] = {}
+        times: dict[str, list[float]] = {"ddl": [], "mpi": []}
+        for impl, fn in fns.items():  # warm-up, and the correctness check
+            for _ in range(min(iters, 20)):
+                fn()
+            wrong[impl] = comm.allreduce(case.wrong(), op=_mpi().SUM)
+        for _ in range(reps):
+            for impl, fn in fns.items():
+                times[impl].append(timed(fn, iters, comm))
+        algo = ",".join(ddl.plan(case.nbytes)[0]) if coll == "allreduce" else "-"
+        for impl in ("ddl", "mpi"):
+            t = statistics.median(times[impl])
+            algbw = case.nbytes / t / 1e9
+            rows.append({
+                "impl": impl, "algo": algo if impl == "ddl" else "MPI_" + coll,
+                "size": case.nbytes, "count": case.count, "dtype": np.dtype(dtype).name,
+                "redop": "sum" if coll in ("allreduce", "reduce_scatter") else "none",
+                "time_us": t * 1e6, "algbw": algbw,
+                "busbw": algbw * busbw_factor(coll, n), "wrong": wrong[impl],
+            })
+    return rows
+
+
+def print_table(coll: str, rows: list[dict[str, Any]], out: Any = sys.stdout) -> None:
+    n = ddl.size()
+    print(f"# ddl_core.bench {coll}: {n} ranks, topology {'x'.join(map(str, ddl.topology()))}, "
+          f"{ddl.version()}", file=out)
+    print(f"# {'size':>10} {'count':>11} {'type':>8} {'redop':>6} | {'ddl time':>9} "
+          f"{'algbw':>7} {'busbw':>7} {'#wrong':>6} | {'mpi time':>9} {'algbw':>7} "
+          f"{'busbw':>7} {'#wrong':>6} | {'ddl/mpi':>7}  algo", file=out)
+    print(f"# {'(B)':>10} {'(elements)':>11} {'':>8} {'':>6} | {'(us)':>9} {'(GB/s)':>7} "
+          f"{'(GB/s)':>7} {'':>6} | {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} | "
+          f"{'busbw':>7}", file=out)
+    for d, m in zip(rows[0::2], rows[1::2]):
+        ratio = m["time_us"] / d["time_us"]
+        print(f"  {d['size']:>10} {d['count']:>11} {d['dtype']:>8} {d['redop']:>6} | "
+              f"{d['time_us']:>9.2f} {d['algbw']:>7.3f} {d['busbw']:>7.3f} {d['wrong']:>6} | "
+              f"{m['time_us']:>9.2f} {m['algbw']:>7.3f} {m['busbw']:>7.3f} {m['wrong']:>6} | "
+              f"{ratio:>7.2f}  {d['algo']}", file=out)
+    big = [m["time_us"] / d["time_us"] for d, m in zip(rows[0::2], rows[1::2])
+           if d["size"] >= 1 << 20]
+    small = rows[0]["time_us"] / rows[1]["time_us"]
+    print(f"# smallest size: ddl time / mpi time = {small:.2f}", file=out)
+    if big:
+        print(f"# sizes >= 1 MiB: ddl/mpi busbw min {min(big):.2f}, median "
+              f"{statistics.median(big):.2f}", file=out)
+    print(f"# total #wrong: ddl {sum(r['wrong'] for r in rows[0::2])}, "
+          f"mpi {sum(r['wrong'] for r in rows[1::2])}", file=out)
+
+
+def plot(coll: str, rows: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for impl, style in (("ddl", "o-"), ("mpi", "s--")):
+        pts = [r for r in rows if r["impl"] == impl]
+        ax.plot([r["size"] for r in pts], [r["busbw"] for r in pts], style,
+                label="DDL" if impl == "ddl" else "MPI (mpi4py)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"{coll}, {ddl.size()} ranks")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def check_cost(reps: int) -> None:
+    """What the mismatch check costs: nothing extra on the fused path; one header-only
+    recursive doubling (= ddl.barrier) before every other collective."""
+    comm = _mpi().COMM_WORLD
+    x, y = np.ones(2, np.float32), np.empty(2, np.float32)
+    rows = {}
+    for name, fn in (("ddl allreduce 8 B (header fused)", lambda: ddl.allreduce(x, out=y)),
+                     ("mpi4py Allreduce 8 B", lambda: comm.Allreduce(x, y)),
+                     ("ddl header-only check (= ddl.barrier)", ddl.barrier),
+                     ("mpi4py Barrier", comm.Barrier)):
+        for _ in range(200):
+            fn()
+        rows[name] = statistics.median(timed(fn, 2000, comm) for _ in range(reps)) * 1e6
+    if ddl.rank() == 0:
+        print(f"# mismatch-check cost, {ddl.size()} ranks (median of {reps} runs of 2000)")
+        for name, us in rows.items():
+            print(f"  {name:<40} {us:8.2f} us")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ddl_core.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("collective", choices=(*COLLECTIVES, "check"))
+    ap.add_argument("-b", "--min-bytes", default="8")
+    ap.add_argument("-e", "--max-bytes", default="256M")
+    ap.add_argument("-f", "--factor", type=int, default=2, help="size multiplier per step")
+    ap.add_argument("-d", "--dtype", default="float32", choices=sorted(NP_DTYPES))
+    ap.add_argument("-r", "--reps", type=int, default=5, help="repetitions (median is shown)")
+    ap.add_argument("--json", help="write the results as JSON")
+    ap.add_argument("--plot", help="draw busbw against size to this PNG")
+    args = ap.parse_args(argv)
+    ddl.init()
+    if args.collective == "check":
+        check_cost(args.reps)
+        return 0
+    sizes, s = [], parse_size(args.min_bytes)
+    while s <= parse_size(args.max_bytes):
+        sizes.append(s)
+        s *= args.factor
+    rows = run(args.collective, sizes, NP_DTYPES[args.dtype], args.reps)
+    if ddl.rank() == 0:
+        print_table(args.collective, rows)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"collective": args.collective, "ranks": ddl.size(),
+                           "topology": list(ddl.topology()), "version": ddl.version(),
+                           "results": rows}, f, indent=1)
+        if args.plot:
+            plot(args.collective, rows, args.plot)
+    return 1 if any(r["wrong"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
