@@ -89,6 +89,29 @@ class _LogCallback:
         self.f.close()
 
 
+def _lines(output: object) -> str:
+    """A test's output as text (rattler-build returns a list of lines)."""
+    if isinstance(output, (list, tuple)):
+        return "\n".join(str(x) for x in output)
+    return str(output)
+
+
+def _log_tail(log: Path, n: int = 20) -> list[str]:
+    """The lines of a build log that explain a failure (before rattler-build's epilogue)."""
+    if not log.exists():
+        return []
+    lines = _before_epilogue(log.read_text(errors="replace").splitlines())
+    return [ln[:300] for ln in lines[-n:]]
+
+
+def _before_epilogue(lines: list[str]) -> list[str]:
+    """Drop rattler-build's "Script execution failed ... to run manually" epilogue."""
+    for i, line in enumerate(lines):
+        if "Script execution failed" in line:
+            return lines[:i]
+    return lines
+
+
 def _local_sources(node: Node, mirror: SourceMirror, work: Path, variants: dict) -> Node:
     """Satisfy url sources from the source mirror (sha256 verified), re-rendering the node.
 
@@ -225,7 +248,7 @@ def run_builds(
             )
             bad.add(node.key)
             console.print(f"[red]{head}: FAILED after {time.monotonic() - t0:.1f} s, log: {log}")
-            for line in msg[-15:]:
+            for line in _log_tail(log) or msg[-15:]:
                 console.print(f"    {line}", markup=False, highlight=False)
         finally:
             if cb is not None:
@@ -246,7 +269,7 @@ def run_builds(
             with console.status(f"{head}: fresh environment"):
                 pkg = rb.Package.from_file(str(o.path))
                 results = pkg.run_tests(channel=chans) if pkg.test_count else []
-            outputs = "\n".join(str(getattr(r, "output", "")) for r in results)
+            outputs = "\n".join(_lines(getattr(r, "output", "")) for r in results)
             ok = all(r.success for r in results)
             o.test_status = ("passed" if ok else "failed") if results else "none"
             o.test_output = outputs[-4000:]
@@ -257,7 +280,7 @@ def run_builds(
         console.print(f"[{colour}]{head}: {o.test_status} ({o.test_seconds:.1f} s)")
         if o.test_status == "failed":
             bad.add(o.node.key)
-            for line in o.test_output.strip().splitlines()[-12:]:
+            for line in _before_epilogue(o.test_output.strip().splitlines())[-15:]:
                 console.print(f"    {line}", markup=False, highlight=False)
     result.stages["test"] = time.monotonic() - t_test
 

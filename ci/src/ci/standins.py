@@ -29,7 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ci.config import Settings, host_subdir
 from ci.index import index_channel, packages_in
-from ci.wheel2conda import SUBDIR_MACHINE, WheelError, convert_wheel
+from ci.wheel2conda import CONVERTER_VERSION, SUBDIR_MACHINE, WheelError, convert_wheel
 
 console = Console(stderr=True)
 WHEEL_STATE = ".wheels-state.json"
@@ -160,7 +160,15 @@ def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str) -> 
     state_path = channel / WHEEL_STATE
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
     have = packages_in(channel)
-    todo = [w for w in wheels if not (w.name in state and state[w.name]["key"] in have)]
+    todo = [
+        w
+        for w in wheels
+        if not (
+            w.name in state
+            and state[w.name]["key"] in have
+            and state[w.name].get("converter") == CONVERTER_VERSION
+        )
+    ]
     staging = channel.parent / f".standins-staging-{os.getpid()}"
     if todo:
         with Progress(
@@ -189,6 +197,7 @@ def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str) -> 
                     "version": pkg.version,
                     "depends": pkg.depends,
                     "license": pkg.license,
+                    "converter": CONVERTER_VERSION,
                 }
                 prog.advance(task)
         shutil.rmtree(staging, ignore_errors=True)

@@ -44,6 +44,10 @@ SUBDIR_MACHINE = {"linux-64": "x86_64", "linux-ppc64le": "ppc64le", "linux-aarch
 TRAMPOLINE = "#!/bin/sh\n'''exec' \"$(dirname -- \"$0\")/python\" \"$0\" \"$@\"\n' '''\n"
 
 
+# Bumped whenever the conversion's output changes, so cached stand-ins are redone.
+CONVERTER_VERSION = 3
+
+
 class WheelError(Exception):
     """A wheel that cannot be converted (the message names the file and the reason)."""
 
@@ -191,6 +195,11 @@ def convert_wheel(
         try:
             with zipfile.ZipFile(wheel) as zf:
                 zf.extractall(unpack)
+                # zipfile drops permission bits; executables inside wheels need them
+                for zi in zf.infolist():
+                    mode = (zi.external_attr >> 16) & 0o777
+                    if mode & 0o111 and not zi.is_dir():
+                        (unpack / zi.filename).chmod(mode | 0o644)
         except zipfile.BadZipFile as exc:
             raise WheelError(f"{wheel}: not a zip archive ({exc})") from exc
         info_dirs = list(unpack.glob("*.dist-info"))
@@ -229,7 +238,8 @@ def convert_wheel(
                 shutil.copy2(item, site / item.name)
         installed_info = site / dist_info.name
         (installed_info / "INSTALLER").write_text("conda\n")
-        (installed_info / "RECORD").unlink(missing_ok=True)
+        # RECORD stays: importlib.metadata's files() reads it (the cmake wheel finds its
+        # binary that way), and pip uses it to uninstall.
 
         ep = dist_info / "entry_points.txt"
         if ep.exists():
