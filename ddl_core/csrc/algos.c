@@ -105,11 +105,12 @@ ddl_status_t ddl_rd_allreduce_checked(const ddl_comm_t *c, ddl_header_t *hdr, vo
             DDL_CHECK(rd_exchange(c, mine, total, r - 1, NULL, total, -1, &got));
         } else {
             DDL_CHECK(rd_exchange(c, NULL, 0, -1, theirs, total, r + 1, &got));
+            /* The header always fits (capped receives have room for any rank's
+             * message); data of another size is not taken. */
+            memcpy(mine, theirs, got == total ? total : sizeof(ddl_header_t));
             if (got != total) {
                 ((ddl_header_t *)(void *)mine)->sig_min = 0;
                 ((ddl_header_t *)(void *)mine)->sig_max = UINT64_MAX;
-            } else {
-                memcpy(mine, theirs, total);
             }
         }
     }
@@ -228,44 +229,52 @@ ddl_status_t ddl_doubling_allgather(const ddl_comm_t *c, void *buf, size_t count
 
 /* ---- MPI's own allreduce --------------------------------------------------------------- */
 
-/* MPI has no 16-bit float types: those travel as 2-byte contiguous types with user ops
- * that call ddl_reduce, so `mpi` covers every dtype. */
-static MPI_Datatype half_types[2] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL};
-static MPI_Op half_ops[DDL_NUM_OPS];
-static int half_ready;
+/* MPI has no 16-bit float types, and Open MPI's vectorised int8/uint8 sum saturates
+ * where every other path (and numpy) wraps. Those four dtypes travel as contiguous byte
+ * types of their own with user ops that call ddl_reduce, so `mpi` gives the same
+ * results as DDL's own algorithms for every dtype. */
+static const ddl_dtype_t own_dtypes[4] = {DDL_FLOAT16, DDL_BFLOAT16, DDL_INT8, DDL_UINT8};
+static MPI_Datatype own_types[4] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL, MPI_DATATYPE_NULL,
+                                    MPI_DATATYPE_NULL};
+static MPI_Op own_ops[DDL_NUM_OPS];
+static int own_ready;
 
-static void half_reduce(void *in, void *inout, int *len, MPI_Datatype *dt, ddl_op_t op) {
-    ddl_dtype_t d = (*dt == half_types[1]) ? DDL_BFLOAT16 : DDL_FLOAT16;
-    ddl_reduce(inout, in, (size_t)*len, d, op);
+static int own_index(ddl_dtype_t d) {
+    for (int i = 0; i < 4; i++)
+        if (own_dtypes[i] == d) return i;
+    return -1;
 }
-static void half_sum(void *a, void *b, int *n, MPI_Datatype *t) { half_reduce(a, b, n, t, DDL_SUM); }
-static void half_prod(void *a, void *b, int *n, MPI_Datatype *t) { half_reduce(a, b, n, t, DDL_PROD); }
-static void half_min(void *a, void *b, int *n, MPI_Datatype *t) { half_reduce(a, b, n, t, DDL_MIN); }
-static void half_max(void *a, void *b, int *n, MPI_Datatype *t) { half_reduce(a, b, n, t, DDL_MAX); }
 
-static ddl_status_t half_setup(void) {
-    if (half_ready) return DDL_SUCCESS;
-    for (int i = 0; i < 2; i++) {
-        MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &half_types[i]));
-        MPI_CHECK(MPI_Type_commit(&half_types[i]));
+static void own_reduce(void *in, void *inout, int *len, MPI_Datatype *dt, ddl_op_t op) {
+    for (int i = 0; i < 4; i++)
+        if (*dt == own_types[i]) ddl_reduce(inout, in, (size_t)*len, own_dtypes[i], op);
+}
+static void own_sum(void *a, void *b, int *n, MPI_Datatype *t) { own_reduce(a, b, n, t, DDL_SUM); }
+static void own_prod(void *a, void *b, int *n, MPI_Datatype *t) { own_reduce(a, b, n, t, DDL_PROD); }
+static void own_min(void *a, void *b, int *n, MPI_Datatype *t) { own_reduce(a, b, n, t, DDL_MIN); }
+static void own_max(void *a, void *b, int *n, MPI_Datatype *t) { own_reduce(a, b, n, t, DDL_MAX); }
+
+static ddl_status_t own_setup(void) {
+    if (own_ready) return DDL_SUCCESS;
+    for (int i = 0; i < 4; i++) {
+        MPI_CHECK(MPI_Type_contiguous((int)ddl_dtype_size(own_dtypes[i]), MPI_BYTE, &own_types[i]));
+        MPI_CHECK(MPI_Type_commit(&own_types[i]));
     }
-    MPI_CHECK(MPI_Op_create(half_sum, 1, &half_ops[DDL_SUM]));
-    MPI_CHECK(MPI_Op_create(half_prod, 1, &half_ops[DDL_PROD]));
-    MPI_CHECK(MPI_Op_create(half_min, 1, &half_ops[DDL_MIN]));
-    MPI_CHECK(MPI_Op_create(half_max, 1, &half_ops[DDL_MAX]));
-    half_ops[DDL_AVG] = half_ops[DDL_SUM];
-    half_ready = 1;
+    MPI_CHECK(MPI_Op_create(own_sum, 1, &own_ops[DDL_SUM]));
+    MPI_CHECK(MPI_Op_create(own_prod, 1, &own_ops[DDL_PROD]));
+    MPI_CHECK(MPI_Op_create(own_min, 1, &own_ops[DDL_MIN]));
+    MPI_CHECK(MPI_Op_create(own_max, 1, &own_ops[DDL_MAX]));
+    own_ops[DDL_AVG] = own_ops[DDL_SUM];
+    own_ready = 1;
     return DDL_SUCCESS;
 }
 
 MPI_Datatype ddl_mpi_dtype(ddl_dtype_t dtype) {
+    int own = own_index(dtype);
+    if (own >= 0) return own_types[own];
     switch (dtype) {
-    case DDL_FLOAT16: return half_types[0];
-    case DDL_BFLOAT16: return half_types[1];
     case DDL_FLOAT32: return MPI_FLOAT;
     case DDL_FLOAT64: return MPI_DOUBLE;
-    case DDL_INT8: return MPI_INT8_T;
-    case DDL_UINT8: return MPI_UINT8_T;
     case DDL_INT32: return MPI_INT32_T;
     case DDL_INT64: return MPI_INT64_T;
     default: return MPI_DATATYPE_NULL;
@@ -273,7 +282,7 @@ MPI_Datatype ddl_mpi_dtype(ddl_dtype_t dtype) {
 }
 
 static MPI_Op mpi_op(ddl_dtype_t dtype, ddl_op_t op) {
-    if (dtype == DDL_FLOAT16 || dtype == DDL_BFLOAT16) return half_ops[op];
+    if (own_index(dtype) >= 0) return own_ops[op];
     switch (op) {
     case DDL_SUM:
     case DDL_AVG: return MPI_SUM;
@@ -287,7 +296,7 @@ static MPI_Op mpi_op(ddl_dtype_t dtype, ddl_op_t op) {
 ddl_status_t ddl_mpi_allreduce(const ddl_comm_t *c, void *buf, size_t count, ddl_dtype_t dtype,
                                ddl_op_t op) {
     if (c->size == 1 || count == 0) return DDL_SUCCESS;
-    DDL_CHECK(half_setup());
+    DDL_CHECK(own_setup());
     size_t es = ddl_dtype_size(dtype);
     for (size_t off = 0; off < count;) {
         size_t n = count - off < (size_t)INT_MAX / 2 ? count - off : (size_t)INT_MAX / 2;

@@ -50,6 +50,17 @@ static struct {
 } q = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
        NULL, NULL, 0, 0, 0.0, 0, 0, 0};
 
+static uint64_t stat_batches, stat_fused_buffers, stat_fused_requests;
+
+ddl_status_t ddl_async_stats(uint64_t *batches, uint64_t *fused_buffers,
+                             uint64_t *fused_requests) {
+    DDL_CHECK(ddl_require_init());
+    *batches = __atomic_load_n(&stat_batches, __ATOMIC_RELAXED);
+    *fused_buffers = __atomic_load_n(&stat_fused_buffers, __ATOMIC_RELAXED);
+    *fused_requests = __atomic_load_n(&stat_fused_requests, __ATOMIC_RELAXED);
+    return DDL_SUCCESS;
+}
+
 static size_t req_bytes(const struct ddl_request_s *r) {
     return r->count * ddl_dtype_size(r->dtype);
 }
@@ -85,6 +96,8 @@ static void run_fused(struct ddl_request_s **reqs, size_t n) {
         total += reqs[i]->count;
         sig = ddl_signature(DDL_COLL_FUSED, reqs[i]->count, 0, 0, (int)(sig & 0x7fffffff)) ^ sig;
     }
+    __atomic_add_fetch(&stat_fused_buffers, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&stat_fused_requests, n, __ATOMIC_RELAXED);
     char *buf = ddl_scratch(4, total * es);
     ddl_status_t st = DDL_SUCCESS;
     if (!buf) st = ddl_fail(DDL_ERR_NO_MEMORY, "no memory for a %zu-byte fusion buffer", total * es);
@@ -187,6 +200,7 @@ static void *progress_main(void *arg) {
             for (size_t i = 0; i < n; i++) complete(batch[i], st);
             continue;
         }
+        __atomic_add_fetch(&stat_batches, 1, __ATOMIC_RELAXED);
         run_batch(batch, n);
     }
     free(batch);

@@ -258,6 +258,11 @@ const char *ddl_version_string(void) {
         if (nl) *nl = 0;
         char *comma = strchr(lib, ',');
         if (comma) *comma = 0;
+        /* MPICH pads "MPICH Version:      5.0.2": squeeze runs of blanks. */
+        char *w = lib;
+        for (char *p = lib; *p; p++)
+            if (!(*p == ' ' || *p == '\t') || (w > lib && w[-1] != ' ')) *w++ = *p == '\t' ? ' ' : *p;
+        *w = 0;
         snprintf(buf, sizeof buf, "libddl %d.%d.%d (%s)", DDL_VERSION_MAJOR, DDL_VERSION_MINOR,
                  DDL_VERSION_PATCH, lib);
     }

@@ -378,6 +378,14 @@ static PyObject *py_set_fusion(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_async_stats(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    uint64_t b, fb, fr;
+    CALL(ddl_async_stats(&b, &fb, &fr));
+    return Py_BuildValue("{s:K,s:K,s:K}", "batches", (unsigned long long)b, "fused_buffers",
+                         (unsigned long long)fb, "fused_requests", (unsigned long long)fr);
+}
+
 static PyObject *py_version(PyObject *self, PyObject *args) {
     (void)self, (void)args;
     return PyUnicode_FromString(ddl_version_string());
@@ -404,6 +412,7 @@ static PyMethodDef methods[] = {
     {"get_level_cost", py_get_level_cost, METH_VARARGS, NULL},
     {"set_fusion", py_set_fusion, METH_VARARGS, NULL},
     {"version", py_version, METH_NOARGS, NULL},
+    {"async_stats", py_async_stats, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_ddl", NULL, -1, methods,

@@ -153,6 +153,10 @@ ddl_status_t ddl_get_level_cost(int level, double *alpha, double *beta);
 /* The algorithm the model picks for `bytes` at `level` (what DDL_ALGO=auto would run), and
  * the predicted time in seconds of the whole allreduce of `bytes`. */
 ddl_status_t ddl_plan(size_t bytes, ddl_algo_t algos[DDL_MAX_LEVELS], double *predicted_s);
+/* Counters of the progress thread since init: negotiated batches, fusion buffers reduced,
+ * and requests that travelled inside a fusion buffer. */
+ddl_status_t ddl_async_stats(uint64_t *batches, uint64_t *fused_buffers,
+                             uint64_t *fused_requests);
 /* Fusion settings (bytes, milliseconds). */
 ddl_status_t ddl_set_fusion(size_t threshold_bytes, double cycle_time_ms);
 

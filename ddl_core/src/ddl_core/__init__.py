@@ -13,11 +13,13 @@ C-contiguous buffer-protocol object; nothing is copied on the way to libddl.
 from __future__ import annotations
 
 import atexit
+import os
+import sys
 from typing import Any
 
-from . import _ddl
 import numpy as np
 
+from . import _ddl
 from ._buffers import _NP_CODE, DTYPES, OP_CODE, OPS, as_buffer, empty_like, op_code
 from ._ddl import (
     DDLError,
@@ -34,6 +36,7 @@ __all__ = [
     "local_rank", "local_size", "topology", "allreduce", "allreduce_async", "broadcast",
     "broadcast_async", "allgather", "allgather_async", "reduce_scatter",
     "reduce_scatter_async", "barrier", "plan", "set_algorithm", "set_fusion", "version",
+    "async_stats",
 ]
 
 _OP_CODE = dict(OP_CODE)
@@ -58,9 +61,29 @@ def init() -> None:
         return
     _ddl.init()
     atexit.register(_finalize_at_exit)
+    _watch_unhandled_exceptions()
+
+
+_unhandled = False
+
+
+def _watch_unhandled_exceptions() -> None:
+    """Remember an unhandled exception: finalizing is collective, so a rank that died of
+    one must not wait in MPI_Finalize for peers that wait for it in a collective."""
+    previous = sys.excepthook
+
+    def hook(*exc_info: Any) -> None:
+        global _unhandled
+        _unhandled = True
+        previous(*exc_info)
+
+    sys.excepthook = hook
 
 
 def _finalize_at_exit() -> None:
+    if _unhandled:
+        sys.stderr.flush()
+        os._exit(1)  # the launcher sees the failure and ends the job
     if _ddl.initialized():
         try:
             _ddl.finalize()
@@ -215,6 +238,11 @@ def set_algorithm(name: str) -> None:
 def plan(nbytes: int) -> tuple[tuple[str, ...], float]:
     """(algorithm per level, predicted seconds) the cost model picks for nbytes."""
     return _ddl.plan(int(nbytes))
+
+
+def async_stats() -> dict[str, int]:
+    """Progress-thread counters: negotiated batches, fusion buffers, fused requests."""
+    return _ddl.async_stats()
 
 
 def set_fusion(threshold_bytes: int, cycle_time_ms: float) -> None:

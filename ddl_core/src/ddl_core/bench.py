@@ -156,13 +156,13 @@ def print_table(coll: str, rows: list[dict[str, Any]], out: Any = sys.stdout) ->
     print(f"# {'(B)':>10} {'(elements)':>11} {'':>8} {'':>6} | {'(us)':>9} {'(GB/s)':>7} "
           f"{'(GB/s)':>7} {'':>6} | {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} | "
           f"{'busbw':>7}", file=out)
-    for d, m in zip(rows[0::2], rows[1::2]):
+    for d, m in zip(rows[0::2], rows[1::2], strict=False):
         ratio = m["time_us"] / d["time_us"]
         print(f"  {d['size']:>10} {d['count']:>11} {d['dtype']:>8} {d['redop']:>6} | "
               f"{d['time_us']:>9.2f} {d['algbw']:>7.3f} {d['busbw']:>7.3f} {d['wrong']:>6} | "
               f"{m['time_us']:>9.2f} {m['algbw']:>7.3f} {m['busbw']:>7.3f} {m['wrong']:>6} | "
               f"{ratio:>7.2f}  {d['algo']}", file=out)
-    big = [m["time_us"] / d["time_us"] for d, m in zip(rows[0::2], rows[1::2])
+    big = [m["time_us"] / d["time_us"] for d, m in zip(rows[0::2], rows[1::2], strict=False)
            if d["size"] >= 1 << 20]
     small = rows[0]["time_us"] / rows[1]["time_us"]
     print(f"# smallest size: ddl time / mpi time = {small:.2f}", file=out)
@@ -185,6 +185,7 @@ def plot(coll: str, rows: list[dict[str, Any]], path: str) -> None:
         ax.plot([r["size"] for r in pts], [r["busbw"] for r in pts], style,
                 label="DDL" if impl == "ddl" else "MPI (mpi4py)")
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title(f"{coll}, {ddl.size()} ranks")

@@ -1,0 +1,32 @@
+"""Topology-aware allreduce on virtual grids, every algorithm, counts that do not divide."""
+
+import pytest
+from conftest import ok_lines, run_mpi
+
+
+@pytest.mark.parametrize("topology", ["1x4", "2x2", "4x1"])
+@pytest.mark.parametrize("algo", ["auto", "ring", "rabenseifner", "recdoubling", "mpi"])
+def test_grid_4_ranks(topology: str, algo: str) -> None:
+    expect = {"1x4": "4", "2x2": "2x2", "4x1": "4"}[topology]  # extent-1 levels drop out
+    proc = run_mpi(4, "topology.py", env={"DDL_TOPOLOGY": topology, "DDL_ALGO": algo,
+                                          "EXPECT_TOPOLOGY": expect})
+    assert ok_lines(proc, "topology") == 4
+
+
+@pytest.mark.parametrize("topology,algo", [("3x2", "ring"), ("3x2", "rabenseifner"),
+                                           ("2x3", "auto"), ("6", "rabenseifner")])
+def test_grid_6_ranks_not_power_of_two(topology: str, algo: str) -> None:
+    proc = run_mpi(6, "topology.py", env={"DDL_TOPOLOGY": topology, "DDL_ALGO": algo,
+                                          "EXPECT_TOPOLOGY": topology})
+    assert ok_lines(proc, "topology") == 6
+
+
+def test_detected_topology_one_host_is_flat() -> None:
+    proc = run_mpi(3, "topology.py", env={"EXPECT_TOPOLOGY": "3"})
+    assert ok_lines(proc, "topology") == 3
+
+
+def test_topology_product_mismatch_is_a_clear_error() -> None:
+    proc = run_mpi(4, "topology.py", env={"DDL_TOPOLOGY": "3x2"}, check=False)
+    assert proc.returncode != 0
+    assert "DDL_TOPOLOGY=3x2 describes 6 ranks but the job has 4" in proc.stdout + proc.stderr
