@@ -124,7 +124,9 @@ def test_requirement_markers():
     env = marker_env("3.11", "linux-ppc64le")
     assert requirement_to_conda("foo>=1; platform_machine=='x86_64'", env) is None
     assert requirement_to_conda("foo>=1; platform_machine=='ppc64le'", env) == "foo >=1"
-    assert requirement_to_conda("Foo_Bar ~=1.4.2", env) == "foo-bar >=1.4.2,==1.4.*"
+    assert requirement_to_conda("Foo_Bar ~=1.4.2", env) == "foo-bar >=1.4.2,<1.5"
+    assert requirement_to_conda("mdurl~=0.1", env) == "mdurl >=0.1,<1"
+    assert requirement_to_conda("x==2.4.*", env) == "x >=2.4,<2.5"
     assert requirement_to_conda("xgboost-cpu==3.2.0", env) == "xgboost ==3.2.0"
 
 

@@ -65,19 +65,26 @@ def _settings(recipes: Path | None, channel: Path | None, config: Path | None) -
     return s
 
 
-def _has_package_factory(channels: list[str]):
-    """has_package(spec) over local channel folders (remote ones are assumed to have it)."""
+def _has_package_factory(channels: list[str], platforms: list[str]):
+    """has_package(spec) over local channel folders, for ``platforms`` (+ noarch).
+
+    Remote channels are assumed to have everything (conda-forge does), so None is
+    returned when any channel is remote.
+    """
     from rattler import MatchSpec
 
     local = [Path(c) for c in channels if Path(c).is_dir()]
+    if len(local) < len(channels):
+        return None
     records = []
     for ch in local:
-        for rd in ch.glob("*/repodata.json"):
+        for sub in [*platforms, "noarch"]:
+            rd = ch / sub / "repodata.json"
+            if not rd.exists():
+                continue
             data = json.loads(rd.read_text())
             for section in ("packages", "packages.conda"):
                 records += [(r["name"], r["version"]) for r in (data.get(section) or {}).values()]
-    if len(local) < len(channels):
-        return None
 
     def has(spec: str) -> bool:
         ms = MatchSpec(spec)
@@ -133,6 +140,7 @@ def run_pipeline(
     force: bool,
     upstream: list[str] | None,
     stages: dict[str, float],
+    foreign_test=None,
 ):
     """render -> graph -> build/test/publish -> report; returns (RunResult, graph, summary)."""
     from ci.build import run_builds
@@ -144,9 +152,28 @@ def run_pipeline(
     t = time.monotonic()
     up_summary = resolve_upstream(s, upstream, platforms=platforms)
     stages["upstream"] = time.monotonic() - t
+    foreign = [p for p in platforms if p != host_subdir()]
+    if foreign and foreign_test is None:
+        from ci.cross import CROSS_PLATFORMS, emulated_test, missing_tools, prepare
+
+        for p in foreign:
+            if p not in CROSS_PLATFORMS:
+                console.print(f"[red]error:[/] no cross toolchain known for {p}")
+                raise typer.Exit(2)
+            lacking = missing_tools(p)
+            if lacking:
+                console.print(
+                    f"[red]error:[/] cross-building for {p} needs {', '.join(lacking)}: "
+                    "apt-get install gcc-powerpc64le-linux-gnu qemu-user file"
+                )
+                raise typer.Exit(2)
+            t = time.monotonic()
+            prepare(s.cache, p)
+            stages[f"sysroot ({p})"] = time.monotonic() - t
+        foreign_test = emulated_test
 
     t = time.monotonic()
-    variants, dropped = filter_variants(s, _has_package_factory(s.channels))
+    variants, dropped = filter_variants(s, _has_package_factory(s.channels, platforms))
     recipes = find_recipes(s.recipes_dir)
     if not recipes:
         console.print(f"[red]error:[/] no */recipe.yaml under {s.recipes_dir}")
@@ -174,6 +201,7 @@ def run_pipeline(
         continue_on_failure=continue_on_failure,
         run_tests=tests,
         force=force,
+        foreign_test=foreign_test,
     )
     stages.update(res.stages)
     t = time.monotonic()
@@ -341,10 +369,36 @@ def channel(
         stages=stages,
     )
     for p in s.target_platforms:
-        if p != here:
-            unavail.setdefault(
-                p, "python, pytorch and tensorflow need a native build on that platform"
-            )
+        if p == here:
+            continue
+        from ci.cross import CROSS_PLATFORMS, missing_tools
+
+        why = (
+            "python, numpy, pytorch, tensorflow and the Python packages built on them "
+            "need a native build"
+        )
+        if p not in CROSS_PLATFORMS or missing_tools(p) or res.failed:
+            lacking = ", ".join(missing_tools(p)) if p in CROSS_PLATFORMS else "a cross toolchain"
+            unavail[p] = f"{why}; libddl not cross-built either (missing: {lacking or 'a clean native build'})"
+            continue
+        console.print(f"[bold]cross[/]: libddl for {p} (Debian cross gcc, ppc64el sysroot, qemu-user test)")
+        cross_stages: dict[str, float] = {}
+        res_x, *_ = run_pipeline(
+            s,
+            packages=["libddl"],
+            platforms=[p],
+            continue_on_failure=continue_on_failure,
+            tests=True,
+            force=False,
+            upstream=None,
+            stages=cross_stages,
+        )
+        res.outcomes += res_x.outcomes
+        res.published += res_x.published
+        for k, v in cross_stages.items():
+            if k not in ("upstream", "report"):
+                stages[k if p in k else f"{k} ({p})"] = v
+        unavail[p] = f"{why}; libddl is cross-built here and tested under qemu-user"
     install_info: dict[str, str] = {}
     ok = not res.failed
     if ok:

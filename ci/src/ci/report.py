@@ -13,7 +13,8 @@ from pathlib import Path
 
 import networkx as nx
 
-from ci.build import RunResult
+from ci.build import RunResult, _before_epilogue
+from ci.graph import AXES
 from ci.state import load_state
 
 
@@ -116,22 +117,24 @@ def write_report(
     lines += ["", "## Failures (this run)", ""]
     if failed:
         for o in failed:
-            why = o.error or (
-                "tests failed: " + o.test_output.strip().splitlines()[-1] if o.test_output else ""
-            )
-            lines.append(
-                f"- `{o.node.key}`: {o.status}{' / tests ' + o.test_status if o.test_status else ''}: {why}"
-            )
+            why = o.error
+            if not why and o.test_output:
+                useful = [ln for ln in _before_epilogue(o.test_output.splitlines()) if ln.strip()]
+                why = "tests failed: " + (useful[-1].strip() if useful else "see the log")
+            lines.append(f"- `{o.node.key}`: {o.status}, tests {o.test_status or '-'}: {why}")
             if o.log:
                 lines.append(f"  log: `{o.log}`")
     else:
         lines.append("None.")
     lines += ["", "## Variants", ""]
-    variants = sorted({json.dumps(o.node.variant, sort_keys=True) for o in run.outcomes})
+
+    def axes(o) -> str:
+        shown = {k: v for k, v in o.node.variant.items() if k in AXES or k == "target_platform"}
+        return json.dumps(shown, sort_keys=True)
+
+    variants = sorted({axes(o) for o in run.outcomes})
     for v in variants:
-        users = sorted(
-            {o.node.name for o in run.outcomes if json.dumps(o.node.variant, sort_keys=True) == v}
-        )
+        users = sorted({o.node.name for o in run.outcomes if axes(o) == v})
         lines.append(f"- `{v}`: {', '.join(users)}")
     if dropped:
         lines += ["", "Variant values not built here:", ""] + [f"- {d}" for d in dropped]

@@ -200,6 +200,9 @@ def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str) -> 
                     "converter": CONVERTER_VERSION,
                 }
                 prog.advance(task)
+                if not console.is_terminal:  # logs (CI, make > file) get plain lines
+                    done = int(prog.tasks[0].completed)
+                    console.print(f"stand-ins: converted {done}/{len(todo)} {pkg.path.name}")
         shutil.rmtree(staging, ignore_errors=True)
         index_channel(channel, [subdir])
         state_path.write_text(json.dumps(state, indent=1, sort_keys=True))

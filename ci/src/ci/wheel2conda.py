@@ -45,7 +45,7 @@ TRAMPOLINE = "#!/bin/sh\n'''exec' \"$(dirname -- \"$0\")/python\" \"$0\" \"$@\"\
 
 
 # Bumped whenever the conversion's output changes, so cached stand-ins are redone.
-CONVERTER_VERSION = 3
+CONVERTER_VERSION = 4
 
 
 class WheelError(Exception):
@@ -70,11 +70,20 @@ def conda_name(dist: str) -> str:
     return CONDA_NAMES.get(canon, canon)
 
 
+def _upper(prefix: list[str]) -> str | None:
+    """The exclusive upper bound of a version prefix: [1, 4] -> "1.5"; None if not numeric."""
+    if not prefix or not prefix[-1].isdigit():
+        return None
+    return ".".join([*prefix[:-1], str(int(prefix[-1]) + 1)])
+
+
 def _pep440_to_conda(spec: str) -> str:
     """Translate one PEP 440 specifier set into conda match-spec syntax.
 
-    ``~=1.4.2`` becomes ``>=1.4.2,==1.4.*``; ``===x`` becomes ``==x``; local versions
-    (``+cpu``) are dropped because conda versions cannot carry them.
+    ``~=1.4.2`` becomes ``>=1.4.2,<1.5`` and ``==1.4.*`` becomes ``>=1.4,<1.5``: explicit
+    bounds, because rattler's indexer rewrites a combined ``>=x,==y.*`` into ``==y``
+    (an exact pin). ``===x`` becomes ``==x``; local versions (``+cpu``) are dropped
+    because conda versions cannot carry them.
     """
     out: list[str] = []
     for part in [p.strip() for p in spec.split(",") if p.strip()]:
@@ -86,8 +95,18 @@ def _pep440_to_conda(spec: str) -> str:
         if op == "~=":
             pieces = ver.split(".")
             out.append(f">={ver}")
-            if len(pieces) > 1:
-                out.append("==" + ".".join(pieces[:-1]) + ".*")
+            upper = _upper(pieces[:-1]) if len(pieces) > 1 else None
+            if upper:
+                out.append(f"<{upper}")
+        elif op in ("==", "!=") and ver.endswith(".*"):
+            prefix = ver[:-2].split(".")
+            upper = _upper(prefix)
+            if op == "==" and upper:
+                out += [f">={'.'.join(prefix)}", f"<{upper}"]
+            elif op == "==":
+                out.append(f"{ver}")
+            else:
+                out.append(f"!={ver}")
         elif op == "===":
             out.append(f"=={ver}")
         else:
