@@ -179,7 +179,9 @@ def run_pipeline(
         console.print(f"[red]error:[/] no */recipe.yaml under {s.recipes_dir}")
         raise typer.Exit(2)
     try:
-        nodes = render_all(recipes, variants, platforms)
+        skipped: list[str] = []
+        nodes = render_all(recipes, variants, platforms, skipped)
+        dropped += [f"recipe {x}" for x in skipped]
         g = build_graph(nodes)
         if packages:
             g = select(g, packages)

@@ -184,11 +184,30 @@ def render_recipe(
     return nodes
 
 
-def render_all(recipes: list[Path], variants: dict, platforms: list[str]) -> list[Node]:
-    """Render every recipe for every platform; noarch outputs are shared (kept once)."""
+def render_all(
+    recipes: list[Path], variants: dict, platforms: list[str], skipped: list[str] | None = None
+) -> list[Node]:
+    """Render every recipe for every platform; noarch outputs are shared (kept once).
+
+    A recipe that needs a variant key left without values on a platform (python for
+    linux-ppc64le offline) cannot be built there: it is skipped and named in ``skipped``
+    instead of failing the run.
+    """
+    empty = [k for k, v in variants.items() if isinstance(v, list) and not v and k != "zip_keys"]
     seen: dict[str, Node] = {}
     for path in recipes:
         for platform in platforms:
-            for node in render_recipe(path, variants, platform):
+            try:
+                nodes = render_recipe(path, variants, platform)
+            except RecipeError as exc:
+                if empty and "undefined value" in str(exc):
+                    if skipped is not None:
+                        skipped.append(
+                            f"{path.parent.name} for {platform}: needs {'/'.join(empty)}, "
+                            "which the upstream does not have for this platform"
+                        )
+                    continue
+                raise
+            for node in nodes:
                 seen.setdefault(node.key, node)
     return list(seen.values())

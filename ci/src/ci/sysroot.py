@@ -141,6 +141,8 @@ def prepare_for_qemu(root: Path, arch: str = "ppc64el") -> None:
     if not orted.exists() and not real.exists():
         return
     if not real.exists():
+        if orted.read_bytes()[:4] != b"\x7fELF":
+            raise RuntimeError(f"{orted} is not the foreign orted binary; delete {root} and rerun")
         orted.rename(real)
     libs = ":".join([f"{root}/usr/lib/{tri}", f"{root}/lib/{tri}", f"/usr/{tri}/lib"])
     orted.write_text(
