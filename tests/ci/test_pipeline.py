@@ -81,8 +81,15 @@ def upstream(tmp_path_factory) -> Path:
 def build(recipes: Path, channel: Path, upstream: Path, *extra: str, env: dict | None = None):
     """`ci build` of a recipe folder into a channel against an upstream channel."""
     return ci(
-        "build", "--recipes", str(recipes), "--channel", str(channel), "--upstream", str(upstream),
-        *extra, env=env,
+        "build",
+        "--recipes",
+        str(recipes),
+        "--channel",
+        str(channel),
+        "--upstream",
+        str(upstream),
+        *extra,
+        env=env,
     )
 
 

@@ -270,10 +270,12 @@ def run_builds(
         if o.node.subdir not in ("noarch", host_subdir()):
             # a cross-built package cannot run here; its recipe's cross_test.sh (if any)
             # runs it under emulation instead
-            o.test_status, o.test_output = (foreign_test(o) if foreign_test else ("none", ""))
+            o.test_status, o.test_output = foreign_test(o) if foreign_test else ("none", "")
             o.test_seconds = time.monotonic() - t0
             colour = {"passed": "green", "none": "yellow"}.get(o.test_status, "red")
-            console.print(f"[{colour}]{head}: {o.test_status} under emulation ({o.test_seconds:.1f} s)")
+            console.print(
+                f"[{colour}]{head}: {o.test_status} under emulation ({o.test_seconds:.1f} s)"
+            )
             if o.test_status == "failed":
                 bad.add(o.node.key)
                 for line in o.test_output.strip().splitlines()[-15:]:

@@ -122,7 +122,8 @@ def resolve_upstream(
         console.print(f"[bold]upstream[/]: {', '.join(s.channels)}")
         return None
     console.print(
-        f"[bold]upstream[/]: {', '.join(s.upstream_channels) or '(none configured)'} not reachable: "
+        f"[bold]upstream[/]: {', '.join(s.upstream_channels) or '(none configured)'} "
+        "not reachable: "
         f"using the stand-in channel {s.upstream_dir} (built once, then reused)"
     )
     summary = build_standins(s, platforms=platforms)
@@ -381,9 +382,14 @@ def channel(
         )
         if p not in CROSS_PLATFORMS or missing_tools(p) or res.failed:
             lacking = ", ".join(missing_tools(p)) if p in CROSS_PLATFORMS else "a cross toolchain"
-            unavail[p] = f"{why}; libddl not cross-built either (missing: {lacking or 'a clean native build'})"
+            unavail[p] = (
+                f"{why}; libddl not cross-built either "
+                f"(missing: {lacking or 'a clean native build'})"
+            )
             continue
-        console.print(f"[bold]cross[/]: libddl for {p} (Debian cross gcc, ppc64el sysroot, qemu-user test)")
+        console.print(
+            f"[bold]cross[/]: libddl for {p} (Debian cross gcc, ppc64el sysroot, qemu-user test)"
+        )
         cross_stages: dict[str, float] = {}
         res_x, *_ = run_pipeline(
             s,
@@ -452,7 +458,8 @@ def channel(
         colour = "red" if v.startswith("FAILED") else "default"
         console.print(f"  [{colour}]{k}: {v}")
     console.print(
-        f"\n[bold]channel[/] {s.channel_dir}  report {report}  total {time.monotonic() - t_all:.1f} s"
+        f"\n[bold]channel[/] {s.channel_dir}  report {report}  "
+        f"total {time.monotonic() - t_all:.1f} s"
     )
     if not ok:
         console.print(
@@ -487,10 +494,12 @@ def bench(
     chans = [str(s.channel_dir.resolve()), str(s.upstream_dir)]
     times = [solve(chans, ["powerai"], host_subdir())[1] for _ in range(5)]
     print(
-        f"make channel rerun (nothing changed): {rerun:.1f} s  (target <= 20 s)  rc={proc.returncode}"
+        f"make channel rerun (nothing changed): {rerun:.1f} s  (target <= 20 s)  "
+        f"rc={proc.returncode}"
     )
     print(
-        f"solve powerai for {host_subdir()}: best {min(times):.2f} s, median {sorted(times)[2]:.2f} s"
+        f"solve powerai for {host_subdir()}: best {min(times):.2f} s, "
+        f"median {sorted(times)[2]:.2f} s"
         "  (target <= 2 s)"
     )
     state_path = s.channel_dir / "REPORT.md"

@@ -60,5 +60,7 @@ def emulated_test(o: Outcome) -> tuple[str, str]:
             "RECIPE_DIR": str(script.parent),
             "target_platform": o.node.subdir,
         }
-        p = subprocess.run(["bash", str(script)], cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+        p = subprocess.run(
+            ["bash", str(script)], cwd=tmp, env=env, capture_output=True, text=True, timeout=600
+        )
     return ("passed" if p.returncode == 0 else "failed"), (p.stdout + p.stderr)[-4000:]

@@ -62,7 +62,9 @@ def _virtual_packages(platform: str) -> list:
     if platform == host_subdir():
         return [vp.into_generic() for vp in rattler.VirtualPackage.detect()]
     return [
-        rattler.GenericVirtualPackage(rattler.PackageName(n), rattler.Version(v), rattler.BuildString("0"))
+        rattler.GenericVirtualPackage(
+            rattler.PackageName(n), rattler.Version(v), rattler.BuildString("0")
+        )
         for n, v in (("__glibc", "2.28"), ("__unix", "0"), ("__linux", "5.0"))
     ]
 

@@ -66,7 +66,8 @@ def workflow(job_list: list[dict], support_dir: str, ppc64le: str) -> dict:
         {"name": "Python tools", "run": "make .venv/.stamps/venv .venv/.stamps/ci"},
         {
             "name": "Build, test and index",
-            "run": ".venv/bin/python -m ci build --config ${{ matrix.config }} --platform ${{ matrix.platform }}",
+            "run": ".venv/bin/python -m ci build --config ${{ matrix.config }} "
+            "--platform ${{ matrix.platform }}",
         },
         {
             "uses": "actions/upload-artifact@v4",

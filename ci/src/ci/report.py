@@ -108,7 +108,8 @@ def write_report(
         test = (o.test_status if o and o.test_status else st.get("test", "")) or "-"
         bsec = o.seconds if o and o.status == "built" else st.get("build_seconds", 0)
         lines.append(
-            f"| {rec['name']} | {rec['version']} | {rec['build']} | {key.split('/')[0]} | {size:.2f} "
+            f"| {rec['name']} | {rec['version']} | {rec['build']} | {key.split('/')[0]} "
+            f"| {size:.2f} "
             f"| {this} | {bsec:.1f} | {test} | {rec.get('license') or st.get('license') or '?'} |"
         )
     failed = [

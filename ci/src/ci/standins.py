@@ -138,7 +138,8 @@ def download_wheels(spec: dict, subdir: str, dest: Path) -> list[Path]:
         raise RuntimeError(
             "pip could not download the stand-in wheels:\n"
             + proc.stderr[-3000:]
-            + "\nCheck that a PyPI index (or a local wheel directory via PIP_FIND_LINKS) is reachable."
+            + "\nCheck that a PyPI index (or a local wheel directory via PIP_FIND_LINKS) "
+            "is reachable."
         )
     # pip names every file of the closure: "Saved <path>" or "File was already downloaded <path>"
     names = []
