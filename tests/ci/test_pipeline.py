@@ -142,6 +142,10 @@ def test_rerun_skips_and_changed_recipe_rebuilds(good_channel, upstream, tmp_pat
     r = build(recipes, chan, upstream)
     assert r.returncode == 0, r.stderr
     assert "purepkg-2.0.0" in r.stderr and r.stderr.count("up to date, skipped") == 3
+    # the rebuilt file kept its name: repodata must describe the new bytes
+    for rec in repodata(chan).values():
+        data = (chan / rec["subdir"] / rec["fn"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == rec["sha256"], rec["fn"]
 
 
 def test_packages_builds_only_what_is_needed(tmp_path, upstream):

@@ -310,8 +310,10 @@ def run_builds(
     publish = (
         [] if (bad and not continue_on_failure) else [o for o in built if o.node.key not in bad]
     )
+    replaced = False
     for o in publish:
         dest = channel_dir / o.node.subdir / o.node.filename
+        replaced |= dest.exists()
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(o.path), dest.with_suffix(".conda.part"))
         os.replace(dest.with_suffix(".conda.part"), dest)
@@ -328,7 +330,8 @@ def run_builds(
         }
         result.published.append(o.node.key)
     if publish:
-        index_channel(channel_dir, subdirs)
+        # a rebuilt package keeps its file name: only a full re-index sees its new hash
+        index_channel(channel_dir, subdirs, force=replaced)
         save_state(channel_dir, state)
     result.stages["publish"] = time.monotonic() - t_pub
     if not bad:

@@ -356,6 +356,7 @@ def channel(
 ) -> None:
     """Everything `make channel` does: stand-ins, build, cross-build, test, index, install."""
     from ci.install import envtools_post, install_powerai, smoke_check
+    from ci.vendor import vendor_closure
 
     t_all = time.monotonic()
     s = _settings(None, None, None)
@@ -410,10 +411,15 @@ def channel(
     install_info: dict[str, str] = {}
     ok = not res.failed
     if ok:
-        t = time.monotonic()
         prefix = prefix if prefix.is_absolute() else s.root / prefix
         version = next((o.node.version for o in res.outcomes if o.node.name == "powerai"), "0")
-        inst = install_powerai([str(s.channel_dir.resolve()), *s.channels], prefix, here)
+        t = time.monotonic()
+        added = vendor_closure(s.channel_dir, s.channels, here)
+        stages["vendor upstream closure"] = time.monotonic() - t
+        if added:
+            console.print(f"[bold]channel[/]: {added} upstream packages copied in (self-contained)")
+        t = time.monotonic()
+        inst = install_powerai([str(s.channel_dir.resolve())], prefix, here)
         stages["install powerai"] = time.monotonic() - t
         t = time.monotonic()
         checks = smoke_check(
@@ -491,7 +497,7 @@ def bench(
         text=True,
     )
     rerun = time.monotonic() - t
-    chans = [str(s.channel_dir.resolve()), str(s.upstream_dir)]
+    chans = [str(s.channel_dir.resolve())]
     times = [solve(chans, ["powerai"], host_subdir())[1] for _ in range(5)]
     print(
         f"make channel rerun (nothing changed): {rerun:.1f} s  (target <= 20 s)  "

@@ -8,15 +8,18 @@ from pathlib import Path
 from rattler.index import index_fs
 
 
-def index_channel(channel: Path, subdirs: list[str] | None = None) -> None:
+def index_channel(channel: Path, subdirs: list[str] | None = None, force: bool = False) -> None:
     """Write repodata.json for ``noarch`` and every platform subdir present (or named).
 
     A conda channel always has ``noarch``, even when empty, so clients can read it.
+    Incremental by default: packages already in repodata.json are not read again (the
+    stand-in channel holds ~600 MB; hashing it on every rerun would cost most of the
+    rerun budget).
     """
     channel.mkdir(parents=True, exist_ok=True)
     for sub in {"noarch", *(subdirs or [])}:
         (channel / sub).mkdir(exist_ok=True)
-    asyncio.run(index_fs(channel, force=True))
+    asyncio.run(index_fs(channel, force=force))
 
 
 def packages_in(channel: Path) -> dict[str, Path]:

@@ -70,22 +70,29 @@ def _virtual_packages(platform: str) -> list:
 
 
 def _set_writable(prefix: Path, writable: bool) -> None:
-    """Toggle write permission on the whole prefix (read-only = shared site install)."""
-    for root, dirs, files in os.walk(prefix):
-        for n in dirs + files:
-            p = Path(root) / n
-            if p.is_symlink():
-                continue
-            mode = p.stat().st_mode
-            p.chmod(
-                mode | stat.S_IWUSR
-                if writable
-                else mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
-            )
-    mode = prefix.stat().st_mode
-    prefix.chmod(
-        mode | stat.S_IWUSR if writable else mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
-    )
+    """Toggle write permission on the prefix's directories (read-only = shared install).
+
+    Only directories: the files are hard links into the package cache, and changing their
+    mode would change the cache's copies too. Without write permission on the
+    directories nothing can be added, removed or renamed in the prefix.
+    """
+    bits = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+    dirs = [prefix] + [Path(r) / d for r, ds, _ in os.walk(prefix) for d in ds]
+    for d in dirs:
+        if d.is_symlink():
+            continue
+        mode = d.stat().st_mode
+        d.chmod(mode | stat.S_IWUSR if writable else mode & ~bits)
+
+
+def _remove_prefix(prefix: Path) -> None:
+    """Delete a prefix: with `envtools remove` if envtools made it, else directly."""
+    envtools = shutil.which("envtools")
+    if envtools and (prefix / "conda-meta" / "envtools").exists():
+        subprocess.run([envtools, "remove", str(prefix)], check=True, capture_output=True)
+        return
+    _set_writable(prefix, True)
+    shutil.rmtree(prefix)
 
 
 def installed_set(prefix: Path) -> set[str]:
@@ -116,8 +123,7 @@ def install_with_rattler(
         return res
     t0 = time.perf_counter()
     if prefix.exists():
-        _set_writable(prefix, True)
-        shutil.rmtree(prefix)
+        _remove_prefix(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     asyncio.run(rattler.install(records, target_prefix=prefix, show_progress=False))
     _set_writable(prefix, False)
@@ -128,25 +134,36 @@ def install_with_rattler(
 def install_powerai(
     channels: list[str], prefix: Path, platform: str, spec: str = "powerai"
 ) -> InstallResult:
-    """Install via ``envtools`` when available, else py-rattler (saying so)."""
+    """Install via ``envtools install`` when available, else py-rattler (saying so).
+
+    Either way a prefix that already holds exactly the solution is left alone, so a
+    rerun costs one solve.
+    """
     envtools = shutil.which("envtools")
-    if envtools:
-        res = InstallResult(prefix, "envtools")
-        _, res.solve_seconds = solve(channels, [spec], platform)
-        t0 = time.perf_counter()
-        cmd = [envtools, "install", "--prefix", str(prefix)]
-        for c in channels:
-            cmd += ["--channel", c]
-        proc = subprocess.run([*cmd, spec], capture_output=True, text=True)
-        if proc.returncode == 0:
-            res.install_seconds = time.perf_counter() - t0
-            res.packages = len(installed_set(prefix))
-            return res
+    if not envtools:
         res = install_with_rattler(channels, spec, prefix, platform)
-        res.notes.append(f"envtools install failed ({proc.stderr.strip()[-300:]}); used py-rattler")
+        res.notes.append("envtools is not installed yet: installed with py-rattler directly")
         return res
+    res = InstallResult(prefix, "envtools")
+    records, res.solve_seconds = solve(channels, [spec], platform)
+    want = {f"{r.name.normalized}-{r.version}-{r.build}" for r in records}
+    res.packages = len(records)
+    if prefix.exists() and installed_set(prefix) == want:
+        res.skipped = True
+        return res
+    if prefix.exists():
+        _remove_prefix(prefix)
+    t0 = time.perf_counter()
+    cmd = [envtools, "install", "--channel", channels[0], "--prefix", str(prefix), spec]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode == 0:
+        res.install_seconds = time.perf_counter() - t0
+        res.packages = len(installed_set(prefix))
+        return res
+    if prefix.exists():
+        _remove_prefix(prefix)
     res = install_with_rattler(channels, spec, prefix, platform)
-    res.notes.append("envtools is not installed yet: installed with py-rattler directly")
+    res.notes.append(f"envtools install failed ({proc.stderr.strip()[-300:]}); used py-rattler")
     return res
 
 

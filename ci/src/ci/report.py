@@ -104,7 +104,7 @@ def write_report(
         st = state.get(key, {})
         o = outcome.get(key)
         size = (channel / key).stat().st_size / 1e6 if (channel / key).exists() else 0
-        this = o.status if o else "-"
+        this = o.status if o else ("upstream copy" if st.get("origin") == "upstream" else "-")
         test = (o.test_status if o and o.test_status else st.get("test", "")) or "-"
         bsec = o.seconds if o and o.status == "built" else st.get("build_seconds", 0)
         lines.append(
