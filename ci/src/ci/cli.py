@@ -126,7 +126,15 @@ def resolve_upstream(
         "not reachable: "
         f"using the stand-in channel {s.upstream_dir} (built once, then reused)"
     )
-    summary = build_standins(s, platforms=platforms)
+    from ci.mirror import ChecksumError, MirrorMiss
+    from ci.wheel2conda import WheelError
+
+    try:
+        summary = build_standins(s, platforms=platforms)
+    except (RuntimeError, WheelError, ChecksumError, MirrorMiss, KeyError) as exc:
+        console.print(f"[red]error:[/] the offline upstream could not be built: {exc}")
+        console.print(f"logs: {s.work_dir / 'upstream' / 'logs'}")
+        raise typer.Exit(1) from None
     s.channels = [str(s.upstream_dir)]
     return summary
 
