@@ -111,6 +111,8 @@ def test_binary_wheel_installs_and_script_runs(tmp_path):
     site = prefix / "lib/python3.11/site-packages"
     assert (site / "demo_pkg" / "__init__.py").exists()
     assert (prefix / "share/demo/readme.txt").read_text() == "hi\n"
+    # binary wheels ship bytecode: a read-only shared install could never write it
+    assert list((site / "demo_pkg" / "__pycache__").glob("__init__.cpython-311*.pyc"))
     r = subprocess.run(
         [str(prefix / "bin" / "demo")],
         capture_output=True,

@@ -45,7 +45,7 @@ TRAMPOLINE = "#!/bin/sh\n'''exec' \"$(dirname -- \"$0\")/python\" \"$0\" \"$@\"\
 
 
 # Bumped whenever the conversion's output changes, so cached stand-ins are redone.
-CONVERTER_VERSION = 4
+CONVERTER_VERSION = 5
 
 
 class WheelError(Exception):
@@ -165,7 +165,7 @@ def _license(meta) -> str:
     if not lic:
         lic = (meta.get("License") or "").strip().splitlines()[0:1]
         lic = lic[0] if lic else ""
-    if not lic or len(lic) > 60:
+    if not lic or len(lic) > 200:
         classifiers = [
             c.split("::")[-1].strip()
             for c in meta.get_all("Classifier") or []
@@ -173,7 +173,7 @@ def _license(meta) -> str:
         ]
         if classifiers:
             lic = classifiers[0]
-    return lic[:60] or "LicenseRef-unknown"
+    return lic[:200] or "LicenseRef-unknown"
 
 
 def _script(module: str, func: str) -> str:
@@ -183,6 +183,29 @@ def _script(module: str, func: str) -> str:
         + f"from {module} import {func.split('.')[0]}\n"
         + "if __name__ == '__main__':\n"
         + f"    sys.exit({func}())\n"
+    )
+
+
+def _precompile(site: Path, root: Path, python: str) -> None:
+    """Ship .pyc files for binary wheels (pinned to one Python anyway).
+
+    A shared install is read-only, so Python could never write them later: without them
+    every `import torch` recompiles thousands of modules in memory. Unchecked-hash pycs
+    stay valid whatever mtimes the installer gives the sources. Only possible when ci
+    itself runs the target Python version (the bytecode format is per minor version).
+    """
+    import compileall
+    import py_compile
+    import sys
+
+    if f"{sys.version_info.major}.{sys.version_info.minor}" != python:
+        return
+    compileall.compile_dir(
+        site,
+        quiet=2,
+        workers=1,
+        stripdir=str(root),
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
     )
 
 
@@ -275,6 +298,9 @@ def convert_wheel(
                     path = bindir / script
                     path.write_text(_script(module.strip(), func.strip() or "main"))
                     path.chmod(0o755)
+
+        if not pure:
+            _precompile(site, root, python)
 
         env = marker_env(python, subdir)
         depends: list[str] = []
