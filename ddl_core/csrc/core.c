@@ -76,7 +76,7 @@ static ddl_status_t read_env(int *dims, int *nlevels) {
     *nlevels = 0;
     const char *t = getenv("DDL_TOPOLOGY");
     if (t && *t) DDL_CHECK(ddl_parse_topology(t, dims, nlevels));
-    return DDL_SUCCESS;
+    return ddl_gpu_read_env();
 }
 
 static ddl_status_t dup_world(ddl_comm_t *c) {
@@ -170,6 +170,7 @@ ddl_status_t ddl_init(void) {
 ddl_status_t ddl_finalize(void) {
     DDL_CHECK(ddl_require_init());
     ddl_status_t rc = ddl_progress_stop();
+    ddl_gpu_finalize();
     ddl_topo_free(&ddl_g.app);
     ddl_topo_free(&ddl_g.progress);
     MPI_Comm_free(&ddl_g.app.world.comm);

@@ -194,4 +194,57 @@ ddl_status_t ddl_barrier_ctx(ddl_ctx_t *ctx);
 ddl_status_t ddl_progress_start(void);
 ddl_status_t ddl_progress_stop(void);
 
+/* ---- GPU buffers: run-time loading (dlsearch.c, cuda_rt.c, nccl.c) and paths (gpu.c) ---- */
+
+/* dlopen the first of `sonames` found by the search order in dlsearch.c; NULL when none,
+ * with every attempt in `tried`; `from` receives the file that was loaded. */
+void *ddl_dl_search(const char *env, const char *const *sonames, const char *const *subdirs,
+                    char *tried, size_t n, char *from, size_t fromlen);
+
+/* The CUDA runtime: DDL_ERR_UNSUPPORTED ("CUDA runtime not found: ...", "no usable CUDA
+ * device: ...") until it is loaded and a device is usable; cached. */
+ddl_status_t ddl_cuda_load(void);
+int ddl_cuda_loaded(void);
+void ddl_cuda_describe(char *out, size_t n);
+/* *is_device = 1 for device or managed memory (cudaPointerGetAttributes). */
+ddl_status_t ddl_cuda_classify(const void *p, int *is_device, int *device);
+/* cudaMemcpyAsync(cudaMemcpyDefault) on `stream`. */
+ddl_status_t ddl_cuda_copy(void *dst, const void *src, size_t bytes, void *stream);
+ddl_status_t ddl_cuda_sync(void *stream);
+ddl_status_t ddl_cuda_host_alloc(void **p, size_t bytes);
+void ddl_cuda_host_free(void *p);
+ddl_status_t ddl_cuda_get_device(int *dev);
+ddl_status_t ddl_cuda_set_device(int dev);
+ddl_status_t ddl_cuda_bus_id(int dev, char *out, int len);
+
+typedef struct ddl_nccl_comm_s *ddl_nccl_comm_t; /* ncclComm_t */
+typedef struct {
+    char internal[128];
+} ddl_nccl_id_t; /* ncclUniqueId */
+ddl_status_t ddl_nccl_load(void);
+void ddl_nccl_describe(char *out, size_t n);
+int ddl_nccl_version(void);
+ddl_status_t ddl_nccl_unique_id(ddl_nccl_id_t *id);
+ddl_status_t ddl_nccl_comm_init(ddl_nccl_comm_t *comm, int nranks, const ddl_nccl_id_t *id,
+                                int rank);
+int ddl_nccl_can_split(void);
+ddl_status_t ddl_nccl_comm_split(ddl_nccl_comm_t parent, int color, int key,
+                                 ddl_nccl_comm_t *out);
+ddl_status_t ddl_nccl_comm_destroy(ddl_nccl_comm_t comm);
+ddl_status_t ddl_nccl_allreduce(const void *send, void *recv, size_t count, ddl_dtype_t dtype,
+                                ddl_op_t op, ddl_nccl_comm_t comm, void *stream);
+ddl_status_t ddl_nccl_broadcast(void *buf, size_t count, ddl_dtype_t dtype, int root,
+                                ddl_nccl_comm_t comm, void *stream);
+ddl_status_t ddl_nccl_allgather(const void *send, void *recv, size_t sendcount,
+                                ddl_dtype_t dtype, ddl_nccl_comm_t comm, void *stream);
+ddl_status_t ddl_nccl_reduce_scatter(const void *send, void *recv, size_t recvcount,
+                                     ddl_dtype_t dtype, ddl_op_t op, ddl_nccl_comm_t comm,
+                                     void *stream);
+ddl_status_t ddl_nccl_group(int start);
+
+/* DDL_NCCL and DDL_NCCL_OUTER, read at init with the other variables. */
+ddl_status_t ddl_gpu_read_env(void);
+/* Destroy the NCCL communicators and free pinned memory (ddl_finalize). */
+void ddl_gpu_finalize(void);
+
 #endif

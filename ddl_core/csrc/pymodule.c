@@ -327,6 +327,109 @@ fail:
     return NULL;
 }
 
+/* ---- device buffers: raw pointers from ddl_core/_cuda.py ------------------------------ */
+
+/* Pointers and streams arrive as integers (torch's data_ptr(), __cuda_array_interface__,
+ * DLPack); a send pointer of 0 means in place. */
+static PyObject *py_dev_allreduce(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long s, r, n, stream;
+    int dtype, op;
+    if (!PyArg_ParseTuple(args, "KKKiiK", &s, &r, &n, &dtype, &op, &stream)) return NULL;
+    const void *sp = s ? (const void *)(uintptr_t)s : DDL_IN_PLACE;
+    CALL(ddl_allreduce_stream(sp, (void *)(uintptr_t)r, (size_t)n, (ddl_dtype_t)dtype,
+                              (ddl_op_t)op, (void *)(uintptr_t)stream));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_dev_broadcast(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long p, n, stream;
+    int dtype, root;
+    if (!PyArg_ParseTuple(args, "KKiiK", &p, &n, &dtype, &root, &stream)) return NULL;
+    CALL(ddl_broadcast_stream((void *)(uintptr_t)p, (size_t)n, (ddl_dtype_t)dtype, root,
+                              (void *)(uintptr_t)stream));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_dev_allgather(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long s, r, n, stream;
+    int dtype;
+    if (!PyArg_ParseTuple(args, "KKKiK", &s, &r, &n, &dtype, &stream)) return NULL;
+    const void *sp = s ? (const void *)(uintptr_t)s : DDL_IN_PLACE;
+    CALL(ddl_allgather_stream(sp, (void *)(uintptr_t)r, (size_t)n, (ddl_dtype_t)dtype,
+                              (void *)(uintptr_t)stream));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_dev_reduce_scatter(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long s, r, n, stream;
+    int dtype, op;
+    if (!PyArg_ParseTuple(args, "KKKiiK", &s, &r, &n, &dtype, &op, &stream)) return NULL;
+    const void *sp = s ? (const void *)(uintptr_t)s : DDL_IN_PLACE;
+    CALL(ddl_reduce_scatter_stream(sp, (void *)(uintptr_t)r, (size_t)n, (ddl_dtype_t)dtype,
+                                   (ddl_op_t)op, (void *)(uintptr_t)stream));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_gpu_info(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    char buf[16384];
+    int n;
+    Py_BEGIN_ALLOW_THREADS n = ddl_gpu_info(buf, sizeof buf);
+    Py_END_ALLOW_THREADS
+    if (n < 0) n = 0;
+    if ((size_t)n >= sizeof buf) n = (int)sizeof buf - 1;
+    return PyUnicode_DecodeUTF8(buf, n, "replace");
+}
+
+/* DLPack: (data pointer + byte_offset, device type, device id, dtype code, bits, lanes,
+ * element count, C-contiguous) of a "dltensor" capsule, which stays owned by the caller. */
+typedef struct {
+    void *data;
+    struct {
+        int32_t device_type, device_id;
+    } device;
+    int32_t ndim;
+    struct {
+        uint8_t code, bits;
+        uint16_t lanes;
+    } dtype;
+    int64_t *shape, *strides;
+    uint64_t byte_offset;
+} dl_tensor_t;
+
+static PyObject *py_dlpack_info(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
+    /* DLManagedTensor starts with its DLTensor; the versioned one (DLPack >= 1.0) starts
+     * with a version and a manager context, then the deleter and flags. */
+    const dl_tensor_t *t = NULL;
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+        t = (const dl_tensor_t *)PyCapsule_GetPointer(cap, "dltensor");
+    } else if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        const char *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+        t = (const dl_tensor_t *)(m + 2 * sizeof(uint32_t) + 2 * sizeof(void *) + sizeof(uint64_t));
+    } else {
+        return PyErr_Format(PyExc_TypeError, "not an unconsumed DLPack capsule");
+    }
+    if (!t) return NULL;
+    long long n = 1;
+    int contiguous = 1;
+    int64_t expect = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        n *= t->shape[i];
+        if (t->strides && t->shape[i] != 1 && t->strides[i] != expect) contiguous = 0;
+        expect *= t->shape[i];
+    }
+    return Py_BuildValue("(KiiiiiLi)", (unsigned long long)(uintptr_t)t->data + t->byte_offset,
+                         t->device.device_type, t->device.device_id, (int)t->dtype.code,
+                         (int)t->dtype.bits, (int)t->dtype.lanes, n, contiguous);
+}
+
 /* ---- tuning ------------------------------------------------------------------------------ */
 
 static PyObject *py_set_algorithm(PyObject *self, PyObject *args) {
@@ -413,6 +516,12 @@ static PyMethodDef methods[] = {
     {"set_fusion", py_set_fusion, METH_VARARGS, NULL},
     {"version", py_version, METH_NOARGS, NULL},
     {"async_stats", py_async_stats, METH_NOARGS, NULL},
+    {"dev_allreduce", py_dev_allreduce, METH_VARARGS, NULL},
+    {"dev_broadcast", py_dev_broadcast, METH_VARARGS, NULL},
+    {"dev_allgather", py_dev_allgather, METH_VARARGS, NULL},
+    {"dev_reduce_scatter", py_dev_reduce_scatter, METH_VARARGS, NULL},
+    {"gpu_info", py_gpu_info, METH_NOARGS, NULL},
+    {"dlpack_info", py_dlpack_info, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_ddl", NULL, -1, methods,

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define DDL_VERSION_MAJOR 1
-#define DDL_VERSION_MINOR 0
+#define DDL_VERSION_MINOR 1
 #define DDL_VERSION_PATCH 0
 
 typedef enum {
@@ -94,7 +94,8 @@ typedef struct ddl_request_s *ddl_request_t;
 
 /* Initialise MPI (MPI_THREAD_MULTIPLE) if nobody has, detect or read the topology, start
  * the progress thread. Reads DDL_TOPOLOGY, DDL_ALGO, DDL_TIMEOUT, DDL_TUNE_FILE,
- * DDL_FUSION_THRESHOLD, DDL_CYCLE_TIME_MS, DDL_LOG. Calling it twice is harmless. */
+ * DDL_FUSION_THRESHOLD, DDL_CYCLE_TIME_MS, DDL_LOG, DDL_NCCL, DDL_NCCL_OUTER. Calling it
+ * twice is harmless. */
 ddl_status_t ddl_init(void);
 /* Stop the progress thread (after finishing queued work), free communicators, and call
  * MPI_Finalize if ddl_init called MPI_Init. Later calls fail with DDL_ERR_NOT_INITIALIZED. */
@@ -142,6 +143,57 @@ ddl_status_t ddl_test(ddl_request_t req, int *done);
 ddl_status_t ddl_wait(ddl_request_t req);
 /* Release a request (after it completed; freeing a pending request waits for it). */
 void ddl_request_free(ddl_request_t req);
+
+/* ---- GPU buffers ------------------------------------------------------------------ */
+/*
+ * The *_stream collectives take CUDA device memory (cudaMalloc'd or managed) and the
+ * cudaStream_t (passed as void *, NULL = the default stream) on which the caller made the
+ * input and will use the output. Host pointers are accepted too: the stream is then
+ * synchronized and the host collective runs. The host API above is unchanged: it never
+ * takes device pointers.
+ *
+ * Nothing of CUDA is needed to build or to run host collectives: the CUDA runtime and NCCL
+ * are loaded with dlopen at the first device call. Search order, for each: DDL_CUDA_LIB /
+ * DDL_NCCL_LIB (a file or a directory; when set, nothing else is tried), a copy already
+ * loaded in the process (e.g. torch's), the nvidia-* pip wheels beside libddl
+ * (site-packages/nvidia/{cu13,cuda_runtime,nccl}/lib), libddl's directory and
+ * $CONDA_PREFIX/lib, then the system loader. Without a CUDA runtime or a GPU these calls
+ * fail with DDL_ERR_UNSUPPORTED and a message that starts "CUDA runtime not found" or "no
+ * usable CUDA device" and names what was tried.
+ *
+ * Collective rules (as for every DDL collective, plus two):
+ *   - NCCL is set up lazily by the FIRST device-buffer collective: communicators per
+ *     topology level (ncclCommInitRank over the world, unique id broadcast over MPI, then
+ *     ncclCommSplit), so every rank must make that call, as it must any collective;
+ *   - in one call either every rank passes device buffers or every rank host buffers (a mix
+ *     fails with DDL_ERR_MISMATCH on every rank); each rank keeps to one GPU.
+ *
+ * Paths, chosen once by all ranks together at the first device call:
+ *   - NCCL (DDL_NCCL=auto, the default, or 1): the work is enqueued on `stream` and the
+ *     call returns, as NCCL's do: the result is ready for work queued later on `stream`.
+ *     The allreduce is hierarchical over the topology grid (reduce-scatter per inner level,
+ *     allreduce on the outermost, allgather back); DDL_NCCL_OUTER=mpi reduces the
+ *     outermost level over MPI through host memory instead of NCCL.
+ *   - staging through pinned host memory with the MPI algorithms, when NCCL cannot serve
+ *     (not found on some rank, or several ranks of a node share a GPU, which NCCL refuses)
+ *     or DDL_NCCL=0; said once in the log by rank 0. The call synchronizes `stream`
+ *     and returns when the result is in place. DDL_NCCL=1 makes this an error instead.
+ *   - one rank, in-place allreduce: nothing moves and nothing is enqueued.
+ * Asynchronous (ddl_i*) variants take host memory only.
+ */
+ddl_status_t ddl_allreduce_stream(const void *sendbuf, void *recvbuf, size_t count,
+                                  ddl_dtype_t dtype, ddl_op_t op, void *stream);
+ddl_status_t ddl_broadcast_stream(void *buf, size_t count, ddl_dtype_t dtype, int root,
+                                  void *stream);
+ddl_status_t ddl_allgather_stream(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                  ddl_dtype_t dtype, void *stream);
+ddl_status_t ddl_reduce_scatter_stream(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                       ddl_dtype_t dtype, ddl_op_t op, void *stream);
+/* "key=value" lines: where the CUDA runtime and NCCL were loaded from (or why not, with
+ * what was tried), their versions, DDL_NCCL, the path in use (undecided, nccl, staged and
+ * why) and counters of device calls per path. Loads the libraries if it has to; may be
+ * called before ddl_init. Returns what snprintf would (the full length). */
+int ddl_gpu_info(char *buf, size_t len);
 
 /* ---- tuning and introspection ---------------------------------------------------- */
 

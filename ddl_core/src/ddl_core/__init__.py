@@ -8,6 +8,11 @@
 
 Inputs are numpy arrays (bfloat16 through ml_dtypes), torch CPU tensors, or any
 C-contiguous buffer-protocol object; nothing is copied on the way to libddl.
+
+GPU arrays (torch CUDA tensors, CuPy arrays, anything with __cuda_array_interface__ or
+DLPack) take libddl's device path: NCCL where it can serve, else staging through host
+memory over MPI (DDL_NCCL=0 forces it); see gpu_info(). Results are ordered on the
+array's stream (torch's or CuPy's current stream).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _ddl
+from . import _cuda, _ddl
 from ._buffers import _NP_CODE, DTYPES, OP_CODE, OPS, as_buffer, empty_like, op_code
 from ._ddl import (
     DDLError,
@@ -36,7 +41,7 @@ __all__ = [
     "local_rank", "local_size", "topology", "allreduce", "allreduce_async", "broadcast",
     "broadcast_async", "allgather", "allgather_async", "reduce_scatter",
     "reduce_scatter_async", "barrier", "plan", "set_algorithm", "set_fusion", "version",
-    "async_stats",
+    "async_stats", "gpu_info", "is_gpu_array",
 ]
 
 _OP_CODE = dict(OP_CODE)
@@ -114,6 +119,22 @@ def _out(x: Any, out: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, A
     return out, rbuf, code
 
 
+def _dev_out(x: Any, d: _cuda.DeviceArray, out: Any,
+             shape: tuple[int, ...] | None = None) -> tuple[Any, _cuda.DeviceArray]:
+    """The result object and its DeviceArray for a GPU input: `out` (on the GPU, same
+    dtype), x itself for out=x, or a new array like x."""
+    if out is x:
+        return x, d
+    if out is None:
+        out = _cuda.empty_like(x, d, shape)
+    r = _cuda.device_array(out)
+    if r is None:
+        raise TypeError("the input is in GPU memory but out is not: pass a GPU array as out")
+    if r.code != d.code:
+        raise TypeError(f"out has dtype {r.dtype} but the input {d.dtype}")
+    return out, r
+
+
 def allreduce(x: Any, op: str = "sum", out: Any = None) -> Any:
     """Reduce x over all ranks; the result goes to `out` (a new array if None; `out=x`
     works in place) and is returned. op: sum, avg, min, max, prod."""
@@ -130,6 +151,13 @@ def allreduce(x: Any, op: str = "sum", out: Any = None) -> Any:
                 raise TypeError(f"out has dtype {out.dtype} but the input {x.dtype}")
             _ddl.allreduce(None if out is x else x, out, code, o)
             return out
+    d = _cuda.device_array(x)
+    if d is not None:
+        res, r = _dev_out(x, d, out)
+        if r.count != d.count:
+            raise ValueError(f"input has {d.count} elements but output {r.count}")
+        _ddl.dev_allreduce(0 if r.ptr == d.ptr else d.ptr, r.ptr, d.count, d.code, o, d.stream)
+        return res
     res, rbuf, code = _out(x, out)
     if res is x:
         _ddl.allreduce(None, rbuf, code, o)
@@ -140,6 +168,10 @@ def allreduce(x: Any, op: str = "sum", out: Any = None) -> Any:
 
 def broadcast(x: Any, root: int = 0) -> Any:
     """Overwrite x on every rank with root's x (in place); returns x."""
+    d = _cuda.device_array(x)
+    if d is not None:
+        _ddl.dev_broadcast(d.ptr, d.count, d.code, root, d.stream)
+        return x
     buf, code = as_buffer(x)
     _ddl.broadcast(buf, code, root)
     return x
@@ -153,6 +185,14 @@ def _gather_shape(x: Any) -> tuple[int, ...]:
 
 def allgather(x: Any, out: Any = None) -> Any:
     """Concatenate every rank's x along the first axis, in rank order."""
+    d = _cuda.device_array(x)
+    if d is not None:
+        res, r = _dev_out(x, d, out, _gather_shape(x) if out is None else None)
+        if r.count != d.count * size():
+            raise ValueError(f"allgather: out must hold size ({size()}) x {d.count} elements, "
+                             f"not {r.count}")
+        _ddl.dev_allgather(d.ptr, r.ptr, d.count, d.code, d.stream)
+        return res
     buf, code = as_buffer(x)
     res, rbuf, _ = _out(x, out, _gather_shape(x)) if out is None else _out(x, out)
     _ddl.allgather(buf, rbuf, code)
@@ -175,6 +215,14 @@ def _scatter_shape(x: Any) -> tuple[int, ...]:
 def reduce_scatter(x: Any, op: str = "sum", out: Any = None) -> Any:
     """Reduce x over ranks and give rank i the i-th of `size()` equal blocks."""
     o = op_code(op)
+    d = _cuda.device_array(x)
+    if d is not None:
+        res, r = _dev_out(x, d, out, _scatter_shape(x) if out is None else None)
+        if r.count * size() != d.count:
+            raise ValueError(f"reduce_scatter: the input must hold size ({size()}) x "
+                             f"{r.count} elements, not {d.count}")
+        _ddl.dev_reduce_scatter(d.ptr, r.ptr, r.count, d.code, o, d.stream)
+        return res
     buf, code = as_buffer(x)
     res, rbuf, _ = _out(x, out, _scatter_shape(x)) if out is None else _out(x, out)
     _ddl.reduce_scatter(buf, rbuf, code, o)
@@ -202,20 +250,41 @@ class Handle:
     poll = test
 
 
+class _Done:
+    """The request of a GPU collective: already enqueued on its stream (NCCL) or finished
+    (staged) when the call returned, so test() and wait() have nothing left to wait for."""
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+
+_DONE = _Done()
+
+
 def allreduce_async(x: Any, op: str = "sum", out: Any = None) -> Handle:
-    """Queue an allreduce for the progress thread; small ones are fused (see set_fusion)."""
+    """Queue an allreduce for the progress thread; small ones are fused (see set_fusion).
+    GPU arrays run at once, ordered on their stream; the handle is then already done."""
     o = op_code(op)
+    if _cuda.device_array(x) is not None:
+        return Handle(_DONE, allreduce(x, op, out), None)
     res, rbuf, code = _out(x, out)
     sbuf = None if res is x else as_buffer(x)[0]
     return Handle(_ddl.submit(0, sbuf, rbuf, code, o, 0), res, (x, res))
 
 
 def broadcast_async(x: Any, root: int = 0) -> Handle:
+    if _cuda.device_array(x) is not None:
+        return Handle(_DONE, broadcast(x, root), None)
     buf, code = as_buffer(x)
     return Handle(_ddl.submit(1, None, buf, code, 0, root), x, x)
 
 
 def allgather_async(x: Any, out: Any = None) -> Handle:
+    if _cuda.device_array(x) is not None:
+        return Handle(_DONE, allgather(x, out), None)
     buf, code = as_buffer(x)
     res, rbuf, _ = _out(x, out, _gather_shape(x)) if out is None else _out(x, out)
     return Handle(_ddl.submit(2, buf, rbuf, code, 0, 0), res, (x, res))
@@ -223,6 +292,8 @@ def allgather_async(x: Any, out: Any = None) -> Handle:
 
 def reduce_scatter_async(x: Any, op: str = "sum", out: Any = None) -> Handle:
     o = op_code(op)
+    if _cuda.device_array(x) is not None:
+        return Handle(_DONE, reduce_scatter(x, op, out), None)
     buf, code = as_buffer(x)
     res, rbuf, _ = _out(x, out, _scatter_shape(x)) if out is None else _out(x, out)
     return Handle(_ddl.submit(3, buf, rbuf, code, o, 0), res, (x, res))
@@ -249,3 +320,20 @@ def set_fusion(threshold_bytes: int, cycle_time_ms: float) -> None:
     """Tensor fusion: the fusion buffer's size and how long the progress thread lets
     requests gather before it negotiates a batch (DDL_FUSION_THRESHOLD, DDL_CYCLE_TIME_MS)."""
     _ddl.set_fusion(int(threshold_bytes), float(cycle_time_ms))
+
+
+def gpu_info() -> dict[str, str]:
+    """Where libddl found the CUDA runtime and NCCL (or why not, and what it tried), the
+    device path in use (mode: undecided, nccl or staged, with staged_reason) and counters.
+    Callable before init() and on machines without a GPU."""
+    info: dict[str, str] = {}
+    for line in _ddl.gpu_info().splitlines():
+        key, _, value = line.partition("=")
+        info[key] = value
+    return info
+
+
+def is_gpu_array(x: Any) -> bool:
+    """True when x lives in GPU memory and takes libddl's device path (a torch CUDA tensor,
+    a CuPy array, anything with __cuda_array_interface__ or a CUDA DLPack device)."""
+    return _cuda.device_array(x) is not None

@@ -61,7 +61,7 @@ def _torch_view(t: Any) -> tuple[np.ndarray, int]:
 
     if t.device.type != "cpu":
         raise TypeError(
-            f"a tensor on {t.device} needs libddl's GPU path; pass a CPU tensor (t.cpu())"
+            f"libddl takes CPU and CUDA tensors, not one on {t.device}: move it with .cpu()"
         )
     if not t.is_contiguous():
         raise ValueError(

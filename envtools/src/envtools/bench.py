@@ -1,0 +1,333 @@
+"""``python -m envtools.bench``: clone and validate timings against their baselines.
+
+Measured in one run, so the ratios compare like with like on a noisy machine (medians
+of ``--repeat`` runs; every command is a fresh process, timed by wall clock; the page
+cache is warm for all of them, since dropping it would disturb other users):
+
+* ``cp -a SRC DEST`` and a fresh py-rattler install of the same records from the same
+  package cache (the baselines);
+* ``envtools clone`` with the package cache, as a non-root owner of the cache (a user
+  namespace drops root's privileges; hardlinks are used, root never hardlinks), and as
+  root (which copies unless the filesystem can reflink);
+* ``envtools clone --no-cache`` (copy and relocate);
+* ``envtools validate`` (stat cache) and ``validate --full`` (hash everything).
+
+By default it generates an environment of ``--files`` files in ``--packages`` packages
+(with rattler-build, cached in ~/.cache/ddl-ce/envtools-bench): mostly small files (70%
+under 8 KiB, 0.5% of 1-4 MiB), ~2% text files and 0.5% binaries carrying the prefix;
+``--large-libs 8`` adds eight 64-256 MiB libraries, like the few huge ones (libtorch_cuda,
+libcudnn, libcublasLt, libnccl...) that make up most of a real PyTorch/TensorFlow env.
+``--prefix envs/powerai`` measures an existing env installed by ``envtools install``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from envtools.progress import console
+
+GEN = r'''
+import os, random, sys
+prefix, idx, nfiles = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rng = random.Random(idx)
+pool = random.Random(12345).randbytes(1 << 22)  # 4 MiB of noise to slice from
+def size():
+    r = rng.random()
+    if r < 0.70: return rng.randint(512, 8 << 10)
+    if r < 0.95: return rng.randint(8 << 10, 64 << 10)
+    if r < 0.995: return rng.randint(64 << 10, 512 << 10)
+    return rng.randint(1 << 20, 4 << 20)
+for i in range(nfiles):
+    sub = ("lib/python3.11/site-packages/pkg%d/mod%d" % (idx, i % 23) if i % 3 else
+           "share/pkg%d/data%d" % (idx, i % 11))
+    d = os.path.join(prefix, sub)
+    os.makedirs(d, exist_ok=True)
+    if i % 50 == 0:  # a text file that records the prefix (like a config or a script)
+        with open(os.path.join(d, "f%d.cfg" % i), "w") as fh:
+            fh.write(("prefix = %s\n" % prefix) * (1 + i % 7) + "x" * rng.randint(100, 4000))
+    elif i % 200 == 1:  # a binary with the prefix in a C string (like a compiled library)
+        n = size()
+        off = rng.randrange(len(pool) - n)
+        s = pool[off:off + n]
+        with open(os.path.join(d, "lib%d.so" % i), "wb") as fh:
+            fh.write(b"\0" + prefix.encode() + b"/lib\0" + s)
+    else:
+        n = size()
+        off = rng.randrange(len(pool) - n)
+        with open(os.path.join(d, "f%d.bin" % i), "wb") as fh:
+            fh.write(pool[off:off + n])
+'''
+
+
+GEN_LARGE = r'''
+import os, random, sys
+prefix, n = sys.argv[1], int(sys.argv[2])
+pool = random.Random(54321).randbytes(1 << 24)  # 16 MiB of noise, written repeatedly
+names = ["libtorch_cuda", "libcudnn_engines", "libcublasLt", "libtensorflow_cc",
+         "libnccl", "libtorch_cpu", "libcusparse", "libcufft", "libxla", "libcurand"]
+os.makedirs(os.path.join(prefix, "lib"), exist_ok=True)
+for i in range(n):
+    size = (64 + 192 * ((i * 7) % n) // max(1, n - 1)) << 20  # 64 .. 256 MiB
+    with open(os.path.join(prefix, "lib", "%s.so.%d" % (names[i % len(names)], i)), "wb") as f:
+        left = size
+        while left > 0:
+            k = min(left, len(pool))
+            f.write(pool[:k])
+            left -= k
+'''
+
+
+def _recipe(i: int, nfiles: int, gen: Path) -> str:
+    return (
+        f"package:\n  name: bench-pkg{i:03d}\n  version: 1.0.0\n"
+        f"build:\n  number: 0\n  script:\n"
+        f"    - {sys.executable} {gen} $PREFIX {i} {nfiles}\n"
+    )
+
+
+def _meta_recipe(n: int, large: int) -> str:
+    deps = "".join(f"    - bench-pkg{i:03d}\n" for i in range(n))
+    if large:
+        deps += "    - bench-large\n"
+    return (
+        "package:\n  name: bench-env\n  version: 1.0.0\n"
+        "build:\n  number: 0\n  script:\n    - mkdir -p $PREFIX/share && echo bench > "
+        "$PREFIX/share/bench-env.txt\n"
+        f"requirements:\n  run:\n{deps}"
+    )
+
+
+def build_bench_channel(files: int, packages: int, large: int = 0) -> Path:
+    """Generate (once; cached by parameters) a channel whose env has ``files`` files
+    (plus ``large`` framework-sized libraries of 64-256 MiB, in one more package)."""
+    import rattler
+    import rattler_build
+
+    per = max(1, files // packages)
+    key = hashlib.sha256(
+        f"{files}:{packages}:{large}:{GEN}:{GEN_LARGE}:{_recipe(0, per, Path('g'))}".encode())
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ddl-ce"
+    root = base / "envtools-bench" / key.hexdigest()[:16]
+    channel = root / "channel"
+    if (channel / "linux-64" / "repodata.json").exists():
+        return channel
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "recipes").mkdir(parents=True)
+    gen = root / "gen.py"
+    gen.write_text(GEN)
+    recipes = []
+    for i in range(packages):
+        d = root / "recipes" / f"bench-pkg{i:03d}"
+        d.mkdir()
+        (d / "recipe.yaml").write_text(_recipe(i, per, gen))
+        recipes.append(str(d / "recipe.yaml"))
+    if large:
+        (root / "gen_large.py").write_text(GEN_LARGE)
+        d = root / "recipes" / "bench-large"
+        d.mkdir()
+        (d / "recipe.yaml").write_text(
+            "package:\n  name: bench-large\n  version: 1.0.0\nbuild:\n  number: 0\n"
+            f"  script:\n    - {sys.executable} {root / 'gen_large.py'} $PREFIX {large}\n")
+        recipes.append(str(d / "recipe.yaml"))
+    d = root / "recipes" / "bench-env"
+    d.mkdir()
+    (d / "recipe.yaml").write_text(_meta_recipe(packages, large))
+    recipes.append(str(d / "recipe.yaml"))
+    console.print(f"building {len(recipes)} bench packages ({per} files each"
+                  f"{f', {large} large libraries' if large else ''}), once...")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        rattler_build.build_recipes(recipes, output_dir=str(root / "out"), test="skip",
+                                    package_format="conda:1", compression_threads=2)
+    for sub in ("linux-64", "noarch"):
+        (channel / sub).mkdir(parents=True, exist_ok=True)
+        for pkg in (root / "out" / sub).glob("*.conda"):
+            os.link(pkg, channel / sub / pkg.name)
+    asyncio.run(rattler.index.index_fs(channel, write_zst=False, write_shards=False))
+    shutil.rmtree(root / "out" / "bld", ignore_errors=True)
+    return channel
+
+
+def _rm(p: Path) -> None:
+    """Remove a tree, making only its *directories* writable: a chmod of its files would
+    also change the package cache files they are hardlinked to."""
+    if p.exists():
+        for dirpath, _dirs, _files in os.walk(p):
+            os.chmod(dirpath, 0o755)
+        shutil.rmtree(p)
+
+
+def _time(cmd: list[str], env: dict | None = None) -> float:
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    dt = time.perf_counter() - t
+    if p.returncode not in (0, 1) or (p.returncode == 1 and "validate" not in cmd):
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return dt
+
+
+RATTLER_INSTALL = r'''
+import asyncio, glob, sys, time, rattler
+src, dest, cache = sys.argv[1:4]
+recs = [rattler.PrefixRecord.from_path(p) for p in sorted(glob.glob(src + "/conda-meta/*.json"))]
+t = time.perf_counter()
+asyncio.run(rattler.install(recs, target_prefix=dest, cache_dir=cache, show_progress=False))
+print(time.perf_counter() - t)
+'''
+
+
+def _count_files(p: Path) -> tuple[int, int]:
+    n = size = 0
+    for dirpath, _d, files in os.walk(p):
+        for f in files:
+            fp = os.path.join(dirpath, f)
+            if not os.path.islink(fp):
+                n += 1
+                size += os.lstat(fp).st_size
+    return n, size
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m envtools.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prefix", type=Path, help="bench an existing envtools-installed env")
+    ap.add_argument("--files", type=int, default=20000)
+    ap.add_argument("--packages", type=int, default=40)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--large-libs", type=int, default=0, metavar="N",
+                    help="add N framework-sized libraries (64-256 MiB each, like libtorch_cuda "
+                    "or libcudnn), for an env shaped like a real PyTorch/TensorFlow one")
+    ap.add_argument("--workdir", type=Path, help="where clones go [default: a temp dir in "
+                    "the env's parent, same filesystem]")
+    ap.add_argument("--json", type=Path, help="also write the figures to this file")
+    a = ap.parse_args(argv)
+    envtools = [sys.executable, "-m", "envtools"]
+    userns = ["unshare", "--user", "--"] if os.geteuid() == 0 and shutil.which("unshare") else []
+
+    tmp_root = None
+    if a.prefix:
+        src = a.prefix.absolute()
+    else:
+        channel = build_bench_channel(a.files, a.packages, a.large_libs)
+        tmp_root = Path(tempfile.mkdtemp(prefix="envtools-bench-", dir=a.workdir or "/tmp"))
+        src = tmp_root / "site" / "envs" / "bench"
+        console.print(f"installing the bench env into {src}")
+        subprocess.run([*envtools, "install", "--channel", str(channel), "--prefix", str(src),
+                        "bench-env"], check=True)
+    from envtools.readonly import read_prefix_info
+
+    cache = read_prefix_info(src).get("package_cache")
+    work = Path(tempfile.mkdtemp(prefix="clones-", dir=a.workdir or src.parent))
+    nfiles, nbytes = _count_files(src)
+    load_start = os.getloadavg()
+    console.print(f"env: {src}: {nfiles} files, {nbytes / 2**20:.0f} MiB; cache: {cache}")
+
+    results: dict[str, list[float]] = {}
+
+    d = work / "dest"
+    script = work / "rattler_install.py"
+    script.write_text(RATTLER_INSTALL)
+    clone_label = ("envtools clone (cache, non-root owner)" if userns
+                   else "envtools clone (cache)")
+
+    def timed(name: str, cmd: list[str], dest: Path | None) -> None:
+        if dest is not None:
+            _rm(dest)
+        results.setdefault(name, []).append(_time(cmd))
+        if dest is not None:
+            _rm(dest)
+
+    def rattler_install() -> None:
+        # py-rattler refuses a read-only cache ("no eligible writable layers"), so the cache
+        # is made writable for this run only; as root it then hardlinks from it. Both the
+        # whole process (python, import, install) and the install call alone are kept.
+        from envtools.readonly import make_readonly, make_writable
+
+        _rm(d)
+        make_writable(Path(cache))
+        try:
+            t = time.perf_counter()
+            out = subprocess.run([sys.executable, str(script), str(src), str(d), cache],
+                                 capture_output=True, text=True)
+            whole = time.perf_counter() - t
+            if not out.stdout.strip():  # (it may abort at exit after printing: py-rattler)
+                raise RuntimeError(out.stderr[-3000:])
+        finally:
+            for lock in Path(cache).glob("*.lock"):
+                lock.unlink()
+            (Path(cache) / ".cache.lock").unlink(missing_ok=True)
+            make_readonly(Path(cache))
+        results.setdefault("py-rattler install (same cache), whole process", []).append(whole)
+        results.setdefault("py-rattler install (same cache), install() call", []).append(
+            float(out.stdout.strip().splitlines()[-1]))
+        _rm(d)
+
+    # rounds interleave every command, so load from other users hits them all alike
+    for i in range(a.repeat):
+        console.print(f"round {i + 1}/{a.repeat}")
+        timed("cp -a", ["cp", "-a", str(src), str(d)], d)
+        if cache:
+            rattler_install()
+            timed(clone_label, [*userns, *envtools, "clone", str(src), str(d)], d)
+            if userns:
+                timed("envtools clone (cache, as root: copies)",
+                      [*envtools, "clone", str(src), str(d)], d)
+        timed("envtools clone --no-cache", [*envtools, "clone", "--no-cache", str(src), str(d)],
+              d)
+        timed("envtools validate", [*envtools, "validate", str(src)], None)
+        timed("envtools validate --full", [*envtools, "validate", "--full", str(src)], None)
+        # python + envtools start-up, included in every envtools figure above
+        timed("(python -m envtools --help: start-up)", [*envtools, "--help"], None)
+
+    load_end = os.getloadavg()
+    med = {k: statistics.median(v) for k, v in results.items()}
+    from rich.table import Table
+
+    t = Table(title=f"envtools bench: {nfiles} files, {nbytes / 2**20:.0f} MiB, "
+              f"median of {a.repeat}, {os.cpu_count()} CPUs, load average "
+              f"{load_start[0]:.1f} -> {load_end[0]:.1f}")
+    t.add_column("what")
+    t.add_column("median s", justify="right")
+    t.add_column("runs s")
+    for k, v in results.items():
+        t.add_row(k, f"{med[k]:.3f}", " ".join(f"{x:.3f}" for x in v))
+    out = console.__class__(width=120)  # stdout
+    out.print(t)
+    cpa = med["cp -a"]
+    lines = []
+    clone_key = next((k for k in med if k.startswith("envtools clone (cache")), None)
+    if clone_key:
+        r = med["py-rattler install (same cache), whole process"]
+        c = med[clone_key]
+        lines.append(f"clone with cache: {cpa / c:.1f}x faster than cp -a (target >= 10x); "
+                     f"{c / r:.2f}x the time of a py-rattler install from the same cache, whole "
+                     f"processes (target <= 1.0x)")
+    n = med["envtools clone --no-cache"]
+    lines.append(f"clone without cache: {n / cpa:.2f}x the time of cp -a (target <= 1.5x)")
+    lines.append(f"validate: {med['envtools validate']:.2f} s (target <= 3 s); "
+                 f"--full: {med['envtools validate --full']:.2f} s")
+    for line in lines:
+        out.print(line)
+    if a.json:
+        a.json.write_text(json.dumps({"files": nfiles, "bytes": nbytes, "runs": results,
+                                      "median": med, "summary": lines}, indent=2))
+    _rm(work)
+    if tmp_root is not None:
+        _rm(tmp_root)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Just enough ELF reading for validate: machine, class, DT_NEEDED, RPATH/RUNPATH, SONAME.
+
+A few dozen lines of ``struct`` instead of a dependency: envtools is a noarch package
+and only needs the dynamic section, read from the first bytes and the section headers.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+
+ELF_MAGIC = b"\x7fELF"
+EM_NAMES = {3: "x86", 62: "x86_64", 21: "ppc64", 183: "aarch64", 243: "riscv", 22: "s390"}
+#: the e_machine (and byte order) a conda subdir's binaries must have
+SUBDIR_MACHINE = {
+    "linux-64": (62, "<"),
+    "linux-ppc64le": (21, "<"),
+    "linux-aarch64": (183, "<"),
+    "linux-s390x": (22, ">"),
+}
+DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH = 1, 14, 15, 29
+SHT_DYNAMIC = 6
+ET_DYN, ET_EXEC = 3, 2
+
+
+@dataclass
+class ElfInfo:
+    machine: int
+    endian: str  # "<" or ">"
+    elfclass: int  # 32 or 64
+    etype: int
+    needed: list[str] = field(default_factory=list)
+    rpath: list[str] = field(default_factory=list)
+    runpath: list[str] = field(default_factory=list)
+    soname: str | None = None
+
+    @property
+    def machine_name(self) -> str:
+        return EM_NAMES.get(self.machine, f"machine {self.machine}")
+
+
+def is_elf(path: str) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == ELF_MAGIC
+    except OSError:
+        return False
+
+
+def read_elf(path: str | os.PathLike[str]) -> ElfInfo | None:
+    """Parse the header and the dynamic section; None if not an ELF file (or truncated)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+            if len(head) < 52 or head[:4] != ELF_MAGIC:
+                return None
+            cls = 64 if head[4] == 2 else 32
+            end = "<" if head[5] == 1 else ">"
+            etype, machine = struct.unpack_from(end + "HH", head, 16)
+            info = ElfInfo(machine, end, cls, etype)
+            if cls == 64:
+                shoff = struct.unpack_from(end + "Q", head, 40)[0]
+                shentsize, shnum = struct.unpack_from(end + "HH", head, 58)
+            else:
+                shoff = struct.unpack_from(end + "I", head, 32)[0]
+                shentsize, shnum = struct.unpack_from(end + "HH", head, 46)
+            if not shoff or not shnum or shnum > 4096:
+                return info
+            fh.seek(shoff)
+            sh = fh.read(shentsize * shnum)
+            sections = []
+            for i in range(shnum):
+                off = i * shentsize
+                if cls == 64:
+                    s_type, = struct.unpack_from(end + "I", sh, off + 4)
+                    s_offset, s_size = struct.unpack_from(end + "QQ", sh, off + 24)
+                    s_link, = struct.unpack_from(end + "I", sh, off + 40)
+                else:
+                    s_type, = struct.unpack_from(end + "I", sh, off + 4)
+                    s_offset, s_size = struct.unpack_from(end + "II", sh, off + 16)
+                    s_link, = struct.unpack_from(end + "I", sh, off + 24)
+                sections.append((s_type, s_offset, s_size, s_link))
+            for s_type, s_offset, s_size, s_link in sections:
+                if s_type != SHT_DYNAMIC or s_link >= len(sections):
+                    continue
+                fh.seek(s_offset)
+                dyn = fh.read(s_size)
+                _, str_off, str_size, _ = sections[s_link]
+                fh.seek(str_off)
+                strtab = fh.read(str_size)
+                entsize = 16 if cls == 64 else 8
+                fmt = end + ("qQ" if cls == 64 else "iI")
+                for j in range(0, len(dyn) - entsize + 1, entsize):
+                    tag, val = struct.unpack_from(fmt, dyn, j)
+                    if tag == 0:
+                        break
+                    if tag in (DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH):
+                        e = strtab.find(b"\0", val)
+                        s = strtab[val: e if e >= 0 else None].decode(errors="replace")
+                        if tag == DT_NEEDED:
+                            info.needed.append(s)
+                        elif tag == DT_SONAME:
+                            info.soname = s
+                        elif tag == DT_RPATH:
+                            info.rpath += [p for p in s.split(":") if p]
+                        else:
+                            info.runpath += [p for p in s.split(":") if p]
+            return info
+    except (OSError, struct.error):
+        return None
+
+
+def system_library_dirs() -> list[str]:
+    """Directories the dynamic loader searches by default (ld.so.conf plus the defaults)."""
+    dirs: list[str] = []
+
+    def add_conf(path: str, depth: int = 0) -> None:
+        import glob
+
+        if depth > 4:
+            return
+        try:
+            with open(path) as fh:
+                lines = fh.read().splitlines()
+        except OSError:
+            return
+        for line in lines:
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            if line.startswith("include"):
+                for inc in sorted(glob.glob(line.split(None, 1)[1].strip())):
+                    add_conf(inc, depth + 1)
+            elif line.startswith("/"):
+                dirs.append(line)
+
+    add_conf("/etc/ld.so.conf")
+    dirs += ["/lib64", "/usr/lib64", "/lib", "/usr/lib"]
+    seen, out = set(), []
+    for d in dirs:
+        if d not in seen and os.path.isdir(d):
+            seen.add(d)
+            out.append(d)
+    return out

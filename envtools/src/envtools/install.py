@@ -1,0 +1,198 @@
+"""``envtools install``: solve and install a curated set into a read-only shared prefix.
+
+The env is built in a temporary directory beside the prefix with the final path baked
+into its files (rattler's ``alternative_target_prefix``), then renamed into place, so a
+failed install leaves nothing half-made where users would find it. The package cache is
+kept at ``<prefix>.pkgs`` so later clones can link from it instead of copying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import rattler
+
+from envtools import virtual
+from envtools.errors import EnvtoolsError
+from envtools.hashing import STAT_CACHE, write_stat_cache
+from envtools.prefix_records import Prefix
+from envtools.progress import info
+from envtools.readonly import (
+    MARKER,
+    default_cache_for,
+    make_readonly,
+    read_marker,
+    refuse_readonly,
+    write_prefix_info,
+)
+from envtools.tempdirs import atomic_dir
+from envtools.untracked import write_cache as write_untracked_cache
+
+EXPLICIT = Path("conda-meta") / "envtools" / "explicit.txt"
+
+
+def channel_source(channel: str) -> str:
+    """Accept a local channel directory or a URL; check a directory really is a channel."""
+    if "://" in channel:
+        return channel
+    p = Path(channel).absolute()
+    if not p.is_dir():
+        raise EnvtoolsError(
+            f"channel {channel!r} is neither a URL nor an existing directory",
+            "pass --channel DIR (holding noarch/repodata.json) or a channel URL",
+        )
+    if not any((p / sub / "repodata.json").is_file() for sub in os.listdir(p)
+               if (p / sub).is_dir()):
+        raise EnvtoolsError(
+            f"{p} is not an indexed conda channel: no <subdir>/repodata.json in it",
+            f"index it first, e.g. python -c \"import asyncio, rattler; "
+            f"asyncio.run(rattler.index.index_fs('{p}'))\"",
+        )
+    return str(p)
+
+
+def parse_spec(spec: str) -> rattler.MatchSpec:
+    try:
+        return rattler.MatchSpec(spec)
+    except Exception as e:
+        raise EnvtoolsError(f"bad package spec {spec!r}: {e}", "e.g. powerai or powerai=1.0") from e
+
+
+async def solve(
+    channels: list[str],
+    specs: list[str],
+    virtuals: list[virtual.Virtual],
+    pinned: list | None = None,
+    locked: list | None = None,
+) -> list[rattler.RepoDataRecord]:
+    """Solve ``specs`` against ``channels``, turning solver failures into a clear error."""
+    try:
+        return await rattler.solve(
+            sources=channels,
+            specs=[parse_spec(s) for s in specs],
+            virtual_packages=[v.generic() for v in virtuals],
+            pinned_packages=pinned or [],
+            locked_packages=locked or [],
+        )
+    except EnvtoolsError:
+        raise
+    except Exception as e:
+        raise EnvtoolsError(
+            f"cannot solve {' '.join(specs)} from {', '.join(channels)}:\n{e}",
+            "check the package name and version exist in the channel (and --virtual for a GPU "
+            "node), e.g. list them with: python -c \"import json;print(json.load(open("
+            "'CHANNEL/noarch/repodata.json'))['packages'].keys())\"",
+        ) from e
+
+
+def write_explicit(prefix: Path, records: list[rattler.RepoDataRecord]) -> None:
+    """The explicit package set, in conda's ``@EXPLICIT`` format (reproducible installs)."""
+    lines = ["# envtools: the explicit package set of this environment", "@EXPLICIT"]
+    for r in sorted(records, key=lambda r: r.name.normalized):
+        sha = r.sha256.hex() if r.sha256 else ""
+        lines.append(f"{r.url}#sha256:{sha}" if sha else str(r.url))
+    (prefix / EXPLICIT).parent.mkdir(parents=True, exist_ok=True)
+    (prefix / EXPLICIT).write_text("\n".join(lines) + "\n")
+
+
+def install(
+    channel: str,
+    prefix: Path,
+    specs: list[str],
+    virtual_overrides: list[str] | None = None,
+    cache: Path | None = None,
+) -> Path:
+    """Install ``specs`` into a new read-only ``prefix``; returns the prefix."""
+    prefix = Path(os.path.abspath(prefix))
+    refuse_readonly(prefix.parent, "install into")
+    if prefix.exists():
+        if read_marker(prefix) is not None:
+            raise EnvtoolsError(
+                f"{prefix} is already an envtools read-only environment",
+                f"remove it first with: envtools remove {prefix}",
+            )
+        if not prefix.is_dir() or any(prefix.iterdir()):
+            raise EnvtoolsError(
+                f"{prefix} exists and is not empty",
+                "choose a new --prefix, or remove the directory first",
+            )
+    src = channel_source(channel)
+    for s in specs:
+        parse_spec(s)
+    cache = Path(os.path.abspath(cache)) if cache else default_cache_for(prefix)
+    virtuals = virtual.resolve(virtual_overrides)
+
+    t0 = time.monotonic()
+    records = asyncio.run(solve([src], specs, virtuals))
+    info(f"solved {len(records)} packages in {time.monotonic() - t0:.1f}s")
+    if cache.exists():
+        # a cache left by an earlier install of this prefix; it was made read-only
+        from envtools.readonly import make_writable
+
+        make_writable(cache)
+    with atomic_dir(prefix) as tmp:
+        asyncio.run(
+            rattler.install(
+                records,
+                target_prefix=tmp,
+                alternative_target_prefix=prefix,
+                cache_dir=cache,
+                show_progress=os.isatty(2),
+            )
+        )
+        write_explicit(tmp, records)
+        write_prefix_info(tmp, prefix, cache)
+        marker = {
+            "readonly": True,
+            "created_by": "envtools install",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "prefix": str(prefix),
+            "channel": src,
+            "specs": specs,
+            "package_cache": str(cache),
+            "how_to_change": f"envtools clone {prefix} DEST --add SPEC",
+        }
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        _drop_cache_locks(cache)
+        make_readonly(cache)
+        tracked = [e["_path"] for r in Prefix.load(tmp).records for e in r.paths]
+        write_untracked_cache(tmp, set(tracked))
+        make_readonly(tmp)
+        os.chmod(tmp / STAT_CACHE.parent, 0o755)
+        write_stat_cache(tmp, tracked)
+        os.chmod(tmp / STAT_CACHE, 0o444)
+        os.chmod(tmp / STAT_CACHE.parent, 0o555)
+        os.chmod(tmp, 0o755)  # renamed below; read-only again right after
+    os.chmod(prefix, 0o555)
+    info(f"installed {len(records)} packages into {prefix} (read-only) in "
+         f"{time.monotonic() - t0:.1f}s; package cache: {cache}")
+    return prefix
+
+
+def _drop_cache_locks(cache: Path) -> None:
+    """rattler's lock files are per-writer state; a read-only shared cache must not keep them."""
+    for fp in cache.glob("*.lock"):
+        fp.unlink(missing_ok=True)
+    (cache / ".cache.lock").unlink(missing_ok=True)
+
+
+def remove(prefix: Path) -> None:
+    """Remove an envtools env (read-only ones included) and its package cache beside it."""
+    from envtools.readonly import make_writable, read_prefix_info
+
+    prefix = Path(os.path.abspath(prefix))
+    if not (prefix / "conda-meta").is_dir():
+        raise EnvtoolsError(f"{prefix} is not a conda environment", "check the path")
+    pinfo = read_prefix_info(prefix)
+    cache = pinfo.get("package_cache")
+    make_writable(prefix)
+    shutil.rmtree(prefix)
+    # only the cache we created beside it; a cache shared with others stays
+    if cache and Path(cache) == default_cache_for(prefix) and Path(cache).exists():
+        make_writable(Path(cache))
+        shutil.rmtree(cache)

@@ -1,0 +1,129 @@
+"""Read and write a prefix's ``conda-meta`` records as plain JSON.
+
+We read the JSON ourselves (rather than through ``rattler.PrefixRecord``) because clone
+and validate need every field verbatim, must write records back with only a few fields
+changed, and must stay fast on environments with tens of thousands of files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from envtools.errors import EnvtoolsError
+
+
+@dataclass
+class Record:
+    """One installed package: its conda-meta JSON (``data``) and where it came from."""
+
+    path: Path
+    data: dict
+
+    @property
+    def name(self) -> str:
+        return self.data["name"]
+
+    @property
+    def version(self) -> str:
+        return str(self.data["version"])
+
+    @property
+    def build(self) -> str:
+        return self.data.get("build", "")
+
+    @property
+    def fn(self) -> str:
+        return self.data.get("fn") or self.path.name.replace(".json", ".conda")
+
+    @property
+    def dist(self) -> str:
+        """``name-version-build``: the record file's stem and the cache directory name."""
+        return f"{self.name}-{self.version}-{self.build}"
+
+    @property
+    def paths(self) -> list[dict]:
+        pd = self.data.get("paths_data") or {}
+        entries = pd.get("paths")
+        if entries is None:  # very old records list only ``files``
+            entries = [{"_path": f, "path_type": "hardlink"} for f in self.data.get("files", [])]
+        return entries
+
+    @property
+    def noarch_python(self) -> bool:
+        na = self.data.get("noarch")
+        return na == "python" or (isinstance(na, dict) and na.get("type") == "python")
+
+    def spec(self) -> str:
+        return f"{self.name}=={self.version}={self.build}"
+
+
+@dataclass
+class Prefix:
+    """A conda prefix and its package records, loaded once."""
+
+    root: Path
+    records: list[Record] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, root: str | os.PathLike[str]) -> Prefix:
+        """Load every ``conda-meta/*.json`` record, failing clearly if P is not an env."""
+        p = Path(root).absolute()
+        meta = p / "conda-meta"
+        if not p.is_dir():
+            raise EnvtoolsError(
+                f"{p} does not exist or is not a directory",
+                "give the path of a conda environment (the directory holding conda-meta/)",
+            )
+        if not meta.is_dir():
+            raise EnvtoolsError(
+                f"{p} is not a conda environment: it has no conda-meta/ directory",
+                "give the environment's root directory, e.g. envs/powerai, not a subfolder",
+            )
+        records = []
+        try:
+            names = sorted(os.listdir(meta))
+        except PermissionError as e:
+            raise EnvtoolsError(f"cannot read {meta}: {e.strerror}", "check permissions") from e
+        for name in names:
+            # (envtools' own files are in conda-meta/envtools/, never conda-meta/*.json)
+            if not name.endswith(".json"):
+                continue
+            fp = meta / name
+            try:
+                with open(fp, "rb") as fh:
+                    data = json.load(fh)
+            except (OSError, ValueError) as e:
+                raise EnvtoolsError(
+                    f"cannot read package record {fp}: {e}",
+                    "the environment's metadata is damaged; reinstall or re-clone it",
+                ) from e
+            if not isinstance(data, dict) or "name" not in data:
+                continue
+            records.append(Record(fp, data))
+        return cls(p, records)
+
+    def by_name(self) -> dict[str, Record]:
+        return {r.name: r for r in self.records}
+
+    def owned_paths(self) -> dict[str, Record]:
+        """Map every relative path a record lists to its (last) owning record."""
+        owned: dict[str, Record] = {}
+        for r in self.records:
+            for e in r.paths:
+                owned[e["_path"]] = r
+        return owned
+
+
+def write_record(meta_dir: Path, data: dict) -> Path:
+    """Write one record as ``name-version-build.json``.
+
+    ``json.dumps`` without indent runs in C; ``json.dump(fh, indent=2)`` runs the pure
+    Python encoder, which cost more than linking the files themselves in clone.
+    """
+    fp = meta_dir / f"{data['name']}-{data['version']}-{data['build']}.json"
+    with open(fp, "w") as fh:
+        fh.write(json.dumps(data))
+    return fp

@@ -1,0 +1,118 @@
+"""The read-only marker and the guard every writing command goes through.
+
+A prefix installed by ``envtools install`` carries ``conda-meta/envtools/readonly.json``.
+envtools keeps its own files in ``conda-meta/envtools/``, a subdirectory, because conda,
+mamba and rattler read every ``conda-meta/*.json`` as a package record.
+File permissions alone do not protect a shared env (root and the owner can write anyway),
+so envtools also refuses, by this marker, to write anywhere inside such a prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+from envtools.errors import EnvtoolsError
+
+MARKER = Path("conda-meta") / "envtools" / "readonly.json"
+#: Where the prefix itself was installed (files carry this path); written for every env.
+PREFIX_INFO = Path("conda-meta") / "envtools" / "prefix.json"
+
+
+def default_cache_for(prefix: Path) -> Path:
+    """The package cache kept beside a prefix: ``<prefix>.pkgs`` (a sibling directory)."""
+    return prefix.parent / (prefix.name + ".pkgs")
+
+
+def read_marker(prefix: Path) -> dict | None:
+    fp = prefix / MARKER
+    try:
+        with open(fp) as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {"unreadable": True}
+
+
+def readonly_root(path: Path) -> Path | None:
+    """The read-only prefix containing ``path`` (or ``path`` itself), if any."""
+    p = Path(os.path.abspath(path))
+    for cand in [p, *p.parents]:
+        if (cand / MARKER).exists():
+            return cand
+    return None
+
+
+def refuse_readonly(path: Path, what: str) -> None:
+    """Raise if ``path`` lies inside a prefix marked read-only by envtools."""
+    root = readonly_root(path)
+    if root is not None:
+        raise EnvtoolsError(
+            f"refusing to {what} {path}: it is inside the read-only environment {root} "
+            f"(marked by {root / MARKER})",
+            f"clone it first: envtools clone {root} ~/envs/mine, then work on the clone",
+        )
+
+
+def write_prefix_info(prefix: Path, recorded_prefix: Path, cache: Path | None) -> None:
+    """Remember the path baked into the env's files and where its package cache is."""
+    info = {"prefix": str(recorded_prefix), "package_cache": str(cache) if cache else None}
+    (prefix / PREFIX_INFO).parent.mkdir(parents=True, exist_ok=True)
+    with open(prefix / PREFIX_INFO, "w") as fh:
+        json.dump(info, fh, indent=2)
+
+
+def read_prefix_info(prefix: Path) -> dict:
+    try:
+        with open(prefix / PREFIX_INFO) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+def shared_readonly_mode(mode: int) -> int:
+    """No write bits; what the owner may read or execute, everyone may (a shared env)."""
+    m = stat.S_IMODE(mode) & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+    if m & stat.S_IRUSR:
+        m |= stat.S_IRGRP | stat.S_IROTH
+    if m & stat.S_IXUSR:
+        m |= stat.S_IXGRP | stat.S_IXOTH
+    return m
+
+
+def make_readonly(root: Path) -> None:
+    """Make ``root`` read-only and world-readable (files, then directories, bottom-up).
+
+    rattler writes conda-meta records 0600; a shared env needs them readable by users.
+    """
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames + dirnames:
+            fp = os.path.join(dirpath, name)
+            st = os.lstat(fp)
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            want = shared_readonly_mode(st.st_mode)
+            if want != stat.S_IMODE(st.st_mode):
+                os.chmod(fp, want)
+    os.chmod(root, shared_readonly_mode(os.stat(root).st_mode))
+
+
+def make_writable(root: Path, files: bool = False) -> None:
+    """Give the owner write permission on ``root``'s directories (and files if asked).
+
+    Directories are enough to add or delete entries. Files are left alone by default:
+    they may be hardlinks shared with a package cache or other envs, and a chmod would
+    change those too.
+    """
+    for dirpath, _dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, stat.S_IMODE(os.stat(dirpath).st_mode) | stat.S_IWUSR)
+        if not files:
+            continue
+        for name in filenames:
+            fp = os.path.join(dirpath, name)
+            st = os.lstat(fp)
+            if not stat.S_ISLNK(st.st_mode):
+                os.chmod(fp, stat.S_IMODE(st.st_mode) | stat.S_IWUSR)

@@ -1,0 +1,68 @@
+"""Files in a prefix that no package owns (pip installs, user files), found fast.
+
+Walking a 20,000-file env to find the few files no record lists costs more than linking
+the rest, so ``envtools install`` records the answer together with every directory's
+mtime (git's "untracked cache" idea). Adding, removing or renaming an entry changes its
+directory's mtime, so while all recorded mtimes match, the recorded answer still holds;
+otherwise the prefix is walked again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+UNTRACKED_CACHE = Path("conda-meta") / "envtools" / "untracked.json"
+
+
+def scan(src: Path, owned: set[str]) -> tuple[list[str], list[str], dict[str, int]]:
+    """Walk SRC: (untracked files, empty dirs, {dir: mtime_ns}); conda-meta is skipped."""
+    files: list[str] = []
+    empty: list[str] = []
+    mtimes: dict[str, int] = {"": os.lstat(src).st_mtime_ns}
+    stack = [""]
+    root = str(src)
+    while stack:
+        rel_dir = stack.pop()
+        path = f"{root}/{rel_dir}" if rel_dir else root
+        n_entries = 0
+        with os.scandir(path) as it:
+            for entry in it:
+                n_entries += 1
+                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    if rel == "conda-meta":
+                        continue
+                    mtimes[rel] = entry.stat(follow_symlinks=False).st_mtime_ns
+                    stack.append(rel)
+                elif rel not in owned:
+                    files.append(rel)  # (a symlink to a directory is copied as a link)
+        if n_entries == 0 and rel_dir:
+            empty.append(rel_dir)
+    return sorted(files), sorted(empty), mtimes
+
+
+def write_cache(prefix: Path, owned: set[str]) -> None:
+    files, empty, mtimes = scan(prefix, owned)
+    (prefix / UNTRACKED_CACHE).parent.mkdir(parents=True, exist_ok=True)
+    with open(prefix / UNTRACKED_CACHE, "w") as fh:
+        fh.write(json.dumps({"version": 1, "files": files, "empty": empty, "dirs": mtimes}))
+
+
+def untracked(src: Path, owned: set[str]) -> tuple[list[str], list[str]]:
+    """(untracked files, empty dirs) of SRC, from the cache when it still holds."""
+    try:
+        with open(src / UNTRACKED_CACHE) as fh:
+            data = json.load(fh)
+        if data.get("version") == 1:
+            root = str(src)
+            for rel, mt in data["dirs"].items():
+                if os.lstat(f"{root}/{rel}" if rel else root).st_mtime_ns != mt:
+                    break
+            else:
+                return data["files"], data["empty"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    files, empty, _ = scan(src, owned)
+    return files, empty

