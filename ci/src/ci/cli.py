@@ -518,7 +518,13 @@ def bench(
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir(parents=True)
         clone = scratch / "clone"
-        subprocess.run(["git", "clone", "-q", str(s.root), str(clone)], check=True)
+        branch = subprocess.run(
+            ["git", "rev-parse", "--abbrev-ref", "HEAD"],
+            cwd=s.root,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        subprocess.run(["git", "clone", "-q", "-b", branch, str(s.root), str(clone)], check=True)
         env = {
             **os.environ,
             "DDLCE_CACHE": str(scratch / "cache"),
