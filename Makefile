@@ -51,6 +51,12 @@ $(STAMPS)/ddl_core: $(STAMPS)/venv $(DDL_SOURCES)
 	@MPICC=$(VENV)/bin/mpicc $(PIP) install --no-build-isolation --no-deps --force-reinstall ./ddl_core
 	@touch $@
 
+# horovod-ddl: Horovod's API on DDL, its own distribution (it owns the `horovod` name)
+HVD_SOURCES := $(shell find ddl_core/compat/horovod -type f \( -name '*.py' -o -name 'pyproject.toml' \))
+$(STAMPS)/horovod: $(STAMPS)/ddl_core $(HVD_SOURCES)
+	@$(PIP) install --no-build-isolation --no-deps --force-reinstall ./ddl_core/compat/horovod
+	@touch $@
+
 $(STAMPS)/envtools: $(STAMPS)/venv envtools/pyproject.toml
 	@$(PIP) install --no-build-isolation --no-deps -e ./envtools
 	@touch $@
@@ -59,7 +65,7 @@ $(STAMPS)/ci: $(STAMPS)/venv ci/pyproject.toml
 	@$(PIP) install --no-build-isolation --no-deps -e ./ci
 	@touch $@
 
-deps: $(STAMPS)/apt $(STAMPS)/venv $(STAMPS)/ddl_core $(STAMPS)/envtools $(STAMPS)/ci
+deps: $(STAMPS)/apt $(STAMPS)/venv $(STAMPS)/ddl_core $(STAMPS)/horovod $(STAMPS)/envtools $(STAMPS)/ci
 venv: deps
 
 test: deps

@@ -1,18 +1,31 @@
-"""Build the MPI launcher command that `ddlrun` runs.
+"""Build the launcher command that `ddlrun` runs (mpirun, srun or jsrun).
 
 Separate from the CLI so each launcher flavour is a small, testable function from a
-plan (ranks, hosts, environment) to an argv list; nothing here runs anything.
+plan (ranks, hosts, placement, environment) to an argv list. Placement is decided here,
+once, for every launcher: consecutive ranks share a host (rank r on host r // ranks per
+host), so DDL's rank grid (ranks per host x hosts [x racks]) matches where ranks really
+run; Open MPI gets it as a rankfile, Slurm as an arbitrary-distribution host list.
+The only things that touch the network are the host checks (name resolution and a
+short ssh probe), so an unknown host fails in seconds instead of hanging mpirun.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import hashlib
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
 
 # What ranks on other hosts need to find the same Python and libraries.
 FORWARDED_ALWAYS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX")
@@ -21,6 +34,9 @@ HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]{0,252})?$")
 
 class LaunchError(Exception):
     """A launch that cannot work, with the reason and the fix."""
+
+
+LAUNCHERS = ("auto", "mpirun", "srun", "jsrun")
 
 
 @dataclass
@@ -38,6 +54,11 @@ class Plan:
     topology: str | None = None
     forward: list[str] = field(default_factory=list)  # -x VAR or VAR=value
     extra: list[str] = field(default_factory=list)  # passed to the launcher as they are
+    accelerators: int | None = None  # ranks per host
+    racks: int | None = None  # hosts are grouped into this many racks, consecutively
+    cluster: Cluster | None = None  # an emulated cluster (ddl_core.cluster)
+    # (host, ranks) in rank order, decided by place(); None: leave it to the launcher
+    placement: list[tuple[str, int]] | None = None
 
 
 def parse_hosts(text: str) -> list[Host]:
@@ -137,11 +158,187 @@ def env_to_forward(plan: Plan, environ: dict[str, str]) -> list[tuple[str, str |
     return out
 
 
+LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+def is_local(host: str) -> bool:
+    return host in LOCAL_NAMES or host in {socket.gethostname(), socket.getfqdn()}
+
+
+def _count_gpus(output: str) -> int:
+    return sum(1 for line in output.splitlines() if line.startswith("GPU "))
+
+
+def local_gpus() -> int:
+    """GPUs on this machine (`nvidia-smi -L`), 0 where there is none or no driver."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=15).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return _count_gpus(out)
+
+
+def probe_host(host: str, timeout: float = 8.0) -> int:
+    """Check that `host` resolves and answers over ssh, within seconds; return its GPUs.
+
+    Why: mpirun given a host it cannot reach waits on ssh and its daemons for minutes,
+    and then says little about which host was at fault."""
+    if is_local(host):
+        return local_gpus()
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        pool.submit(socket.getaddrinfo, host, None).result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        raise LaunchError(f"host {host}: its name did not resolve within {timeout:.0f} s "
+                          "(DNS unreachable?)") from None
+    except socket.gaierror as e:
+        raise LaunchError(f"host {host}: unknown host, its name does not resolve ({e.strerror})"
+                          ": check the spelling, or add it to /etc/hosts") from None
+    finally:
+        pool.shutdown(wait=False)
+    ssh = shutil.which("ssh")
+    if not ssh:
+        return 0  # the launcher has its own way in (a resource manager); nothing to probe
+    cmd = [ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(timeout) - 2)}",
+           "-o", "StrictHostKeyChecking=accept-new", host, "nvidia-smi -L 2>/dev/null; true"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise LaunchError(f"host {host}: no answer over ssh within {timeout:.0f} s (down, or a "
+                          "firewall?)") from None
+    if proc.returncode != 0:
+        err = proc.stderr.strip().splitlines()
+        raise LaunchError(f"host {host}: not reachable over ssh ({err[-1] if err else 'exit '}"
+                          f"{'' if err else proc.returncode}); mpirun needs passwordless ssh "
+                          "to every host")
+    return _count_gpus(proc.stdout)
+
+
+def check_hosts(hosts: list[str], probe: Callable[[str], int] = probe_host,
+                workers: int = 32) -> dict[str, int]:
+    """Probe every host in parallel (a 954-node list takes seconds, not minutes); the
+    first failure, in host order, is raised."""
+    uniq = list(dict.fromkeys(hosts))
+    with concurrent.futures.ThreadPoolExecutor(min(workers, max(1, len(uniq)))) as pool:
+        futs = {h: pool.submit(probe, h) for h in uniq}
+        errors = []
+        gpus = {}
+        for h, f in futs.items():
+            try:
+                gpus[h] = f.result()
+            except LaunchError as e:
+                errors.append(str(e))
+    if errors:
+        more = f" (and {len(errors) - 1} more host(s) failed)" if len(errors) > 1 else ""
+        raise LaunchError(errors[0] + more)
+    return gpus
+
+
+def place(plan: Plan, gpus: dict[str, int] | None = None) -> list[tuple[str, int]]:
+    """(host, ranks) in rank order: consecutive ranks share a host.
+
+    Ranks per host: --accelerators, else the GPUs found on the host, else its slots, else
+    -n spread evenly (block), else 1. -n then takes the first ranks in that order."""
+    hosts = plan.hosts or (parse_hostfile(plan.hostfile) if plan.hostfile else [])
+    if not hosts:
+        return []
+    gpus = gpus or {}
+    per: list[int] = []
+    for h in hosts:
+        if plan.accelerators:
+            per.append(plan.accelerators)
+        elif gpus.get(h.name):
+            per.append(gpus[h.name])
+        elif h.slots:
+            per.append(h.slots)
+        elif plan.np:
+            per.append(-(-plan.np // len(hosts)))
+        else:
+            per.append(1)
+    if plan.accelerators is not None and plan.accelerators < 1:
+        raise LaunchError(f"--accelerators {plan.accelerators}: at least 1 rank per host")
+    total = sum(per)
+    np_ = plan.np or total
+    if np_ > total:
+        raise LaunchError(f"-n {np_} ranks, but the hosts hold {total} "
+                          f"({', '.join(f'{h.name}:{p}' for h, p in zip(hosts, per, strict=True))})"
+                          ": raise --accelerators or the slots, or lower -n")
+    out, left = [], np_
+    for h, p in zip(hosts, per, strict=True):
+        if left <= 0:
+            break
+        out.append((h.name, min(p, left)))
+        left -= p
+    return out
+
+
+def grid_for(placement: list[tuple[str, int]], racks: int | None) -> str | None:
+    """The DDL_TOPOLOGY grid (innermost first) a placement makes, or None where hosts
+    hold different numbers of ranks (libddl then runs flat)."""
+    counts = {n for _, n in placement}
+    if len(counts) != 1:
+        if racks:
+            raise LaunchError("--racks needs the same number of ranks on every host: "
+                              f"the placement is {placement}")
+        return None
+    r, h = counts.pop(), len(placement)
+    if not racks:
+        return f"{r}x{h}"
+    if racks < 1 or h % racks:
+        raise LaunchError(f"--racks {racks}: {h} hosts cannot be split into {racks} racks of "
+                          "equal size (hosts are grouped in the order given)")
+    return f"{r}x{h // racks}x{racks}"
+
+
+def choose_launcher(requested: str, environ: dict[str, str]) -> str:
+    """auto: srun inside a Slurm allocation, jsrun inside an LSF one, else mpirun."""
+    if requested not in LAUNCHERS:
+        raise LaunchError(f"--launcher {requested}: use one of {', '.join(LAUNCHERS)}")
+    if requested != "auto":
+        return requested
+    if environ.get("SLURM_JOB_ID") and shutil.which("srun"):
+        return "srun"
+    if environ.get("LSB_JOBID") and shutil.which("jsrun"):
+        return "jsrun"
+    return "mpirun"
+
+
+def _stash(kind: str, text: str) -> str:
+    """Write a generated file (rankfile, host list) where the launcher can read it; named
+    by its content so repeated runs reuse it instead of littering /tmp."""
+    d = Path(os.environ.get("TMPDIR", "/tmp")) / f"ddlrun-{os.getuid()}"
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    p = d / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    if not p.exists():
+        tmp = p.with_suffix(f".{os.getpid()}")
+        tmp.write_text(text)
+        tmp.replace(p)
+    return str(p)
+
+
+def rankfile_text(placement: list[tuple[str, int]], cores: int | None = None,
+                  local_cores: dict[str, int] | None = None) -> str:
+    """Open MPI rankfile: rank r on its host, slot = its index on that host, modulo the
+    cores where they are known (all hosts sharing this machine's, as in the emulated
+    cluster, or this host itself)."""
+    lines, r = [], 0
+    for host, n in placement:
+        c = cores or (local_cores or {}).get(host)
+        for i in range(n):
+            lines.append(f"rank {r}={host} slot={i % c if c else i}")
+            r += 1
+    return "\n".join(lines) + "\n"
+
+
 def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
                   cores: int | None = None) -> list[str]:
-    """The exact argv for the launcher."""
+    """The exact argv for mpirun (Open MPI or MPICH)."""
     cores = cores or os.cpu_count() or 1
-    np_ = plan.np or total_slots(plan)
+    placement = plan.placement
+    np_ = plan.np or (sum(n for _, n in placement) if placement else total_slots(plan))
     if np_ is None and not plan.hosts and not plan.hostfile:
         np_ = 1
     if np_ is not None and np_ < 1:
@@ -152,24 +349,42 @@ def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
     if flavor == "openmpi":
         if np_ is not None:
             cmd += ["-n", str(np_)]
-        if plan.hosts:
+        over_local = False
+        if placement:
+            cmd += ["--host", ",".join(f"{h}:{n}" for h, n in placement)]
+            shared = plan.cluster is not None
+            local = {h: cores for h, _ in placement if is_local(h)}
+            over_local = any(n > cores for h, n in placement if h in local)
+            rf = _stash("rankfile", rankfile_text(placement, cores if shared else None, local))
+            cmd += ["--map-by", f"rankfile:file={rf}" +
+                    (":OVERSUBSCRIBE" if shared or over_local else "")]
+        elif plan.hosts:
             cmd += ["--host", ",".join(h.name + (f":{h.slots}" if h.slots else "")
                                        for h in plan.hosts)]
-        if plan.hostfile:
+        if plan.hostfile and not placement:
             cmd += ["--hostfile", plan.hostfile]
-        if local_only and np_ is not None and np_ > cores:
+        if plan.cluster is not None:
+            cmd += plan.cluster.mpirun_args()
+        elif over_local:  # more ranks than this host's cores: share them, and yield
+            cmd += ["--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"]
+        elif local_only and np_ is not None and np_ > cores:
             # More ranks than cores: allow it, and make idle ranks yield the CPU or
             # Open MPI's busy polling makes every rank crawl.
             cmd += ["--map-by", ":OVERSUBSCRIBE", "--mca", "mpi_yield_when_idle", "1"]
         for name, value in fwd:
             cmd += ["-x", f"{name}={value}" if value is not None else name]
     else:
+        if plan.cluster is not None:
+            raise LaunchError("the emulated cluster launches with Open MPI (its ssh agent); "
+                              "this mpirun is MPICH")
         if np_ is not None:
             cmd += ["-n", str(np_)]
-        if plan.hosts:
+        if placement:  # Hydra fills hosts in order: consecutive ranks share a host
+            cmd += ["-hosts", ",".join(f"{h}:{n}" for h, n in placement)]
+        elif plan.hosts:
             cmd += ["-hosts", ",".join(h.name + (f":{h.slots}" if h.slots else "")
                                        for h in plan.hosts)]
-        if plan.hostfile:
+        if plan.hostfile and not placement:
             cmd += ["-f", plan.hostfile]
         names = []
         for name, value in fwd:
@@ -179,6 +394,49 @@ def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
                 names.append(name)
         if names:
             cmd += ["-genvlist", ",".join(names)]
+    return cmd + plan.extra + plan.command
+
+
+def build_srun(plan: Plan, environ: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """srun argv and the extra environment it needs. Named hosts become an arbitrary
+    distribution (SLURM_HOSTFILE, one line per rank: Slurm's rankfile)."""
+    cmd, env = ["srun"], {}
+    placement = plan.placement
+    if placement:
+        np_ = sum(n for _, n in placement)
+        env["SLURM_HOSTFILE"] = _stash("slurmhosts", "".join(
+            f"{h}\n" for h, n in placement for _ in range(n)))
+        cmd += ["--ntasks", str(np_), "--nodes", str(len(placement)),
+                "--distribution", "arbitrary"]
+    else:
+        if plan.np:
+            cmd += ["--ntasks", str(plan.np)]
+        if plan.accelerators:
+            cmd += ["--ntasks-per-node", str(plan.accelerators)]
+        cmd += ["--distribution", "block"]
+    exports = ["ALL"] + [f"{n}={v}" if v is not None else n
+                         for n, v in env_to_forward(plan, environ)]
+    cmd += [f"--export={','.join(exports)}"]
+    return cmd + plan.extra + plan.command, env
+
+
+def build_jsrun(plan: Plan, environ: dict[str, str]) -> list[str]:
+    """jsrun argv: one resource set per host holding its ranks (and as many GPUs)."""
+    if plan.hosts or plan.hostfile:
+        raise LaunchError("jsrun runs on the hosts of the LSF allocation; -H/--hostfile "
+                          "cannot choose them: ask LSF for hosts (bsub -m ...) instead, or "
+                          "use --launcher mpirun")
+    per = plan.accelerators or int(environ.get("DDL_GPUS_PER_HOST", "0")) or local_gpus() or 1
+    cmd = ["jsrun", "--rs_per_host", "1", "--tasks_per_rs", str(per), "--cpu_per_rs",
+           "ALL_CPUS", "--launch_distribution", "packed", "--bind", "rs"]
+    if plan.np:
+        if plan.np % per:
+            raise LaunchError(f"-n {plan.np} is not a multiple of {per} ranks per host")
+        cmd += ["--nrs", str(plan.np // per)]
+    if local_gpus():
+        cmd += ["--gpu_per_rs", str(per)]
+    for name, value in env_to_forward(plan, environ):
+        cmd += ["-E", f"{name}={value}" if value is not None else name]
     return cmd + plan.extra + plan.command
 
 

@@ -1,8 +1,17 @@
-"""ddlrun: launch a DDL job.
+"""ddlrun: launch a DDL job on one host, a list of hosts, or an emulated cluster.
 
     ddlrun -n 4 python train.py
-    ddlrun -H server1:4,server2:4 --topology 4x2 python train.py
-    ddlrun -v --hostfile hosts -x NCCL_DEBUG=INFO -- python train.py --epochs 3
+    ddlrun -H server1,server2,server3,server4 python train.py
+    ddlrun -H server1:4,server2:4 --racks 2 python train.py
+    ddlrun --hostfile hosts --accelerators 6 --launcher mpirun -v python train.py
+    ddlrun --cluster demo -n 4 python -m ddl_core.bench allreduce
+
+Ranks are placed so that consecutive ranks share a host (ranks per host: --accelerators,
+else the GPUs found on each host, else the slots given), which makes DDL's rank grid
+(ranks per host x hosts, x racks with --racks) match the placement. Hosts are checked
+before launching (name resolution, an ssh probe with a short timeout), so a typo or a
+dead node fails in seconds with the host's name. The launcher is srun inside a Slurm
+allocation, jsrun inside LSF, else mpirun; -v / --dry-run print the exact command.
 
 Everything not understood here (and everything after `--`) is the program and its
 arguments; launcher options can be passed with --mpi-args "...".
@@ -13,36 +22,56 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
+import subprocess
 import sys
 
 from .launcher import (
+    LAUNCHERS,
     LaunchError,
     Plan,
     build_command,
+    build_jsrun,
+    build_srun,
+    check_hosts,
+    choose_launcher,
     find_mpirun,
+    grid_for,
     launch_environ,
     mpi_flavor,
     parse_hostfile,
     parse_hosts,
     parse_topology,
+    place,
 )
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="ddlrun", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", "-np", dest="np", type=int, help="number of ranks (default: the "
-                    "slots of the hosts, else 1)")
+    ap.add_argument("-n", "-np", dest="np", type=int, help="number of ranks (default: ranks "
+                    "per host x hosts, else 1)")
     ap.add_argument("-H", "--hosts", help="host[:slots],... to run on")
     ap.add_argument("--hostfile", help="a file of 'host slots=N' lines")
+    ap.add_argument("--accelerators", type=int, help="ranks per host (default: the GPUs found "
+                    "on each host, else its slots)")
+    ap.add_argument("--racks", type=int, help="group the hosts, in order, into this many racks "
+                    "of equal size: a third topology level")
     ap.add_argument("--topology", help="the rank grid, innermost first, e.g. 4x2 (4 per node x "
                     "2 nodes) or 4x2x2 (x 2 racks); sets DDL_TOPOLOGY")
+    ap.add_argument("--launcher", default="auto", choices=LAUNCHERS,
+                    help="auto: srun in a Slurm allocation, jsrun in LSF, else mpirun")
+    ap.add_argument("--cluster", help="run on the emulated cluster of this name "
+                    "(python -m ddl_core.cluster up)")
+    ap.add_argument("--no-host-check", action="store_true",
+                    help="skip the resolution / ssh probe of each host before launching")
     ap.add_argument("-x", dest="forward", action="append", default=[], metavar="VAR[=VALUE]",
                     help="export an environment variable to every rank (repeatable)")
     ap.add_argument("--mpi-args", default="", help="extra launcher options, as one string")
     ap.add_argument("-v", "--verbose", action="store_true",
-                    help="print the exact launcher command before running it")
+                    help="print the placement and the exact launcher command before running")
     ap.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    ap.add_argument("--no-exec", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return ap
 
@@ -55,30 +84,89 @@ def make_plan(args: argparse.Namespace) -> Plan:
         raise LaunchError("no program given: ddlrun [options] python train.py")
     hosts = parse_hosts(args.hosts) if args.hosts else []
     if args.hostfile:
-        parse_hostfile(args.hostfile)  # validated here, passed to the launcher as a file
+        parse_hostfile(args.hostfile)  # validated here
     if hosts and args.hostfile:
         raise LaunchError("give either -H or --hostfile, not both")
+    cluster = None
+    if args.cluster:
+        from .cluster import ClusterError, load
+
+        try:
+            cluster = load(args.cluster)
+            for h in hosts or (parse_hostfile(args.hostfile) if args.hostfile else []):
+                cluster.exec_argv(h.name, ["true"])  # raises for a host not in the cluster
+        except ClusterError as e:
+            raise LaunchError(str(e)) from None
+        if not hosts and not args.hostfile:
+            hosts = parse_hosts(",".join(cluster.hosts))
+    if args.accelerators is not None and args.accelerators < 1:
+        raise LaunchError(f"--accelerators {args.accelerators}: at least 1 rank per host")
     return Plan(command=command, np=args.np, hosts=hosts, hostfile=args.hostfile,
                 topology=parse_topology(args.topology) if args.topology else None,
-                forward=args.forward, extra=shlex.split(args.mpi_args))
+                forward=args.forward, extra=shlex.split(args.mpi_args),
+                accelerators=args.accelerators, racks=args.racks, cluster=cluster)
+
+
+def resolve(plan: Plan, launcher: str, check: bool) -> None:
+    """Check the hosts and fix the placement and grid in the plan."""
+    names = [h.name for h in plan.hosts or
+             (parse_hostfile(plan.hostfile) if plan.hostfile else [])]
+    gpus: dict[str, int] = {}
+    if names and launcher == "mpirun" and plan.cluster is None and check:
+        gpus = check_hosts(names)
+    if names and launcher != "jsrun":
+        plan.placement = place(plan, gpus)
+        if plan.racks and not plan.topology:
+            plan.topology = grid_for(plan.placement, plan.racks)
+    elif plan.racks:
+        raise LaunchError("--racks needs the hosts (-H or --hostfile) to group")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    environ = dict(os.environ)
+    extra_env: dict[str, str] = {}
     try:
         plan = make_plan(args)
-        mpirun = find_mpirun()
-        cmd = build_command(plan, mpirun, mpi_flavor(mpirun), dict(os.environ))
+        launcher = choose_launcher(args.launcher, environ)
+        if plan.cluster is not None and launcher != "mpirun":
+            raise LaunchError("--cluster launches with mpirun (the emulated hosts have no "
+                              f"{launcher}): add --launcher mpirun")
+        resolve(plan, launcher, check=not (args.no_host_check or args.dry_run))
+        if launcher == "mpirun":
+            mpirun = find_mpirun()
+            cmd = build_command(plan, mpirun, mpi_flavor(mpirun), environ)
+        elif launcher == "srun":
+            cmd, extra_env = build_srun(plan, environ)
+        else:
+            cmd = build_jsrun(plan, environ)
     except LaunchError as e:
         print(f"ddlrun: error: {e}", file=sys.stderr)
         return 2
     if args.verbose or args.dry_run:
-        print(shlex.join(cmd), file=sys.stderr, flush=True)
+        if plan.placement:
+            grid = plan.topology or grid_for(plan.placement, None) or "flat (uneven hosts)"
+            print("# placement: " + ", ".join(f"{h}:{n}" for h, n in plan.placement)
+                  + f"; grid {grid}" + ("" if plan.topology else " (detected at init)"),
+                  file=sys.stderr)
+        print(" ".join(f"{k}={shlex.quote(v)}" for k, v in extra_env.items())
+              + (" " if extra_env else "") + shlex.join(cmd), file=sys.stderr, flush=True)
     if args.dry_run:
         return 0
-    env = launch_environ(dict(os.environ))
-    os.execvpe(cmd[0], cmd, env)
-    return 127  # not reached
+    env = launch_environ(environ)
+    env.update(extra_env)
+    if not args.no_exec:
+        os.execvpe(cmd[0], cmd, env)
+    # Run as a child (ddl_core.cluster run): pass SIGINT/SIGTERM on, then return so the
+    # caller can clean up.
+    proc = subprocess.Popen(cmd, env=env)
+    forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 if __name__ == "__main__":

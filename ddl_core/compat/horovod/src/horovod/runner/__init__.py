@@ -1,0 +1,1 @@
+"""`horovodrun`: Horovod's launcher options translated to `ddlrun`."""

@@ -1,0 +1,80 @@
+"""`horovodrun -np 4 -H a:2,b:2 python train.py` -> `ddlrun -n 4 -H a:2,b:2 python train.py`.
+
+Horovod's common options are translated; the ones that only tune Horovod's own runtime
+(fusion, cycle time, autotune, timeline) become DDL's environment variables or are
+accepted and ignored, so existing job scripts keep working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ddl_core import run as ddlrun
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="horovodrun", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-np", "--num-proc", dest="np", type=int, help="number of processes")
+    ap.add_argument("-H", "--hosts", help="host1:slots,host2:slots")
+    ap.add_argument("-hostfile", "--hostfile", dest="hostfile", help="'host slots=N' lines")
+    ap.add_argument("-p", "--ssh-port", type=int, help="accepted, ignored (MPI's launcher)")
+    ap.add_argument("-i", "--ssh-identity-file", help="accepted, ignored")
+    ap.add_argument("--mpi", action="store_true", help="accepted: DDL always runs on MPI")
+    ap.add_argument("--gloo", action="store_true", help="refused: DDL runs on MPI")
+    ap.add_argument("--mpi-args", default="", help="extra mpirun options, one string")
+    ap.add_argument("--network-interface", "--network-interfaces", dest="nics",
+                    help="comma-separated interfaces for MPI's TCP traffic")
+    ap.add_argument("--fusion-threshold-mb", type=float, help="-> DDL_FUSION_THRESHOLD")
+    ap.add_argument("--cycle-time-ms", type=float, help="-> DDL_CYCLE_TIME_MS")
+    ap.add_argument("--start-timeout", type=float, help="accepted, ignored")
+    ap.add_argument("--timeline-filename", help="accepted, ignored")
+    ap.add_argument("--autotune", action="store_true", help="accepted, ignored")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print the ddlrun command")
+    ap.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    ap.add_argument("-x", dest="forward", action="append", default=[], metavar="VAR[=VALUE]",
+                    help="export an environment variable to the ranks")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+    return ap
+
+
+def translate(argv: list[str]) -> list[str]:
+    """The ddlrun argument list for a horovodrun argument list."""
+    a = parser().parse_args(argv)
+    if a.gloo:
+        raise SystemExit("horovodrun: --gloo is not available; horovod-ddl runs on MPI")
+    out: list[str] = []
+    if a.np is not None:
+        out += ["-n", str(a.np)]
+    if a.hosts:
+        out += ["-H", a.hosts]
+    if a.hostfile:
+        out += ["--hostfile", a.hostfile]
+    mpi_args = a.mpi_args
+    if a.nics:
+        mpi_args = f"{mpi_args} --mca btl_tcp_if_include {a.nics}".strip()
+    if mpi_args:
+        out += ["--mpi-args", mpi_args]
+    for var in a.forward:
+        out += ["-x", var]
+    if a.fusion_threshold_mb is not None:
+        out += ["-x", f"DDL_FUSION_THRESHOLD={int(a.fusion_threshold_mb * 1024 * 1024)}"]
+    if a.cycle_time_ms is not None:
+        out += ["-x", f"DDL_CYCLE_TIME_MS={a.cycle_time_ms}"]
+    if a.verbose:
+        out.append("-v")
+    if a.dry_run:
+        out.append("--dry-run")
+    command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not command:
+        raise SystemExit("horovodrun: no command to run")
+    return [*out, "--", *command]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return ddlrun.main(translate(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

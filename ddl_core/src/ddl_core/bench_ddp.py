@@ -1,0 +1,142 @@
+"""DDP throughput on the ddl backend against gloo, in one run.
+
+    ddlrun -n 2 python -m ddl_core.bench_ddp [--steps 20 --rounds 5 --batch 32]
+
+One job holds both process groups (ddl as the default group, gloo from new_group) and
+two DDP copies of the same small CNN; rounds alternate between them so machine noise
+hits both alike. Reported, as medians over rounds:
+
+- samples/s: global samples per second of full training steps (forward, backward with
+  DDP's overlapped gradient averaging, SGD step);
+- exposed averaging cost per step: DDP step time minus the step time of the same model
+  without DDP (no communication at all), i.e. what averaging adds to a step once DDP has
+  overlapped what it can with the backward pass;
+- allreduce of all gradients: one blocking allreduce of a tensor the size of the model
+  (the whole averaging cost per step when nothing overlaps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def small_cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def _timed(fn: Callable[[], None], steps: int) -> float:
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    return (time.perf_counter() - t0) / steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ddl_core.bench_ddp", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10, help="timed iterations per round")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds (iterations = rounds x steps)")
+    ap.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--json", help="also write the figures to this file (rank 0)")
+    a = ap.parse_args(argv)
+
+    torch.set_num_threads(a.threads)
+    dist.init_process_group("ddl")  # the ddl:// rendezvous under ddlrun
+    rank, size = dist.get_rank(), dist.get_world_size()
+    groups = {"ddl": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    torch.manual_seed(0)
+    base = small_cnn()
+    nparams = sum(p.numel() for p in base.parameters())
+    x = torch.randn(a.batch, 3, 32, 32)
+    y = torch.randint(0, 10, (a.batch,))
+    runs = {}
+    for name, pg in groups.items():
+        model = small_cnn()
+        model.load_state_dict(base.state_dict())
+        ddp = DDP(model, process_group=pg)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+
+        def step(ddp: DDP = ddp, opt: torch.optim.Optimizer = opt) -> None:
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+
+        flat = torch.randn(nparams)
+
+        def allreduce(pg: dist.ProcessGroup = pg, flat: torch.Tensor = flat) -> None:
+            dist.all_reduce(flat, group=pg)
+
+        for _ in range(3):
+            step()  # warm-up: buckets rebuilt after the first iteration
+        runs[name] = (step, allreduce)
+
+    plain = small_cnn()
+    plain.load_state_dict(base.state_dict())
+    popt = torch.optim.SGD(plain.parameters(), lr=0.01)
+
+    def local() -> None:
+        popt.zero_grad()
+        nn.functional.cross_entropy(plain(x), y).backward()
+        popt.step()
+
+    # Every iteration times one step of each kind back to back (ddl DDP, gloo DDP, no DDP,
+    # then the two allreduces), so load from other processes on a shared machine lands on
+    # all of them alike; every timed call starts from a barrier.
+    res: dict[str, dict[str, list[float]]] = {n: {"step": [], "ar": []} for n in groups}
+    local_times: list[float] = []
+    for _ in range(a.rounds * a.steps):
+        for name, (step, _ar) in runs.items():
+            res[name]["step"].append(_timed(step, 1))
+        local_times.append(_timed(local, 1))
+        for name, (_step, ar) in runs.items():
+            res[name]["ar"].append(_timed(ar, 1))
+    lo = statistics.median(local_times)
+
+    out = {}
+    for name, r in res.items():
+        st, ar = (statistics.median(r[k]) for k in ("step", "ar"))
+        out[name] = {"samples_per_s": a.batch * size / st, "step_ms": st * 1e3,
+                     "exposed_avg_ms": (st - lo) * 1e3, "allreduce_ms": ar * 1e3}
+    if rank == 0:
+        print(f"# DDP small CNN ({nparams} parameters, {nparams * 4 / 1e6:.2f} MB of gradients), "
+              f"{size} ranks, batch {a.batch}/rank, {a.threads} thread(s)/rank, "
+              f"median of {a.rounds * a.steps} interleaved steps each")
+        print(f"# step without DDP (no communication): {lo * 1e3:.2f} ms")
+        print(f"{'backend':>8} {'samples/s':>10} {'step ms':>9} {'exposed avg ms':>15} "
+              f"{'allreduce ms':>13}")
+        for name, o in out.items():
+            print(f"{name:>8} {o['samples_per_s']:10.1f} {o['step_ms']:9.2f} "
+                  f"{o['exposed_avg_ms']:15.2f} {o['allreduce_ms']:13.2f}")
+        ratio = out["ddl"]["samples_per_s"] / out["gloo"]["samples_per_s"]
+        print(f"ddl/gloo throughput: {ratio:.2f}x")
+        print("-" * 64)
+        print(f"total images/sec: {out['ddl']['samples_per_s']:.2f}")
+        print("-" * 64)
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump({"params": nparams, "ranks": size, "batch": a.batch, **out,
+                           "ratio": ratio}, fh, indent=1)
+    # Let gloo's worker thread drop its last work (it needs the GIL for that) before the
+    # groups are destroyed: ~ProcessGroupGloo joins that thread while holding the GIL.
+    dist.barrier()
+    time.sleep(0.2)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

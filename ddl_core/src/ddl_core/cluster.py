@@ -1,0 +1,449 @@
+"""An emulated multi-host cluster on one machine, from Linux network namespaces.
+
+    python -m ddl_core.cluster up --hosts 3 --link 200mbit [--name demo]
+    ddlrun --cluster demo -n 6 python train.py
+    python -m ddl_core.cluster status
+    python -m ddl_core.cluster down --name demo
+    python -m ddl_core.cluster run --hosts 2 --link 200mbit -- -n 4 python train.py
+
+Why: DDL's topology-aware allreduce only shows its worth across hosts joined by a link
+slower than shared memory, and one machine has no such link. Each "host" here is a
+network namespace (its own interfaces, addresses and routes) whose processes also get
+their own hostname (a UTS namespace), joined to the others by a veth pair to a bridge.
+`tc ... tbf` shapes each host's link in both directions (tbf works in this kind of
+container; netem does not). Ranks inside one namespace share memory like ranks of one
+node; ranks in different namespaces talk TCP through the shaped links.
+
+Open MPI launches across the namespaces the way it launches across real hosts, over its
+ssh launcher, with an agent script instead of ssh: the agent runs
+`ip netns exec <host> unshare -u sh -c 'hostname <host>; <command>'`. The namespaces
+resolve each other's names through /etc/netns/<ns>/hosts, which `ip netns exec`
+bind-mounts over /etc/hosts. The bridge has an address too, so the launcher (prterun, in
+the root namespace) and the daemons it starts in the namespaces reach each other.
+
+Every resource is named from the cluster's name (namespaces and hostnames
+`ddlc-<name>-h<i>`, bridge `ddlc-<name>`, root-side veths `dc<name>h<i>`), so clusters of
+people working side by side never collide and `down` can find everything (also what a
+crashed `up` left behind) from the name alone. `down` is idempotent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PREFIX = "ddlc"
+STATE_DIR = Path(os.environ.get("DDL_CLUSTER_STATE", "/run/ddl-cluster"))
+NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")  # bridge "ddlc-<name>" must fit IFNAMSIZ (15)
+SUBNET_BASE = "10.77"  # /24 per cluster: 10.77.<k>.0/24, k chosen free at `up`
+RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
+RATE_UNIT = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+class ClusterError(Exception):
+    """A cluster that cannot be made, found or removed, with the reason and the fix."""
+
+
+@dataclass
+class Cluster:
+    """A running emulated cluster, as recorded in its state file."""
+
+    name: str
+    hosts: list[str]
+    addrs: list[str]
+    subnet: str
+    head_addr: str
+    link: str | None = None
+    link_bps: float | None = None
+    created: float = field(default_factory=time.time)
+
+    @property
+    def bridge(self) -> str:
+        return bridge_name(self.name)
+
+    @property
+    def state_dir(self) -> Path:
+        return STATE_DIR / self.name
+
+    @property
+    def agent(self) -> Path:
+        return self.state_dir / "agent"
+
+    def mpirun_args(self) -> list[str]:
+        """Open MPI options that launch on, and talk over, this cluster's network."""
+        return ["--prtemca", "plm_ssh_agent", str(self.agent),
+                "--prtemca", "oob_tcp_if_include", self.subnet,
+                "--mca", "btl_tcp_if_include", self.subnet,
+                # Let Linux size the socket buffers: Open MPI's fixed ones cap the TCP
+                # window, and once both directions of a shaped link are busy (the ACKs
+                # queue behind data) a window-limited exchange runs at half rate
+                # (measured: a 16 MiB Sendrecv both ways took 2x the one-way time).
+                "--mca", "btl_tcp_sndbuf", "0", "--mca", "btl_tcp_rcvbuf", "0",
+                # No emulated RDMA put over TCP: with it a large message goes out as one
+                # fragment, and the rendezvous ACK the peer waits for queues behind it,
+                # so exchanges in both directions ran one after the other (2 pairs x 8 MiB
+                # Sendrecv: 1.3 s with put, 0.72 s without, 0.67 s = the link's limit).
+                # Every variant in a benchmark runs with it, MPI's own collectives too.
+                "--mca", "btl_tcp_flags", "send,inplace,need-ack,need-csum",
+                # All "hosts" share this machine's cores: binding would pile every
+                # namespace's rank 0 onto core 0, and idle ranks must yield.
+                "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"]
+
+    def exec_argv(self, host: str, command: list[str]) -> list[str]:
+        """argv that runs `command` on `host` with its hostname set (as the agent does)."""
+        if host not in self.hosts:
+            raise ClusterError(f"host {host!r} is not in cluster {self.name} "
+                               f"(its hosts: {', '.join(self.hosts)})")
+        return ["ip", "netns", "exec", host, "unshare", "-u", "sh", "-c",
+                f"hostname {host}; exec {shlex.join(command)}"]
+
+
+def bridge_name(name: str) -> str:
+    return f"{PREFIX}-{name}"
+
+
+def host_name(name: str, i: int) -> str:
+    return f"{PREFIX}-{name}-h{i}"
+
+
+def veth_name(name: str, i: int) -> str:
+    return f"dc{name}h{i}"
+
+
+def parse_rate(text: str) -> float:
+    """'200mbit' -> bits per second (tc's units)."""
+    m = RATE_RE.match(text.strip().lower())
+    if not m:
+        raise ClusterError(f"--link {text!r}: write a rate as tc does, e.g. 200mbit or 1gbit")
+    return float(m.group(1)) * RATE_UNIT[m.group(2)]
+
+
+def _run(*argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise ClusterError(f"`{shlex.join(argv)}` failed: {proc.stderr.strip() or proc.stdout}")
+    return proc
+
+
+def check_environment() -> None:
+    """Refuse early and clearly where namespaces cannot be made."""
+    if os.geteuid() != 0:
+        raise ClusterError("the emulated cluster needs root (it creates network namespaces, "
+                           "a bridge and veth links): run as root or under sudo")
+    if not shutil.which("ip") or not shutil.which("tc") or not shutil.which("unshare"):
+        raise ClusterError("the emulated cluster needs `ip`, `tc` (iproute2) and `unshare` "
+                           "(util-linux): apt-get install iproute2 util-linux")
+    proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ClusterError(f"`ip netns` is unavailable here: {proc.stderr.strip()}")
+
+
+def skip_reason() -> str | None:
+    """Why the emulated cluster cannot run here (for pytest skips), or None."""
+    try:
+        check_environment()
+    except ClusterError as e:
+        return str(e)
+    return None
+
+
+@contextlib.contextmanager
+def _lock() -> Iterator[None]:
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _used_subnets() -> set[int]:
+    used = set()
+    out = _run("ip", "-4", "-o", "addr", "show", check=False).stdout
+    for m in re.finditer(rf"inet {re.escape(SUBNET_BASE)}\.(\d+)\.", out):
+        used.add(int(m.group(1)))
+    for p in STATE_DIR.glob("*.json"):
+        with contextlib.suppress(Exception):
+            used.add(int(json.loads(p.read_text())["subnet"].split(".")[2]))
+    return used
+
+
+def load(name: str) -> Cluster:
+    """The running cluster called `name`, or a ClusterError that says how to start one."""
+    if not NAME_RE.match(name or ""):
+        raise ClusterError(f"cluster name {name!r}: use 1-8 lowercase letters and digits, "
+                           "starting with a letter")
+    p = STATE_DIR / f"{name}.json"
+    if not p.is_file():
+        raise ClusterError(f"no emulated cluster named {name!r} is up: start one with "
+                           f"`python -m ddl_core.cluster up --name {name} --hosts 2`")
+    return Cluster(**json.loads(p.read_text()))
+
+
+def _tbf(dev: str, bps: float, netns: str | None = None) -> None:
+    # burst: at least one timer tick's worth at this rate (and a few packets), so the
+    # shaper reaches its rate; latency bounds the queue as a real switch port's buffer
+    # would (20 ms: a deep queue only adds round-trip time, and with both directions
+    # busy the ACKs wait behind it).
+    burst = max(int(bps / 8 / 250), 32 * 1024)
+    pre = ["ip", "netns", "exec", netns] if netns else []
+    _run(*pre, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{int(bps)}bit",
+         "burst", str(burst), "latency", "20ms")
+
+
+def up(name: str = "ddl", hosts: int = 2, link: str | None = None) -> Cluster:
+    """Create the cluster; on any failure remove what was made and raise."""
+    check_environment()
+    if not NAME_RE.match(name):
+        raise ClusterError(f"cluster name {name!r}: use 1-8 lowercase letters and digits, "
+                           "starting with a letter (interface names are at most 15 characters)")
+    if not 1 <= hosts <= 99:
+        raise ClusterError(f"--hosts {hosts}: between 1 and 99")
+    bps = parse_rate(link) if link else None
+    with _lock():
+        if (STATE_DIR / f"{name}.json").exists():
+            raise ClusterError(f"cluster {name!r} is already up: `python -m ddl_core.cluster "
+                               f"down --name {name}` first, or use another --name")
+        leftovers = _resources(name)
+        if any(leftovers.values()):
+            _teardown(name)  # what a crashed `up` or killed `down` left behind
+        free = [k for k in range(1, 255) if k not in _used_subnets()]
+        if not free:
+            raise ClusterError(f"no free {SUBNET_BASE}.X.0/24 subnet left: `status`, then "
+                               "`down` clusters no longer in use")
+        k = free[0]
+        c = Cluster(name=name, hosts=[host_name(name, i) for i in range(hosts)],
+                    addrs=[f"{SUBNET_BASE}.{k}.{i + 1}" for i in range(hosts)],
+                    subnet=f"{SUBNET_BASE}.{k}.0/24", head_addr=f"{SUBNET_BASE}.{k}.254",
+                    link=link, link_bps=bps)
+        c.state_dir.mkdir(parents=True, exist_ok=True)
+        (STATE_DIR / f"{name}.json").write_text(json.dumps(asdict(c), indent=1))
+    try:
+        _create(c)
+    except BaseException:
+        down(name)
+        raise
+    return c
+
+
+def _create(c: Cluster) -> None:
+    br = c.bridge
+    _run("ip", "link", "add", br, "type", "bridge")
+    _run("ip", "addr", "add", f"{c.head_addr}/24", "dev", br)
+    _run("ip", "link", "set", br, "up")
+    hosts_file = "127.0.0.1 localhost\n" + "".join(
+        f"{a} {h}\n" for a, h in zip(c.addrs, c.hosts, strict=True)) + \
+        f"{c.head_addr} {PREFIX}-{c.name}-head\n"
+    for i, (h, a) in enumerate(zip(c.hosts, c.addrs, strict=True)):
+        v = veth_name(c.name, i)
+        _run("ip", "netns", "add", h)
+        etc = Path("/etc/netns") / h
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text(hosts_file)
+        (etc / "hostname").write_text(h + "\n")
+        _run("ip", "link", "add", v, "type", "veth", "peer", "name", "eth0", "netns", h)
+        _run("ip", "link", "set", v, "master", br, "up")
+        _run("ip", "-n", h, "addr", "add", f"{a}/24", "dev", "eth0")
+        _run("ip", "-n", h, "link", "set", "eth0", "up")
+        _run("ip", "-n", h, "link", "set", "lo", "up")
+        if c.link_bps:
+            _tbf("eth0", c.link_bps, netns=h)  # what the host sends
+            _tbf(v, c.link_bps)  # what the host receives
+    names = "|".join(c.hosts)
+    # PRRTE calls the agent as `agent [ssh options] host command`; only this cluster's
+    # hosts are accepted, and the host name is one of ours, so nothing from a host list
+    # reaches a shell unchecked.
+    c.agent.write_text(f"""#!/bin/sh
+# Open MPI launch agent for the emulated cluster {c.name} (written by ddl_core.cluster)
+while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done
+h="$1"; shift
+case "$h" in
+  {names}) ;;
+  *) echo "ddl cluster {c.name}: host '$h' is not in this cluster (hosts: {', '.join(c.hosts)})" >&2
+     exit 255;;
+esac
+exec ip netns exec "$h" unshare -u sh -c "hostname $h; $*"
+""")
+    c.agent.chmod(0o755)
+
+
+def _resources(name: str) -> dict[str, list[str]]:
+    """Everything that exists on this machine for cluster `name`, found by its names."""
+    ns = [line.split()[0] for line in _run("ip", "netns", "list", check=False).stdout.splitlines()
+          if line.strip()]
+    links = _run("ip", "-o", "link", "show", check=False).stdout
+    link_names = [m.group(1).split("@")[0] for m in re.finditer(r"^\d+: ([^:]+):", links, re.M)]
+    return {
+        "namespaces": [n for n in ns if re.fullmatch(rf"{PREFIX}-{name}-h\d+", n)],
+        "links": [n for n in link_names
+                  if n == bridge_name(name) or re.fullmatch(rf"dc{name}h\d+", n)],
+    }
+
+
+def _pids_in(ns: str) -> list[int]:
+    out = _run("ip", "netns", "pids", ns, check=False).stdout
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def _teardown(name: str) -> None:
+    res = _resources(name)
+    # Processes first (ranks, daemons of a killed run): TERM, a moment, then KILL.
+    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
+        pids = [p for ns in res["namespaces"] for p in _pids_in(ns)]
+        if not pids:
+            break
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, sig)
+        deadline = time.time() + wait
+        while time.time() < deadline and any(_pids_in(ns) for ns in res["namespaces"]):
+            time.sleep(0.05)
+    for ns in res["namespaces"]:
+        _run("ip", "netns", "del", ns, check=False)  # takes its end of the veth with it
+        shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
+    for link in res["links"]:
+        _run("ip", "link", "del", link, check=False)
+    for h in Path("/etc/netns").glob(f"{PREFIX}-{name}-h*") if Path("/etc/netns").is_dir() else []:
+        shutil.rmtree(h, ignore_errors=True)
+    shutil.rmtree(STATE_DIR / name, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        (STATE_DIR / f"{name}.json").unlink()
+
+
+def down(name: str = "ddl") -> list[str]:
+    """Remove the cluster's processes, namespaces, links and files; idempotent.
+
+    Returns what it removed (empty when nothing was there)."""
+    check_environment()
+    if not NAME_RE.match(name):
+        raise ClusterError(f"cluster name {name!r}: use 1-8 lowercase letters and digits")
+    res = _resources(name)
+    had = res["namespaces"] + res["links"]
+    if (STATE_DIR / f"{name}.json").exists():
+        had.append(str(STATE_DIR / f"{name}.json"))
+    _teardown(name)
+    left = _resources(name)
+    if any(left.values()):
+        raise ClusterError(f"cluster {name}: could not remove {left}")
+    return had
+
+
+def status() -> list[dict[str, object]]:
+    """Clusters recorded as up, and stray resources (by the naming scheme) of any other."""
+    rows: list[dict[str, object]] = []
+    seen = set()
+    for p in sorted(STATE_DIR.glob("*.json")) if STATE_DIR.is_dir() else []:
+        with contextlib.suppress(Exception):
+            c = Cluster(**json.loads(p.read_text()))
+            seen.add(c.name)
+            res = _resources(c.name)
+            pids = sum(len(_pids_in(ns)) for ns in res["namespaces"])
+            rows.append({"name": c.name, "hosts": c.hosts, "subnet": c.subnet,
+                         "link": c.link or "unshaped", "processes": pids,
+                         "healthy": len(res["namespaces"]) == len(c.hosts)})
+    ns = _run("ip", "netns", "list", check=False).stdout.split()
+    for n in ns:
+        m = re.fullmatch(rf"{PREFIX}-([a-z][a-z0-9]*)-h\d+", n)
+        if m and m.group(1) not in seen:
+            seen.add(m.group(1))
+            rows.append({"name": m.group(1), "hosts": _resources(m.group(1))["namespaces"],
+                         "subnet": "?", "link": "?", "processes": "?", "healthy": False,
+                         "note": "no state file (a crashed up?): `down` removes it"})
+    return rows
+
+
+@contextlib.contextmanager
+def running(name: str = "ddl", hosts: int = 2, link: str | None = None) -> Iterator[Cluster]:
+    """`with running("t", hosts=3, link="200mbit") as c:` - always torn down, also on
+    SIGTERM (turned into an exception here so the `finally` runs)."""
+    old = signal.getsignal(signal.SIGTERM)
+    restore = False
+    with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+        signal.signal(signal.SIGTERM, _raise_on_term)
+        restore = True
+    try:
+        c = up(name, hosts, link)
+        try:
+            yield c
+        finally:
+            down(name)
+    finally:
+        if restore:
+            signal.signal(signal.SIGTERM, old)
+
+
+def _raise_on_term(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ddl_core.cluster", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p_up = sub.add_parser("up", help="create a cluster")
+    p_run = sub.add_parser("run", help="create a cluster, run ddlrun on it, remove it")
+    for p in (p_up, p_run):
+        p.add_argument("--name", default="ddl" if p is p_up else f"r{os.getpid() % 100000}")
+        p.add_argument("--hosts", type=int, default=2)
+        p.add_argument("--link", help="shape each host's link, e.g. 200mbit (tc tbf rate)")
+    p_run.add_argument("ddlrun_args", nargs=argparse.REMAINDER,
+                       help="ddlrun options and the program (after --)")
+    p_down = sub.add_parser("down", help="remove a cluster (idempotent)")
+    p_down.add_argument("--name", default="ddl")
+    p_down.add_argument("--all", action="store_true", help="every ddlc-* cluster")
+    sub.add_parser("status", help="list clusters")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "up":
+            c = up(args.name, args.hosts, args.link)
+            print(f"cluster {c.name} up: {len(c.hosts)} hosts {', '.join(c.hosts)} on "
+                  f"{c.subnet}, links {c.link or 'unshaped'}")
+            print(f"run on it: ddlrun --cluster {c.name} -n {len(c.hosts)} python train.py")
+        elif args.cmd == "down":
+            names = [r["name"] for r in status()] if args.all else [args.name]
+            for n in names:
+                gone = down(str(n))
+                print(f"cluster {n}: " + (f"removed {len(gone)} resources" if gone
+                                          else "nothing to remove"))
+        elif args.cmd == "status":
+            check_environment()
+            rows = status()
+            if not rows:
+                print("no emulated clusters are up")
+            for r in rows:
+                print(f"{r['name']}: {len(r['hosts'])} hosts ({', '.join(r['hosts'])}), "  # type: ignore[arg-type]
+                      f"subnet {r['subnet']}, link {r['link']}, {r['processes']} processes"
+                      + ("" if r["healthy"] else f", BROKEN {r.get('note', '')}"))
+        else:
+            from .run import main as ddlrun_main
+
+            rest = list(args.ddlrun_args)
+            if rest and rest[0] == "--":
+                rest = rest[1:]
+            with running(args.name, args.hosts, args.link) as c:
+                return ddlrun_main(["--cluster", c.name, "--no-exec", *rest])
+    except ClusterError as e:
+        print(f"ddl_core.cluster: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ddl_core.cluster: interrupted; the cluster was removed", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

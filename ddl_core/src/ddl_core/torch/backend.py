@@ -1,0 +1,447 @@
+"""The `ddl` backend for torch.distributed: `dist.init_process_group("ddl")`.
+
+A Python `dist.ProcessGroup` whose collectives go to libddl: allreduce (DDP's gradient
+buckets) is queued on libddl's progress thread, which fuses small buckets and overlaps
+the reduction with the rest of the backward pass; `Work` objects complete through
+`torch.futures.Future`s (see _async.py), which is what DDP's reducer waits on.
+
+Covered: allreduce (+coalesced), broadcast, allgather / all_gather_into_tensor (+coalesced),
+reduce_scatter / reduce_scatter_tensor (+coalesced), all_to_all(_single), gather, scatter,
+reduce, barrier - what DDP, SyncBatchNorm, the object collectives and FSDP-style code
+call. Point-to-point send/recv is not covered: DDL is a collective library.
+
+libddl runs on MPI_COMM_WORLD, so a `ddl` group must span the whole job (the default
+group, or `new_group()` of every rank); `dist.new_group(ranks, backend="gloo")` serves
+subsets.
+
+Rendezvous: under `ddlrun`/`mpirun` there is no MASTER_ADDR; `init_method="ddl://"`
+(and the default `env://` when MASTER_ADDR is unset in an MPI job) starts a TCPStore on
+rank 0 and tells the other ranks where it is with a DDL broadcast, so the store that
+torch (and NCCL, for `cpu:ddl,cuda:nccl`) needs exists without any launcher settings.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import socket
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+import ddl_core
+
+from ._async import COMPLETER, completed
+from ._tensors import chain, check_cpu, prepare
+
+BACKEND_NAME = "ddl"
+_SYNC = os.environ.get("DDL_TORCH_SYNC", "0") == "1"
+
+_RED = {
+    ReduceOp.RedOpType.SUM: "sum",
+    ReduceOp.RedOpType.AVG: "avg",
+    ReduceOp.RedOpType.PRODUCT: "prod",
+    ReduceOp.RedOpType.MIN: "min",
+    ReduceOp.RedOpType.MAX: "max",
+}
+
+
+def _op_name(op: Any) -> str:
+    kind = getattr(op, "op", op)
+    name = _RED.get(kind)
+    if name is None:
+        raise ValueError(f"the ddl backend does not implement {op}: use SUM, AVG, PRODUCT, "
+                         "MIN or MAX")
+    return name
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a contiguous tensor (data movement ignores the dtype)."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+class DDLWork(dist.Work):
+    """A collective in flight; `wait()` blocks until libddl has finished it."""
+
+    def __init__(self, fut: torch.futures.Future[Any], value: Any) -> None:
+        super().__init__()
+        self._fut = fut
+        self._value = value
+
+    def wait(self, timeout: timedelta | None = None) -> bool:  # noqa: ARG002
+        self._fut.wait()  # raises the collective's error, if any
+        return True
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.value()
+        except Exception:  # noqa: BLE001
+            return False
+        return True
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        return self._fut
+
+    def result(self) -> Any:
+        return self._value
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+def _work(handles: list[Any], value: Any, post: Any = None) -> DDLWork:
+    return DDLWork(COMPLETER.submit(handles, value, post), value)
+
+
+def _done(value: Any) -> DDLWork:
+    return DDLWork(completed(value), value)
+
+
+class ProcessGroupDDL(dist.ProcessGroup):
+    """torch.distributed process group on libddl (the whole MPI job)."""
+
+    def __init__(self, rank: int, size: int, timeout: timedelta | None = None) -> None:
+        super().__init__(rank, size)
+        ddl_core.init()
+        if size != ddl_core.size() or rank != ddl_core.rank():
+            raise ValueError(
+                f"a ddl process group must span the whole job in rank order: this group has "
+                f"rank {rank} of {size}, DDL has rank {ddl_core.rank()} of {ddl_core.size()}. "
+                "Use dist.new_group(ranks, backend='gloo') for a subset of ranks.")
+        self._rank = rank
+        self._size = size
+        self._timeout = timeout
+
+    # -- identity ------------------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return BACKEND_NAME
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupDDL(rank={self._rank}, size={self._size})"
+
+    # -- reductions ----------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> DDLWork:
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        op = _op_name(opts.reduceOp) if opts is not None else "sum"
+        handles, posts = [], []
+        if _SYNC:
+            for t in tensors:
+                work, wop, post = prepare(t, op)
+                ddl_core.allreduce(work, op=wop, out=work)
+                if post is not None:
+                    post()
+            return _done(tensors)
+        for t in tensors:
+            work, wop, post = prepare(t, op)
+            handles.append(ddl_core.allreduce_async(work, op=wop, out=work))
+            posts.append(post)
+        return _work(handles, tensors, chain(posts))
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> DDLWork:
+        # libddl's progress thread fuses consecutive allreduces of one dtype and op.
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> DDLWork:
+        # An allreduce leaves the root's result where reduce puts it; other ranks' tensors
+        # are unspecified after reduce in torch's contract.
+        return self.allreduce(tensors, opts)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, inp: torch.Tensor,
+                             opts: Any = None) -> DDLWork:
+        op = _op_name(opts.reduceOp) if opts is not None else "sum"
+        if output.numel() * self._size != inp.numel():
+            raise ValueError(f"reduce_scatter_tensor: input has {inp.numel()} elements, expected "
+                             f"{self._size} x {output.numel()}")
+        src, sop, _ = prepare(inp.contiguous(), op)
+        dst, _, post = prepare(output, op)
+        h = ddl_core.reduce_scatter_async(src.reshape(-1), op=sop, out=dst.reshape(-1))
+        return _work([h], output, post)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> DDLWork:
+        works = [self._reduce_scatter_base(o, i, opts)
+                 for o, i in zip(outputs, inputs, strict=True)]
+        return works[-1] if works else _done(outputs)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts: Any = None) -> DDLWork:
+        works = []
+        for out, ins in zip(outputs, input_lists, strict=True):
+            if any(i.shape != out.shape for i in ins):
+                raise ValueError("reduce_scatter needs equally shaped inputs (use "
+                                 "reduce_scatter_tensor for a flat buffer)")
+            works.append(self._reduce_scatter_base(out, torch.cat([i.reshape(-1) for i in ins]),
+                                                   opts))
+        return works[-1] if works else _done(outputs)
+
+    # -- data movement ------------------------------------------------------------------
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> DDLWork:
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        root = opts.rootRank if opts is not None else 0
+        handles, posts = [], []
+        for t in tensors:
+            check_cpu(t)
+            work = t if t.is_contiguous() else t.contiguous()
+            handles.append(ddl_core.broadcast_async(_bytes(work), root))
+            posts.append(None if work is t else (lambda t=t, w=work: t.copy_(w)))
+        return _work(handles, tensors, chain(posts))
+
+    def _allgather_base(self, output: torch.Tensor, inp: torch.Tensor,
+                        opts: Any = None) -> DDLWork:  # noqa: ARG002
+        check_cpu(inp)
+        check_cpu(output)
+        if output.numel() != inp.numel() * self._size:
+            raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, "
+                             f"expected {self._size} x {inp.numel()}")
+        if output.dtype != inp.dtype:
+            raise TypeError(f"all_gather_into_tensor: output is {output.dtype}, input {inp.dtype}")
+        src = inp.contiguous()
+        dst = output if output.is_contiguous() else output.contiguous()
+        h = ddl_core.allgather_async(_bytes(src), out=_bytes(dst))
+        return _work([h], output, None if dst is output else (lambda: output.copy_(dst)))
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> DDLWork:
+        works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return works[-1] if works else _done(outputs)
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  opts: Any = None) -> DDLWork:  # noqa: ARG002
+        handles, posts = [], []
+        for outs, inp in zip(output_lists, inputs, strict=True):
+            check_cpu(inp)
+            if len(outs) != self._size:
+                raise ValueError(f"all_gather: {len(outs)} output tensors for {self._size} ranks")
+            if any(o.numel() != inp.numel() for o in outs):
+                raise ValueError("all_gather on the ddl backend needs equally sized tensors on "
+                                 "every rank (pad, or gather the sizes first)")
+            flat = torch.empty((self._size, *inp.shape), dtype=inp.dtype)
+            handles.append(ddl_core.allgather_async(_bytes(inp.contiguous()), out=_bytes(flat)))
+            posts.append(lambda outs=outs, flat=flat: [o.copy_(flat[i].view_as(o))
+                                                       for i, o in enumerate(outs)])
+        return _work(handles, output_lists, chain(posts))
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
+                            inputs: list[torch.Tensor], opts: Any = None) -> DDLWork:
+        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, inputs, strict=True)]
+        return works[-1] if works else _done(output_lists)
+
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+               opts: Any = None) -> DDLWork:
+        root = opts.rootRank if opts is not None else 0
+        if self._rank == root:
+            return self.allgather(output_lists, inputs)
+        # Non-roots take part in the allgather into scratch space.
+        scratch = [[torch.empty_like(inputs[0]) for _ in range(self._size)]]
+        return self.allgather(scratch, inputs)
+
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                opts: Any = None) -> DDLWork:
+        root = opts.rootRank if opts is not None else 0
+        out = outputs[0]
+        check_cpu(out)
+        flat = (torch.stack([t.reshape(out.shape) for t in input_lists[0]])
+                if self._rank == root else torch.empty((self._size, *out.shape), dtype=out.dtype))
+        h = ddl_core.broadcast_async(_bytes(flat), root)
+        return _work([h], outputs, lambda: out.copy_(flat[self._rank]))
+
+    def alltoall_base(self, output: torch.Tensor, inp: torch.Tensor,
+                      output_split_sizes: list[int], input_split_sizes: list[int],
+                      opts: Any = None) -> DDLWork:  # noqa: ARG002
+        """All-to-all through one allgather of padded inputs: libddl has no alltoall, and
+        this costs size() times the data of a real one, fine for the small exchanges
+        (routing tables, MoE token counts) it is used for here."""
+        check_cpu(inp)
+        n = self._size
+        rows = inp.shape[0] if inp.dim() else 0
+        in_splits = list(input_split_sizes) or [rows // n] * n
+        row = inp[0].numel() if rows else 0
+        result = alltoall_rows(inp.contiguous().reshape(rows, -1) if rows else inp.reshape(0, 1),
+                               in_splits, row)
+        if output_split_sizes and list(output_split_sizes) != [r.shape[0] for r in result]:
+            raise ValueError(f"all_to_all_single: output_split_sizes {list(output_split_sizes)} "
+                             f"do not match what the ranks send {[r.shape[0] for r in result]}")
+        output.copy_(torch.cat(result).reshape(output.shape))
+        return _done([output])
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                 opts: Any = None) -> DDLWork:
+        flat = torch.cat([t.reshape(-1) for t in inputs])
+        sizes = [t.numel() for t in inputs]
+        result = alltoall_rows(flat.reshape(-1, 1), sizes, 1)
+        for o, r in zip(outputs, result, strict=True):
+            o.copy_(r.reshape(o.shape))
+        return _done(outputs)
+
+    # torch 2.13 calls the "single" names from Python, older code the underscored ones.
+    all_gather_single = _allgather_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    reduce_scatter_single = _reduce_scatter_base
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    all_to_all_single = alltoall_base
+
+    def barrier(self, opts: Any = None) -> DDLWork:  # noqa: ARG002
+        # Through the queue, so a barrier also waits for collectives issued before it.
+        z = torch.zeros(1, dtype=torch.int32)
+        return _work([ddl_core.allreduce_async(z, out=z)], [])
+
+    def monitored_barrier(self, opts: Any = None, wait_all_ranks: bool = False) -> None:  # noqa: ARG002
+        self.barrier().wait()
+
+    def send(self, *args: Any, **kwargs: Any) -> DDLWork:
+        raise NotImplementedError("the ddl backend has no point-to-point send/recv; create a "
+                                  "gloo group for it: dist.new_group(backend='gloo')")
+
+    recv = send
+    recv_anysource = send
+
+
+def alltoall_rows(x: torch.Tensor, splits: list[int], row: int) -> list[torch.Tensor]:
+    """Rank i sends rows x[off_j : off_j + splits[j]] to rank j; returns what each rank
+    sent here, in rank order. x is 2-D (rows, row elements)."""
+    n = ddl_core.size()
+    me = ddl_core.rank()
+    if len(splits) != n or sum(splits) != x.shape[0]:
+        raise ValueError(f"alltoall: splits {splits} must have {n} entries summing to "
+                         f"{x.shape[0]} rows")
+    table = ddl_core.allgather(np.asarray(splits, dtype=np.int64)).reshape(n, n)
+    longest = int(table.sum(axis=1).max())
+    padded = torch.zeros((longest, max(row, 1)), dtype=x.dtype)
+    if x.shape[0]:
+        padded[: x.shape[0]] = x.reshape(x.shape[0], -1)
+    gathered = torch.empty((n, longest, max(row, 1)), dtype=x.dtype)
+    ddl_core.allgather(_bytes(padded), out=_bytes(gathered))
+    out = []
+    for src in range(n):
+        off = int(table[src, :me].sum())
+        out.append(gathered[src, off: off + int(table[src, me])])
+    return out
+
+
+# -- rendezvous ---------------------------------------------------------------------------
+
+def under_mpi() -> bool:
+    """Whether an MPI launcher (Open MPI / PMIx, MPICH Hydra) started this process."""
+    return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE",
+                                          "PMI_RANK"))
+
+
+def _local_addresses() -> list[str]:
+    """This host's IPv4 addresses, the resolvable ones first, loopback last."""
+    addrs: list[str] = []
+    try:
+        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+            addrs.append(str(info[4][0]))
+    except OSError:
+        pass
+    try:  # every local address, also in network namespaces without a hosts entry
+        with open("/proc/net/fib_trie") as fh:
+            lines = fh.read().splitlines()
+        for prev, line in zip(lines, lines[1:], strict=False):
+            if "/32 host LOCAL" in line:
+                addrs.append(prev.split()[-1])
+    except OSError:
+        pass
+    seen = [a for i, a in enumerate(addrs) if a not in addrs[:i] and not a.startswith("127.")]
+    return seen + ["127.0.0.1"]
+
+
+def _bcast_object(obj: Any, root: int = 0) -> Any:
+    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if ddl_core.rank() == root else None
+    n = np.array([0 if data is None else data.size], dtype=np.int64)
+    ddl_core.broadcast(n, root)
+    buf = data.copy() if data is not None else np.empty(int(n[0]), dtype=np.uint8)
+    ddl_core.broadcast(buf, root)
+    return pickle.loads(buf.tobytes())
+
+
+def make_store(timeout: timedelta) -> tuple[dist.Store, int, int]:
+    """A TCPStore on rank 0 that every rank reaches; found through DDL, not the environment."""
+    ddl_core.init()
+    rank, size = ddl_core.rank(), ddl_core.size()
+    if rank == 0:
+        store = dist.TCPStore("0.0.0.0", int(os.environ.get("MASTER_PORT", 0) or 0), size, True,
+                              timeout, wait_for_workers=False)
+        where = (os.environ.get("MASTER_ADDR") and [os.environ["MASTER_ADDR"]]
+                 or _local_addresses(), store.port)
+        _bcast_object(where)
+        return store, rank, size
+    addrs, port = _bcast_object(None)
+    errors = []
+    for addr in addrs:
+        try:
+            socket.create_connection((addr, port), timeout=5).close()
+        except OSError as exc:
+            errors.append(f"{addr}: {exc}")
+            continue
+        return dist.TCPStore(addr, port, size, False, timeout), rank, size
+    raise RuntimeError(f"rank {rank} cannot reach rank 0's store on port {port}: "
+                       + "; ".join(errors))
+
+
+def _ddl_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30),
+                    **kwargs: Any) -> Iterator[tuple[dist.Store, int, int]]:  # noqa: ARG001
+    yield make_store(timeout)
+    raise RuntimeError("ddl:// rendezvous cannot re-rendezvous")
+
+
+def _env_or_ddl(original: Any) -> Any:
+    def handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Any:
+        if "MASTER_ADDR" not in os.environ and under_mpi():
+            return _ddl_rendezvous(url, timeout, **kwargs)
+        return original(url, timeout=timeout, **kwargs)
+
+    handler._ddl_wrapped = True  # type: ignore[attr-defined]
+    return handler
+
+
+def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroupDDL:
+    return ProcessGroupDDL(rank, size, timeout)
+
+
+_registered = False
+
+
+def register() -> None:
+    """Make "ddl" a torch.distributed backend and "ddl://" a rendezvous; idempotent.
+
+    The DDL-enabled pytorch package calls this when torch is imported (entry point in the
+    `torch.backends` group), so scripts need no extra import.
+    """
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+    # torch.distributed.rendezvous is also the name of a function there: take the module.
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
+    handlers = getattr(rdzv, "_rendezvous_handlers", None)
+    if handlers is not None:
+        if "ddl" not in handlers:
+            rdzv.register_rendezvous_handler("ddl", _ddl_rendezvous)
+        env = handlers.get("env")
+        if env is not None and not getattr(env, "_ddl_wrapped", False):
+            handlers["env"] = _env_or_ddl(env)

@@ -1,0 +1,38 @@
+"""ddl_core/examples run unchanged under ddlrun (and horovodrun) on 2 ranks, synthetic
+data, and print tf_cnn_benchmarks' 'total images/sec' line once (rank 0)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+from conftest import BIN, EXAMPLES, ddlrun, need, run_job
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _images_per_sec(out: str) -> float:
+    found = re.findall(r"^total images/sec: ([0-9.]+)$", out, re.M)
+    assert len(found) == 1, out[-3000:]
+    return float(found[0])
+
+
+@pytest.mark.parametrize("script,args,module", [
+    ("pytorch_ddp_ddl.py", ["--samples", "256", "--sync-bn"], "torch"),
+    ("horovod_pytorch.py", ["--samples", "256"], "torch"),
+    ("keras_mnist_ddl.py", ["--samples", "256", "--epochs", "1"], "tensorflow"),
+    ("horovod_keras.py", ["--samples", "256", "--epochs", "1"], "tensorflow"),
+])
+def test_example_runs_under_ddlrun(script: str, args: list[str], module: str) -> None:
+    need(module)
+    proc = ddlrun(2, sys.executable, str(EXAMPLES / script), *args)
+    assert _images_per_sec(proc.stdout) > 0
+
+
+def test_horovod_example_runs_under_horovodrun() -> None:
+    need("torch")
+    proc = run_job([str(BIN / "horovodrun"), "-np", "2", "--mpi-args",
+                    "--mca mpi_yield_when_idle 1", sys.executable,
+                    str(EXAMPLES / "horovod_pytorch.py"), "--samples", "128"])
+    assert _images_per_sec(proc.stdout) > 0

@@ -1,0 +1,102 @@
+"""Every torch.distributed collective on the ddl backend against what it must compute."""
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group(init_method="ddl://", backend="ddl")
+r, n = dist.get_rank(), dist.get_world_size()
+
+
+def expect(got, want, what):
+    if not torch.equal(got, want):
+        raise AssertionError(f"rank {r}: {what}: got {got}, want {want}")
+
+
+vals = [torch.arange(6, dtype=torch.float32) + 10 * k for k in range(n)]
+OPS = [(dist.ReduceOp.SUM, lambda v: sum(v)),
+       (dist.ReduceOp.MAX, lambda v: torch.stack(v).max(0).values),
+       (dist.ReduceOp.MIN, lambda v: torch.stack(v).min(0).values),
+       (dist.ReduceOp.AVG, lambda v: sum(v) / n),
+       (dist.ReduceOp.PRODUCT, lambda v: torch.stack(v).prod(0))]
+for op, fn in OPS:
+    t = vals[r].clone()
+    dist.all_reduce(t, op=op)
+    expect(t, fn(vals), f"all_reduce {op}")
+
+# dtypes libddl lacks, and a non-contiguous view
+b = torch.tensor([r == 0, False, True])
+dist.all_reduce(b)
+expect(b, torch.tensor([True, False, True]), "bool all_reduce (or)")
+i16 = torch.full((3,), r + 1, dtype=torch.int16)
+dist.all_reduce(i16)
+expect(i16, torch.full((3,), sum(range(1, n + 1)), dtype=torch.int16), "int16 all_reduce")
+m = torch.arange(12, dtype=torch.float64).reshape(3, 4) * (r + 1)
+col = m[:, 1]  # strided view: reduced through a copy and written back
+dist.all_reduce(col)
+expect(m[:, 1], torch.tensor([1.0, 5.0, 9.0], dtype=torch.float64) * sum(range(1, n + 1)),
+       "strided all_reduce")
+
+# async work and futures
+t = torch.ones(1000) * r
+w = dist.all_reduce(t, async_op=True)
+fut = w.get_future()
+w.wait()
+assert fut.done()
+expect(t, torch.full((1000,), float(sum(range(n)))), "async all_reduce")
+
+bc = torch.arange(5) if r == 1 else torch.zeros(5, dtype=torch.int64)
+dist.broadcast(bc, src=1)
+expect(bc, torch.arange(5), "broadcast")
+
+outs = [torch.empty(2, 3) for _ in range(n)]
+dist.all_gather(outs, torch.full((2, 3), float(r)))
+for k in range(n):
+    expect(outs[k], torch.full((2, 3), float(k)), "all_gather")
+big = torch.empty(n * 4, dtype=torch.bfloat16)
+dist.all_gather_into_tensor(big, torch.full((4,), float(r), dtype=torch.bfloat16))
+expect(big, torch.arange(n).repeat_interleave(4).to(torch.bfloat16), "all_gather_into_tensor")
+
+rs = torch.empty(3)
+dist.reduce_scatter_tensor(rs, torch.arange(3 * n, dtype=torch.float32) * (r + 1))
+want = torch.arange(3 * n, dtype=torch.float32)[3 * r: 3 * r + 3] * sum(range(1, n + 1))
+expect(rs, want, "reduce_scatter_tensor")
+
+a2a_in = torch.arange(n * 2, dtype=torch.float32) + 100 * r
+a2a_out = torch.empty(n * 2)
+dist.all_to_all_single(a2a_out, a2a_in)
+expect(a2a_out, torch.cat([torch.arange(2 * r, 2 * r + 2, dtype=torch.float32) + 100 * k
+                          for k in range(n)]), "all_to_all_single")
+
+if r == 0:
+    sc = [torch.full((2,), float(k + 7)) for k in range(n)]
+else:
+    sc = None
+got = torch.empty(2)
+dist.scatter(got, sc, src=0)
+expect(got, torch.full((2,), float(r + 7)), "scatter")
+gl = [torch.empty(2) for _ in range(n)] if r == 0 else None
+dist.gather(torch.full((2,), float(r)), gl, dst=0)
+if r == 0:
+    for k in range(n):
+        expect(gl[k], torch.full((2,), float(k)), "gather")
+
+objs = [None] * n
+dist.all_gather_object(objs, {"rank": r, "s": "x" * (r + 1)})
+assert objs == [{"rank": k, "s": "x" * (k + 1)} for k in range(n)], objs
+lst = [{"cfg": 42}] if r == 0 else [None]
+dist.broadcast_object_list(lst, src=0)
+assert lst == [{"cfg": 42}]
+dist.barrier()
+
+# a ddl group must span the world; subsets get a clear error
+if n > 1:
+    try:
+        dist.new_group([0], backend="ddl")
+    except Exception as exc:  # noqa: BLE001
+        assert "whole job" in str(exc) or "ddl" in str(exc), exc
+    else:
+        if r == 0:
+            raise AssertionError("a one-rank ddl group was accepted")
+
+print("OK collectives", flush=True)
+dist.destroy_process_group()
