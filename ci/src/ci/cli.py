@@ -442,6 +442,7 @@ def channel(
                 "sklearn",
                 "h5py",
                 "xgboost",
+                "horovod",
             ],
             [["envtools", "--help"], ["ddlrun", "--help"]],
         )
