@@ -1,0 +1,5 @@
+"""`python -m ci ...` entry point."""
+
+from ci.cli import app
+
+app()

@@ -1,0 +1,129 @@
+"""The local source mirror: recipe sources satisfied offline, checked by sha256.
+
+A mirror is a directory of files keyed by file name (``<sha256>`` symlinks are kept
+beside them, so a file can also be found by hash). A recipe keeps its official URL and
+sha256; ``ci`` looks the file name up here, verifies the hash and hands rattler-build a
+``file://`` URL. On Debian, the mirror can be filled from Debian's source packages: an
+upstream tarball that Debian ships unmodified as ``<pkg>_<ver>.orig.tar.gz`` is the same
+file, byte for byte (the sha256 check proves it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+# Upstream file name -> (Debian source package, upstream version). Extend as recipes grow.
+DEBIAN_ORIG: dict[str, tuple[str, str]] = {
+    "Python-3.11.2.tgz": ("python3.11", "3.11.2"),
+}
+
+
+class ChecksumError(Exception):
+    """A source whose sha256 does not match the recipe's pin."""
+
+    def __init__(self, path: Path, expected: str, actual: str) -> None:
+        super().__init__(
+            f"sha256 mismatch for {path}: expected {expected}, got {actual}. "
+            "The file is corrupt or not the one the recipe pins: delete it and let ci fetch "
+            "it again, or fix the recipe's sha256 if the new file is the intended one."
+        )
+        self.path, self.expected, self.actual = path, expected, actual
+
+
+class MirrorMiss(Exception):
+    """The mirror does not hold a source and it could not be fetched."""
+
+
+def sha256_of(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks (tarballs can be large)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify(path: Path, expected: str) -> None:
+    """Raise :class:`ChecksumError` naming the file and both hashes on a mismatch."""
+    actual = sha256_of(path)
+    if actual != expected.lower():
+        raise ChecksumError(path, expected.lower(), actual)
+
+
+def debian_archive_uris(sources_dir: Path = Path("/etc/apt")) -> list[str]:
+    """Archive base URIs from this host's own apt configuration (never hard-coded).
+
+    Reads deb822 ``*.sources`` and one-line ``*.list`` files; security archives are left
+    out because they do not carry the orig tarballs of unchanged upstream versions.
+    """
+    uris: list[str] = []
+    files = [sources_dir / "sources.list", *sorted((sources_dir / "sources.list.d").glob("*"))]
+    for f in files:
+        if not f.is_file() or not (f.name.endswith(".sources") or f.name.endswith(".list")):
+            continue
+        text = f.read_text(errors="replace")
+        for m in re.finditer(r"^URIs:\s*(\S+)", text, re.M):
+            uris.append(m.group(1))
+        for m in re.finditer(r"^deb(?:-src)?\s+(?:\[[^\]]*\]\s+)?(\S+)", text, re.M):
+            uris.append(m.group(1))
+    return [u.rstrip("/") for u in dict.fromkeys(uris) if "security" not in u and "debian" in u]
+
+
+def debian_orig_url(base: str, package: str, version: str) -> str:
+    """Pool URL of a Debian orig tarball (pool/main/<first letter>/<package>/...)."""
+    prefix = package[:4] if package.startswith("lib") else package[0]
+    return f"{base}/pool/main/{prefix}/{package}/{package}_{version}.orig.tar.gz"
+
+
+@dataclass
+class SourceMirror:
+    """A directory of verified source files."""
+
+    root: Path
+
+    def path_for(self, filename: str) -> Path:
+        return self.root / filename
+
+    def fetch(self, url: str, sha256: str, *, offline_only: bool = False) -> Path:
+        """Return a verified local copy of ``url``'s file, filling the mirror if needed.
+
+        Order: the mirror; the official URL (unless ``offline_only``); Debian's orig
+        tarball for known files. Whatever is found is verified before it is kept.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        filename = url.rsplit("/", 1)[-1]
+        dest = self.path_for(filename)
+        if dest.exists():
+            verify(dest, sha256)
+            return dest
+        candidates: list[str] = [] if offline_only else [url]
+        if filename in DEBIAN_ORIG:
+            pkg, ver = DEBIAN_ORIG[filename]
+            candidates += [debian_orig_url(b, pkg, ver) for b in debian_archive_uris()]
+        errors: list[str] = []
+        for cand in candidates:
+            tmp = dest.with_suffix(dest.suffix + ".part")
+            try:
+                with urllib.request.urlopen(cand, timeout=30) as r, tmp.open("wb") as f:
+                    shutil.copyfileobj(r, f)
+            except Exception as exc:  # noqa: BLE001 - any network failure means "try next"
+                errors.append(f"{cand}: {exc}")
+                tmp.unlink(missing_ok=True)
+                continue
+            try:
+                verify(tmp, sha256)
+            except ChecksumError as exc:
+                tmp.unlink(missing_ok=True)
+                raise ChecksumError(Path(cand), exc.expected, exc.actual) from None
+            tmp.rename(dest)
+            return dest
+        raise MirrorMiss(
+            f"source {filename} (sha256 {sha256}) is not in the mirror {self.root} and could "
+            f"not be fetched ({'; '.join(errors) or 'no candidate URL'}). Copy the file into "
+            f"{self.root} on a connected machine and rerun."
+        )

@@ -1,0 +1,175 @@
+"""channel/REPORT.md and the build-graph picture.
+
+Everything in the report is read from what is on disk (the channel's repodata, package
+sizes, ci's state file) plus this run's outcomes, so it describes the channel as
+published, not as intended.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import networkx as nx
+
+from ci.build import RunResult, _before_epilogue
+from ci.graph import AXES
+from ci.state import load_state
+
+
+def draw_graph(g: nx.DiGraph, out: Path) -> None:
+    """The build graph as a PNG (one box per package name, edges = needs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = nx.DiGraph()
+    for a, b in g.edges:
+        names.add_edge(g.nodes[a]["node"].name, g.nodes[b]["node"].name)
+    for k in g.nodes:
+        names.add_node(g.nodes[k]["node"].name)
+    for layer, nodes in enumerate(nx.topological_generations(names)):
+        for n in nodes:
+            names.nodes[n]["layer"] = layer
+    pos = nx.multipartite_layout(names, subset_key="layer", align="horizontal", scale=2)
+    pos = {k: (x, -y) for k, (x, y) in pos.items()}
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names)), 4 + names.number_of_nodes() * 0.1))
+    nx.draw_networkx(
+        names,
+        pos,
+        ax=ax,
+        node_color="#cfe2f3",
+        node_size=2600,
+        node_shape="s",
+        font_size=9,
+        arrows=True,
+        arrowsize=14,
+        edge_color="#555555",
+    )
+    ax.set_title("DDL-CE build graph (arrow: is needed by)")
+    ax.axis("off")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def _repodata(channel: Path) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for rd in sorted(channel.glob("*/repodata.json")):
+        data = json.loads(rd.read_text())
+        for section in ("packages", "packages.conda"):
+            for fn, rec in (data.get(section) or {}).items():
+                out[f"{rd.parent.name}/{fn}"] = rec
+    return out
+
+
+def write_report(
+    channel: Path,
+    run: RunResult,
+    *,
+    graph_png: str | None,
+    stages: dict[str, float],
+    dropped: list[str],
+    unavailable: dict[str, str],
+    upstream: dict | None,
+    install: dict | None,
+) -> Path:
+    """Write channel/REPORT.md; returns its path."""
+    state = load_state(channel)
+    recs = _repodata(channel)
+    outcome = {o.node.key: o for o in run.outcomes}
+    lines = [
+        "# DDL-CE channel report",
+        "",
+        f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `python -m ci`.",
+        "",
+        "## Stages (this run)",
+        "",
+        "| stage | seconds |",
+        "| --- | ---: |",
+    ]
+    lines += [f"| {k} | {v:.1f} |" for k, v in stages.items()]
+    lines += [f"| **total** | **{sum(stages.values()):.1f}** |", ""]
+    lines += [
+        "## Packages",
+        "",
+        "| package | version | build | subdir | size (MB) | this run | build s | test | license |",
+        "| --- | --- | --- | --- | ---: | --- | ---: | --- | --- |",
+    ]
+    for key in sorted(recs):
+        rec = recs[key]
+        st = state.get(key, {})
+        o = outcome.get(key)
+        size = (channel / key).stat().st_size / 1e6 if (channel / key).exists() else 0
+        this = o.status if o else ("upstream copy" if st.get("origin") == "upstream" else "-")
+        test = (o.test_status if o and o.test_status else st.get("test", "")) or "-"
+        bsec = o.seconds if o and o.status == "built" else st.get("build_seconds", 0)
+        lines.append(
+            f"| {rec['name']} | {rec['version']} | {rec['build']} | {key.split('/')[0]} "
+            f"| {size:.2f} "
+            f"| {this} | {bsec:.1f} | {test} | {rec.get('license') or st.get('license') or '?'} |"
+        )
+    failed = [
+        o for o in run.outcomes if o.status in ("failed", "blocked") or o.test_status == "failed"
+    ]
+    lines += ["", "## Failures (this run)", ""]
+    if failed:
+        for o in failed:
+            why = o.error
+            if not why and o.test_output:
+                useful = [ln for ln in _before_epilogue(o.test_output.splitlines()) if ln.strip()]
+                why = "tests failed: " + (useful[-1].strip() if useful else "see the log")
+            lines.append(f"- `{o.node.key}`: {o.status}, tests {o.test_status or '-'}: {why}")
+            if o.log:
+                lines.append(f"  log: `{o.log}`")
+    else:
+        lines.append("None.")
+    lines += ["", "## Variants", ""]
+
+    def axes(o) -> str:
+        shown = {k: v for k, v in o.node.variant.items() if k in AXES or k == "target_platform"}
+        return json.dumps(shown, sort_keys=True)
+
+    variants = sorted({axes(o) for o in run.outcomes})
+    for v in variants:
+        users = sorted({o.node.name for o in run.outcomes if axes(o) == v})
+        lines.append(f"- `{v}`: {', '.join(users)}")
+    if dropped:
+        lines += ["", "Variant values not built here:", ""] + [f"- {d}" for d in dropped]
+    lines += ["", "## Not available offline on every platform", ""]
+    if unavailable:
+        lines += [
+            f"- **{k}**: {v}. Left to a native build (see `python -m ci matrix`)."
+            for k, v in unavailable.items()
+        ]
+    else:
+        lines.append("Nothing.")
+    licenses: dict[str, list[str]] = {}
+    for rec in recs.values():
+        licenses.setdefault(rec.get("license") or "?", []).append(rec["name"])
+    lines += [
+        "",
+        "## Licenses (from each package's about section)",
+        "",
+        "| license | packages |",
+        "| --- | --- |",
+    ]
+    for lic in sorted(licenses):
+        lines.append(f"| {lic} | {', '.join(sorted(set(licenses[lic])))} |")
+    if upstream:
+        lines += ["", "## Upstream", "", f"- channel: `{upstream.get('channel')}`"]
+        if upstream.get("wheels"):
+            lines.append(f"- {len(upstream['wheels'])} stand-ins converted from PyPI wheels")
+        for k, v in (upstream.get("stages") or {}).items():
+            lines.append(f"- {k}: {v:.1f} s")
+    if install:
+        lines += ["", "## powerai environment", ""]
+        lines += [f"- {k}: {v}" for k, v in install.items()]
+    if graph_png:
+        lines += ["", "## Build graph", "", f"![build graph]({graph_png})"]
+    out = channel / "REPORT.md"
+    out.write_text("\n".join(lines) + "\n")
+    return out

@@ -1,0 +1,166 @@
+"""A Debian sysroot for cross-compiling (ppc64el), made from Debian's own binary packages.
+
+Why not ``dpkg --add-architecture`` + ``apt-get``: that changes the build host's package
+configuration for every user of the machine. Instead ci reads the archive's
+``Packages.xz`` for the foreign architecture (from the same mirror apt already uses,
+never a hard-coded host), resolves the dependency closure of the wanted packages,
+downloads each ``.deb``, checks its sha256 against the index and unpacks it with
+``dpkg -x``. The result is cached under ``~/.cache/ddl-ce/sysroot-<arch>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import lzma
+import re
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+
+from rich.console import Console
+
+from ci.mirror import debian_archive_uris
+
+console = Console(stderr=True)
+
+# provided by the cross toolchain (gcc-<triplet>, libc6-dev-<arch>-cross): not unpacked
+TOOLCHAIN = {
+    "libc6",
+    "libc6-dev",
+    "libgcc-s1",
+    "libstdc++6",
+    "libgcc1",
+    "linux-libc-dev",
+    "libcrypt1",
+}
+SKIP_PREFIXES = ("gcc-", "cpp-", "debconf", "dpkg", "perl", "init-system", "sensible-utils")
+
+
+def _suite() -> str:
+    """The Debian suite of this host (from /etc/os-release), e.g. bookworm."""
+    text = Path("/etc/os-release").read_text()
+    m = re.search(r"^VERSION_CODENAME=(\S+)", text, re.M)
+    if not m:
+        raise RuntimeError("cannot tell the Debian suite from /etc/os-release")
+    return m.group(1)
+
+
+def parse_packages(text: str) -> dict[str, dict[str, str]]:
+    """Packages index -> {name: {Filename, SHA256, Depends, Pre-Depends}} (newest wins)."""
+    out: dict[str, dict[str, str]] = {}
+    for stanza in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        key = None
+        for line in stanza.splitlines():
+            if line.startswith((" ", "\t")) and key:
+                fields[key] += " " + line.strip()
+            elif ":" in line:
+                key, _, val = line.partition(":")
+                fields[key] = val.strip()
+        if "Package" in fields:
+            out[fields["Package"]] = fields
+    return out
+
+
+def closure(index: dict[str, dict[str, str]], wanted: list[str]) -> list[str]:
+    """Dependency closure (first satisfiable alternative; versions not checked)."""
+    provides: dict[str, str] = {}
+    for name, f in index.items():
+        for p in (f.get("Provides") or "").split(","):
+            p = p.strip().split(" ")[0]
+            if p:
+                provides.setdefault(p, name)
+    seen: list[str] = []
+    todo = list(wanted)
+    while todo:
+        name = todo.pop()
+        name = name if name in index else provides.get(name, name)
+        if name in seen or name in TOOLCHAIN or name.startswith(SKIP_PREFIXES):
+            continue
+        if name not in index:
+            raise KeyError(f"package {name} is not in the foreign architecture's index")
+        seen.append(name)
+        deps = ",".join(
+            x for x in (index[name].get("Pre-Depends"), index[name].get("Depends")) if x
+        )
+        for group in deps.split(","):
+            alts = [a.strip().split(" ")[0].split(":")[0] for a in group.split("|") if a.strip()]
+            pick = next((a for a in alts if a in index or a in provides), None)
+            if pick:
+                todo.append(pick)
+    return seen
+
+
+def ensure_sysroot(cache: Path, arch: str = "ppc64el", packages: list[str] | None = None) -> Path:
+    """A sysroot with ``packages`` (default: Open MPI's development files) unpacked."""
+    packages = packages or ["libopenmpi-dev"]
+    root = cache / f"sysroot-{arch}"
+    stamp = root / f".complete-{'-'.join(sorted(packages))}"
+    if stamp.exists():
+        return root
+    if not shutil.which("dpkg"):
+        raise RuntimeError("dpkg is needed to unpack the sysroot (Debian/Ubuntu build host)")
+    uris = debian_archive_uris()
+    if not uris:
+        raise RuntimeError(
+            "no Debian archive in /etc/apt/sources*: cannot fetch the sysroot packages"
+        )
+    base, suite = uris[0], _suite()
+    url = f"{base}/dists/{suite}/main/binary-{arch}/Packages.xz"
+    console.print(f"[bold]sysroot[/]: {arch} index from the host's Debian mirror ({suite})")
+    with urllib.request.urlopen(url, timeout=60) as r:
+        index = parse_packages(lzma.decompress(r.read()).decode("utf-8", "replace"))
+    names = closure(index, packages)
+    debs = cache / f"debs-{arch}"
+    debs.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
+    console.print(f"[bold]sysroot[/]: {len(names)} packages for {', '.join(packages)}")
+    for name in sorted(names):
+        f = index[name]
+        deb = debs / Path(f["Filename"]).name
+        if not deb.exists() or hashlib.sha256(deb.read_bytes()).hexdigest() != f["SHA256"]:
+            with urllib.request.urlopen(f"{base}/{f['Filename']}", timeout=120) as r:
+                data = r.read()
+            actual = hashlib.sha256(data).hexdigest()
+            if actual != f["SHA256"]:
+                raise RuntimeError(
+                    f"sha256 mismatch for {deb.name}: expected {f['SHA256']}, got {actual}; "
+                    "the mirror is inconsistent, retry later"
+                )
+            deb.write_bytes(data)
+        subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
+    stamp.touch()
+    return root
+
+
+def triplet(arch: str = "ppc64el") -> str:
+    """GNU triplet of a Debian architecture."""
+    return {"ppc64el": "powerpc64le-linux-gnu", "arm64": "aarch64-linux-gnu"}[arch]
+
+
+def prepare_for_qemu(root: Path, arch: str = "ppc64el") -> None:
+    """Let Open MPI's singleton start its ``orted`` under qemu-user.
+
+    MPI_Init without mpirun forks ``$OPAL_PREFIX/bin/orted``; without binfmt_misc the
+    kernel cannot run a foreign binary, so the sysroot's orted becomes a small host
+    script that runs the real one (``orted.<arch>``) through ``qemu-<cpu>``.
+    """
+    tri = triplet(arch)
+    cpu = {"ppc64el": "ppc64le", "arm64": "aarch64"}[arch]
+    orted = root / "usr" / "bin" / "orted"
+    real = root / "usr" / "bin" / f"orted.{arch}"
+    if not orted.exists() and not real.exists():
+        return
+    if not real.exists():
+        if orted.read_bytes()[:4] != b"\x7fELF":
+            raise RuntimeError(f"{orted} is not the foreign orted binary; delete {root} and rerun")
+        orted.rename(real)
+    libs = ":".join([f"{root}/usr/lib/{tri}", f"{root}/lib/{tri}", f"/usr/{tri}/lib"])
+    orted.write_text(
+        "#!/bin/sh\n"
+        "# generated by ci (sysroot.prepare_for_qemu): run the foreign orted under qemu\n"
+        f"exec qemu-{cpu} -L /usr/{tri} -E LD_LIBRARY_PATH={libs} -E OPAL_PREFIX={root}/usr "
+        f'{real} "$@"\n'
+    )
+    orted.chmod(0o755)

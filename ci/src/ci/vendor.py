@@ -1,0 +1,66 @@
+"""Make channel/ self-contained: copy in the upstream packages ``powerai`` needs.
+
+WMLCE's channel carried the whole tested set, so an air-gapped cluster needed that one
+channel only. ci does the same: after a successful build it solves every ``powerai``
+build in the channel against channel + upstream, and hard-links (or copies) each
+upstream package of the solution into ``channel/<subdir>/``. The packages are the
+upstream's files, unchanged; ``.ci-state.json`` marks them ``origin: upstream``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from ci.index import index_channel
+from ci.install import solve
+from ci.state import load_state, save_state
+
+
+def _local_path(url: str) -> Path | None:
+    parsed = urlparse(url)
+    return Path(unquote(parsed.path)) if parsed.scheme in ("file", "") else None
+
+
+def vendor_closure(channel: Path, upstream: list[str], platform: str, meta: str = "powerai") -> int:
+    """Copy the upstream part of every ``meta`` build's solution into ``channel``.
+
+    Returns how many files were added (0 on a rerun with nothing new).
+    """
+    rd = channel / platform / "repodata.json"
+    if not rd.exists():
+        return 0
+    data = json.loads(rd.read_text())
+    builds = [
+        f"{r['name']} =={r['version']} {r['build']}"
+        for r in {**data.get("packages", {}), **data.get("packages.conda", {})}.values()
+        if r["name"] == meta
+    ]
+    state = load_state(channel)
+    added = 0
+    chan = str(channel.resolve())
+    for spec in builds:
+        records, _ = solve([chan, *upstream], [spec], platform)
+        for rec in records:
+            src = _local_path(str(rec.url))
+            if src is None or str(src).startswith(chan) or not src.exists():
+                continue
+            dest = channel / rec.subdir / src.name
+            if dest.exists():
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + ".part")
+            try:
+                os.link(src, tmp)
+            except OSError:
+                shutil.copy2(src, tmp)
+            os.replace(tmp, dest)
+            state[f"{rec.subdir}/{src.name}"] = {"origin": "upstream", "test": "-"}
+            added += 1
+    if added:
+        index_channel(channel, [platform])
+        save_state(channel, state)
+    return added

@@ -1,0 +1,14 @@
+#!/bin/bash
+# Build with the build host's gcc: conda-forge's compiler packages are not reachable offline.
+set -euxo pipefail
+export CC=${CC:-gcc}
+./configure --prefix="$PREFIX" --without-ensurepip --disable-test-modules --with-system-ffi \
+    >configure.log 2>&1 || { tail -50 configure.log; exit 1; }
+make -j"${CPU_COUNT:-2}" >make.log 2>&1 || { tail -80 make.log; exit 1; }
+make install >install.log 2>&1 || { tail -50 install.log; exit 1; }
+ln -sf python3 "$PREFIX/bin/python"
+ln -sf pydoc3 "$PREFIX/bin/pydoc"
+# not needed at run time and large: the test suite leftovers, idle, tkinter demos, static lib
+rm -rf "$PREFIX/lib/python3.11/idlelib" "$PREFIX/lib/python3.11/tkinter" "$PREFIX/lib/python3.11/turtledemo"
+find "$PREFIX/lib/python3.11/config-3.11-"* -name 'libpython3.11.a' -delete || true
+# keep the stdlib .pyc files: a shared read-only install can never write them later

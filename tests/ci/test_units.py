@@ -1,0 +1,207 @@
+"""Small parts of ci on their own: wheel conversion, the source mirror, the CI matrix,
+variant filtering."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from ci.config import load_settings
+from ci.matrix import write_matrix
+from ci.mirror import ChecksumError, SourceMirror, debian_archive_uris, debian_orig_url
+from ci.render import filter_variants
+from ci.wheel2conda import convert_wheel, marker_env, requirement_to_conda
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_wheel(tmp: Path, *, pure: bool = True, deps: bool = True) -> Path:
+    """A tiny wheel with a module, a console script, a data file and dependencies."""
+    tag = "py3-none-any" if pure else "cp311-cp311-manylinux_2_17_x86_64"
+    whl = tmp / f"demo_pkg-1.4.2-{tag}.whl"
+    meta = (
+        "Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.4.2\nSummary: demo\nLicense: MIT\n"
+        "Requires-Python: >=3.9\n"
+    )
+    if deps:
+        meta += (
+            "Requires-Dist: numpy>=1.21,<3\n"
+            "Requires-Dist: pywin32; sys_platform == 'win32'\n"
+            "Requires-Dist: torch~=2.1; extra == 'gpu'\n"
+            "Requires-Dist: tensorflow-cpu==2.21.0\n"
+        )
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("demo_pkg/__init__.py", "def main():\n    print('demo ok')\n    return 0\n")
+        z.writestr("demo_pkg-1.4.2.dist-info/METADATA", meta)
+        z.writestr("demo_pkg-1.4.2.dist-info/WHEEL", f"Wheel-Version: 1.0\nTag: {tag}\n")
+        z.writestr(
+            "demo_pkg-1.4.2.dist-info/entry_points.txt", "[console_scripts]\ndemo = demo_pkg:main\n"
+        )
+        z.writestr("demo_pkg-1.4.2.dist-info/RECORD", "")
+        z.writestr("demo_pkg-1.4.2.data/data/share/demo/readme.txt", "hi\n")
+    return whl
+
+
+def read_conda(path: Path) -> dict:
+    """info/*.json of a .conda package (zip of zstd tarballs), read with tar."""
+    out = {}
+    with zipfile.ZipFile(path) as z:
+        info = next(n for n in z.namelist() if n.startswith("info-"))
+        data = z.read(info)
+    tmp = path.parent / "x"
+    tmp.mkdir(exist_ok=True)
+    (tmp / info).write_bytes(data)
+    subprocess.run(["tar", "--zstd", "-xf", str(tmp / info), "-C", str(tmp)], check=True)
+    for name in ("index.json", "paths.json", "about.json"):
+        out[name] = json.loads((tmp / "info" / name).read_text())
+    return out
+
+
+def test_pure_wheel_becomes_noarch_python(tmp_path):
+    pkg = convert_wheel(make_wheel(tmp_path), tmp_path / "out", subdir="linux-64")
+    assert pkg.subdir == "noarch" and pkg.path.name == "demo-pkg-1.4.2-pyh_0.conda"
+    info = read_conda(pkg.path)
+    idx = info["index.json"]
+    assert idx["noarch"] == "python"
+    # markers evaluated for the target; extras never; conda names; PEP 440 -> conda specs
+    assert idx["depends"][0] == "python >=3.9" and idx["depends"][2] == "tensorflow ==2.21.0"
+    name, spec = idx["depends"][1].split()
+    assert name == "numpy" and set(spec.split(",")) == {">=1.21", "<3"}
+    assert len(idx["depends"]) == 3
+    paths = {p["_path"] for p in info["paths.json"]["paths"]}
+    assert "site-packages/demo_pkg/__init__.py" in paths
+    assert "python-scripts/demo" in paths and "share/demo/readme.txt" in paths
+    assert "site-packages/demo_pkg-1.4.2.dist-info/RECORD" in paths
+
+
+def test_binary_wheel_installs_and_script_runs(tmp_path):
+    """A converted binary wheel solves and installs with py-rattler; its script runs."""
+    import rattler
+    import rattler_build
+    from ci.index import index_channel
+
+    whl = make_wheel(tmp_path, pure=False, deps=False)
+    pkg = convert_wheel(whl, tmp_path / "chan", subdir="linux-64")
+    assert pkg.subdir == "linux-64" and pkg.depends == ["python 3.11.*"]
+    assert pkg.path.name == "demo-pkg-1.4.2-py311_0.conda"
+    # an empty `python` record to satisfy the dependency; its bin/python is linked below
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rattler_build.assemble_package(
+        "python", "3.11.2", "linux-64", "0", tmp_path / "chan" / "linux-64", files_dir=empty
+    )
+    index_channel(tmp_path / "chan", ["linux-64"])
+    records = asyncio.run(
+        rattler.solve(
+            [rattler.Channel(str(tmp_path / "chan"))],
+            ["demo-pkg"],
+            platforms=["linux-64", "noarch"],
+        )
+    )
+    prefix = tmp_path / "prefix"
+    asyncio.run(rattler.install(records, target_prefix=prefix, show_progress=False))
+    (prefix / "bin" / "python").symlink_to(sys.executable)
+    site = prefix / "lib/python3.11/site-packages"
+    assert (site / "demo_pkg" / "__init__.py").exists()
+    assert (prefix / "share/demo/readme.txt").read_text() == "hi\n"
+    # binary wheels ship bytecode: a read-only shared install could never write it
+    assert list((site / "demo_pkg" / "__pycache__").glob("__init__.cpython-311*.pyc"))
+    r = subprocess.run(
+        [str(prefix / "bin" / "demo")],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "demo ok", r.stderr
+
+
+def test_requirement_markers():
+    env = marker_env("3.11", "linux-ppc64le")
+    assert requirement_to_conda("foo>=1; platform_machine=='x86_64'", env) is None
+    assert requirement_to_conda("foo>=1; platform_machine=='ppc64le'", env) == "foo >=1"
+    assert requirement_to_conda("Foo_Bar ~=1.4.2", env) == "foo-bar >=1.4.2,<1.5"
+    assert requirement_to_conda("mdurl~=0.1", env) == "mdurl >=0.1,<1"
+    assert requirement_to_conda("x==2.4.*", env) == "x >=2.4,<2.5"
+    assert requirement_to_conda("xgboost-cpu==3.2.0", env) == "xgboost ==3.2.0"
+
+
+def test_mirror_refuses_bad_sha256(tmp_path):
+    src = tmp_path / "Python-3.11.2.tgz"
+    src.write_bytes(b"not really python")
+    actual = hashlib.sha256(b"not really python").hexdigest()
+    expected = "2411c74bda5bbcfcddaf4531f66d1adc73f247f529aee981b029513aefdbf849"
+    m = SourceMirror(tmp_path / "mirror")
+    with pytest.raises(ChecksumError) as e:
+        m.fetch(src.as_uri(), expected)
+    msg = str(e.value)
+    assert "Python-3.11.2.tgz" in msg and expected in msg and actual in msg
+    assert not (tmp_path / "mirror" / "Python-3.11.2.tgz").exists()
+    # a good file is kept and found again without fetching
+    good = hashlib.sha256(src.read_bytes()).hexdigest()
+    assert m.fetch(src.as_uri(), good).read_bytes() == b"not really python"
+    src.unlink()
+    assert m.fetch(src.as_uri(), good).exists()
+
+
+def test_debian_orig_url_from_apt_sources(tmp_path):
+    apt = tmp_path / "apt"
+    (apt / "sources.list.d").mkdir(parents=True)
+    (apt / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n\n"
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n"
+    )
+    uris = debian_archive_uris(apt)
+    assert uris == ["http://mirror.example/debian"]
+    assert debian_orig_url(uris[0], "python3.11", "3.11.2") == (
+        "http://mirror.example/debian/pool/main/p/python3.11/python3.11_3.11.2.orig.tar.gz"
+    )
+    assert "/pool/main/libf/libffi/" in debian_orig_url(uris[0], "libffi", "3.4")
+
+
+def test_matrix_files_and_workflow(tmp_path):
+    s = load_settings(ROOT)
+    files = write_matrix(s, tmp_path, "native")
+    support = sorted((tmp_path / ".ci_support").glob("*.yaml"))
+    n = len(s.target_platforms) * len(s.variants["mpi"]) * len(s.variants["python"])
+    assert len(support) == n
+    one = yaml.safe_load(
+        (tmp_path / ".ci_support" / "linux_64_mpiopenmpi_python3.11.yaml").read_text()
+    )
+    assert (
+        one["mpi"] == ["openmpi"]
+        and one["python"] == ["3.11"]
+        and one["target_platforms"] == ["linux-64"]
+    )
+    assert one["zip_keys"] == s.variants["zip_keys"]
+    wf = yaml.safe_load(files[-1].read_text())
+    include = wf["jobs"]["build"]["strategy"]["matrix"]["include"]
+    assert len(include) == n
+    for job in include:
+        assert (tmp_path / job["config"]).exists()
+    ppc = [j for j in include if j["platform"] == "linux-ppc64le"]
+    assert ppc and all(j["runner"] == ["self-hosted", "linux", "ppc64le"] for j in ppc)
+    write_matrix(s, tmp_path, "cross")
+    wf = yaml.safe_load((tmp_path / ".github/workflows/ddlce-channel.yml").read_text())
+    assert all(
+        j["cross"]
+        for j in wf["jobs"]["build"]["strategy"]["matrix"]["include"]
+        if j["platform"] == "linux-ppc64le"
+    )
+
+
+def test_filter_variants_drops_what_upstream_lacks():
+    s = load_settings(ROOT)
+    v, reasons = filter_variants(
+        s, lambda spec: not spec.startswith("python 3.12") and spec != "mpich"
+    )
+    assert v["python"] == ["3.11"] and v["mpi"] == ["openmpi", "external"]
+    assert any("python=3.12" in r for r in reasons) and any("mpi=mpich" in r for r in reasons)
+    # zip_keys move together
+    assert len(v["build_type"]) == len(v["cuda_compiler_version"])
