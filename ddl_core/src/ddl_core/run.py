@@ -25,6 +25,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 
 from .launcher import (
     LAUNCHERS,
@@ -44,6 +45,8 @@ from .launcher import (
     parse_topology,
     place,
 )
+
+GRACE_S = 10.0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -159,11 +162,24 @@ def main(argv: list[str] | None = None) -> int:
         os.execvpe(cmd[0], cmd, env)
     # Run as a child (ddl_core.cluster run): pass SIGINT/SIGTERM on, then return so the
     # caller can clean up.
+    # A launcher that does not wind down within GRACE_S of the signal is killed: the
+    # caller's clean-up must not wait on it (prterun was seen to take minutes under load).
     proc = subprocess.Popen(cmd, env=env)
-    forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
+    signalled: list[float] = []
+
+    def forward(signum: int, frame: object) -> None:
+        signalled.append(time.monotonic())
+        proc.send_signal(signum)
+
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return proc.wait()
+        while True:
+            try:
+                return proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if signalled and time.monotonic() - signalled[0] > GRACE_S:
+                    proc.kill()
+                    return proc.wait()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
