@@ -68,6 +68,9 @@ static ddl_status_t read_env(int *dims, int *nlevels) {
     DDL_CHECK(env_double("DDL_TIMEOUT", 0.001, 1e9, &ddl_timeout_s));
     DDL_CHECK(env_double("DDL_FUSION_THRESHOLD", 0, 1e12, &fusion));
     DDL_CHECK(env_double("DDL_CYCLE_TIME_MS", 0, 1e6, &cycle));
+    double leader = 1;
+    DDL_CHECK(env_double("DDL_NODE_LEADER", 0, 1, &leader));
+    ddl_g.node_leader = leader >= 0.5;
     ddl_g.fusion_threshold = (size_t)fusion;
     ddl_g.cycle_time_s = cycle / 1000.0;
     ddl_g.forced_algo = DDL_ALGO_AUTO;

@@ -82,7 +82,8 @@ static ddl_status_t exchange(const ddl_comm_t *c, const void *sbuf, size_t sbyte
                 /* A message of another size is received whole into scratch (consumed, so
                  * nothing stays queued) and reported. */
                 void *into = (size_t)n == rbytes ? rbuf : ddl_scratch(7, (size_t)n);
-                if (!into) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for %d bytes", n);
+                if (!into && n > 0)
+                    return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for %d bytes", n);
                 MPI_CHECK(MPI_Imrecv(into, n, MPI_BYTE, &msg, &rreq));
                 have_msg = true;
                 if ((size_t)n != rbytes) {

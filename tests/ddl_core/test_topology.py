@@ -30,3 +30,11 @@ def test_topology_product_mismatch_is_a_clear_error() -> None:
     proc = run_mpi(4, "topology.py", env={"DDL_TOPOLOGY": "3x2"}, check=False)
     assert proc.returncode != 0
     assert "DDL_TOPOLOGY=3x2 describes 6 ranks but the job has 4" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("leader", ["1", "0"])
+def test_three_levels_with_and_without_node_leader(leader: str) -> None:
+    proc = run_mpi(8, "topology.py", env={"DDL_TOPOLOGY": "2x2x2", "DDL_ALGO": "ring",
+                                          "DDL_NODE_LEADER": leader,
+                                          "EXPECT_TOPOLOGY": "2x2x2"})
+    assert ok_lines(proc, "topology") == 8
