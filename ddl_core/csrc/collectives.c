@@ -77,16 +77,22 @@ typedef struct {
 
 enum { TAG_GATHER = 301, TAG_SCATTER = 302 };
 
+/* Whether algorithm a on a level of p ranks reduces the level's whole segment
+ * (recursive doubling, MPI, or Rabenseifner folding a non-power-of-two) rather than
+ * reduce-scattering it. */
+static int reduces_whole(ddl_algo_t a, int p) {
+    return a == DDL_ALGO_RECDOUBLING || a == DDL_ALGO_MPI ||
+           (a == DDL_ALGO_RABENSEIFNER && (p & (p - 1)) != 0);
+}
+
 /* Level l's reduce-scatter (or whole allreduce) of its segment. Level 0 reads the input
  * directly, so an out-of-place allreduce needs no copy. */
 static ddl_status_t rs_level(level_state_t *st, int l) {
     const ddl_comm_t *lc = &st->t->level[l];
     size_t n = st->hi[l] - st->lo[l];
     char *seg = st->b + st->lo[l] * st->es;
-    int pow2 = (lc->size & (lc->size - 1)) == 0;
     ddl_algo_t a = st->plan[l];
-    st->whole[l] = a == DDL_ALGO_RECDOUBLING || a == DDL_ALGO_MPI ||
-                   (a == DDL_ALGO_RABENSEIFNER && !pow2);
+    st->whole[l] = reduces_whole(a, lc->size);
     if (st->whole[l]) {
         if (a == DDL_ALGO_RECDOUBLING || a == DDL_ALGO_RABENSEIFNER) {
             ddl_header_t h;
@@ -175,9 +181,7 @@ ddl_status_t ddl_allreduce_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *buf, s
     ddl_model_plan(&ddl_g.model, t->dims, t->nlevels, count * es, ddl_g.forced_algo, plan, &flat);
     /* Paths that work in place on buf start with a copy of an out-of-place input; a
      * reduce-scatter first level reads the input directly instead. */
-    int first_rs = !flat && (plan[0] == DDL_ALGO_RING ||
-                             (plan[0] == DDL_ALGO_RABENSEIFNER &&
-                              (t->level[0].size & (t->level[0].size - 1)) == 0));
+    int first_rs = !flat && !reduces_whole(plan[0], t->level[0].size);
     if (in != buf && count && !first_rs) memcpy(buf, in, count * es);
     if (flat && plan[0] == DDL_ALGO_RECDOUBLING && count * es <= DDL_FUSED_MAX) {
         ddl_header_t h;

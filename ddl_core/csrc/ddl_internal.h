@@ -173,7 +173,6 @@ typedef struct {
     ddl_algo_t forced_algo;
     size_t fusion_threshold;
     double cycle_time_s;
-    size_t small_bytes; /* at or below: fused-header recursive doubling */
     int node_leader;    /* DDL_NODE_LEADER: one rank per node runs the outer levels */
 } ddl_state_t;
 

@@ -106,17 +106,20 @@ def topology() -> tuple[int, ...]:
     return _ddl.topology()
 
 
-def _out(x: Any, out: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, Any, int]:
+def _out(x: Any, out: Any,
+         shape: tuple[int, ...] | None = None) -> tuple[Any, Any, Any, int]:
+    """(result object, its buffer, the input's buffer, dtype code): the input is resolved
+    once here and its buffer handed back so callers need not resolve it again."""
     buf, code = as_buffer(x)
     if out is None:
         res, rbuf = empty_like(x, buf, shape)
-        return res, rbuf, code
+        return res, rbuf, buf, code
     if out is x:
-        return out, buf, code
+        return out, buf, buf, code
     rbuf, rcode = as_buffer(out)
     if rcode != code:
         raise TypeError(f"out has dtype {DTYPES[rcode]} but the input {DTYPES[code]}")
-    return out, rbuf, code
+    return out, rbuf, buf, code
 
 
 def _dev_out(x: Any, d: _cuda.DeviceArray, out: Any,
@@ -158,11 +161,8 @@ def allreduce(x: Any, op: str = "sum", out: Any = None) -> Any:
             raise ValueError(f"input has {d.count} elements but output {r.count}")
         _ddl.dev_allreduce(0 if r.ptr == d.ptr else d.ptr, r.ptr, d.count, d.code, o, d.stream)
         return res
-    res, rbuf, code = _out(x, out)
-    if res is x:
-        _ddl.allreduce(None, rbuf, code, o)
-    else:
-        _ddl.allreduce(as_buffer(x)[0], rbuf, code, o)
+    res, rbuf, buf, code = _out(x, out)
+    _ddl.allreduce(None if res is x else buf, rbuf, code, o)
     return res
 
 
@@ -193,8 +193,7 @@ def allgather(x: Any, out: Any = None) -> Any:
                              f"not {r.count}")
         _ddl.dev_allgather(d.ptr, r.ptr, d.count, d.code, d.stream)
         return res
-    buf, code = as_buffer(x)
-    res, rbuf, _ = _out(x, out, _gather_shape(x)) if out is None else _out(x, out)
+    res, rbuf, buf, code = _out(x, out, _gather_shape(x) if out is None else None)
     _ddl.allgather(buf, rbuf, code)
     return res
 
@@ -223,8 +222,7 @@ def reduce_scatter(x: Any, op: str = "sum", out: Any = None) -> Any:
                              f"{r.count} elements, not {d.count}")
         _ddl.dev_reduce_scatter(d.ptr, r.ptr, r.count, d.code, o, d.stream)
         return res
-    buf, code = as_buffer(x)
-    res, rbuf, _ = _out(x, out, _scatter_shape(x)) if out is None else _out(x, out)
+    res, rbuf, buf, code = _out(x, out, _scatter_shape(x) if out is None else None)
     _ddl.reduce_scatter(buf, rbuf, code, o)
     return res
 
@@ -270,8 +268,8 @@ def allreduce_async(x: Any, op: str = "sum", out: Any = None) -> Handle:
     o = op_code(op)
     if _cuda.device_array(x) is not None:
         return Handle(_DONE, allreduce(x, op, out), None)
-    res, rbuf, code = _out(x, out)
-    sbuf = None if res is x else as_buffer(x)[0]
+    res, rbuf, buf, code = _out(x, out)
+    sbuf = None if res is x else buf
     return Handle(_ddl.submit(0, sbuf, rbuf, code, o, 0), res, (x, res))
 
 
@@ -285,8 +283,7 @@ def broadcast_async(x: Any, root: int = 0) -> Handle:
 def allgather_async(x: Any, out: Any = None) -> Handle:
     if _cuda.device_array(x) is not None:
         return Handle(_DONE, allgather(x, out), None)
-    buf, code = as_buffer(x)
-    res, rbuf, _ = _out(x, out, _gather_shape(x)) if out is None else _out(x, out)
+    res, rbuf, buf, code = _out(x, out, _gather_shape(x) if out is None else None)
     return Handle(_ddl.submit(2, buf, rbuf, code, 0, 0), res, (x, res))
 
 
@@ -294,8 +291,7 @@ def reduce_scatter_async(x: Any, op: str = "sum", out: Any = None) -> Handle:
     o = op_code(op)
     if _cuda.device_array(x) is not None:
         return Handle(_DONE, reduce_scatter(x, op, out), None)
-    buf, code = as_buffer(x)
-    res, rbuf, _ = _out(x, out, _scatter_shape(x)) if out is None else _out(x, out)
+    res, rbuf, buf, code = _out(x, out, _scatter_shape(x) if out is None else None)
     return Handle(_ddl.submit(3, buf, rbuf, code, o, 0), res, (x, res))
 
 
