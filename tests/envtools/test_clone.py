@@ -337,3 +337,52 @@ def test_untracked_cache_notices_new_files(channel, tmp_path):
     dest = tmp_path / "c"
     run_envtools("clone", env, dest)
     assert (dest / "share" / "demo" / "site-note.txt").read_text() == f"see {dest}\n"
+
+
+def test_threaded_placement_equals_serial(env, tmp_path):
+    """Eight placement threads (what a network filesystem gets) give the same clone,
+    bit for bit and hardlinks and all, as the one thread a local filesystem gets."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root to create a user namespace with unshare --user")
+    dest = tmp_path / "w" / "env"
+    digests, links = [], []
+    for workers in ("1", "8"):
+        p = subprocess.run(["unshare", "--user", "--", *ENVTOOLS, "clone", str(env), str(dest)],
+                           capture_output=True, text=True,
+                           env={**os.environ, "ENVTOOLS_WORKERS": workers})
+        if p.returncode != 0 and "unshare" in p.stderr:
+            pytest.skip(f"user namespaces unavailable: {p.stderr.strip()}")
+        assert p.returncode == 0, p.stderr
+        assert "hardlink" in p.stderr and "relocated" in p.stderr
+        links.append(p.stderr[p.stderr.index("files:"):])
+        check_runs_at(dest)
+        assert json.loads(run_envtools("validate", dest, "--json").stdout)["exit_status"] == 0
+        digests.append(tree_digest(dest))
+        run_envtools("remove", dest)
+    assert digests[0] == digests[1]
+    assert links[0] == links[1]  # the same number of files hardlinked, relocated, copied
+    p = run_envtools("clone", env, tmp_path / "bad", check=False,
+                     env={**os.environ, "ENVTOOLS_WORKERS": "many"})
+    assert p.returncode == 2 and "ENVTOOLS_WORKERS='many' is not a number" in p.stderr
+
+
+def test_filesystem_kind_picks_the_thread_count(tmp_path, monkeypatch):
+    """Network filesystems get 8 placement threads, local ones 1; the longest mount wins."""
+    from envtools import placement
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/vda / ext4 rw 0 0\n"
+        "srv:/home /home nfs4 rw 0 0\n"
+        "lfs@o2ib:/scratch /scratch lustre rw 0 0\n"
+        "/dev/loop0 /scratch/local\\040disk xfs rw 0 0\n"
+    )
+    assert placement.fs_type("/home/u/envs/x", str(mounts)) == "nfs4"
+    assert placement.fs_type("/scratch/u", str(mounts)) == "lustre"
+    assert placement.fs_type("/scratch/local disk/u", str(mounts)) == "xfs"
+    assert placement.fs_type("/scratchy", str(mounts)) == "ext4"
+    assert placement.fs_type("/x", str(tmp_path / "missing")) == ""
+    monkeypatch.delenv("ENVTOOLS_WORKERS", raising=False)
+    assert placement.workers(tmp_path) in (1, 8)  # whatever this machine's /tmp is
+    monkeypatch.setenv("ENVTOOLS_WORKERS", "3")
+    assert placement.workers(tmp_path) == 3

@@ -58,4 +58,9 @@ def test_remove(channel, tmp_path):
 def test_help_for_every_subcommand():
     for sub in ("install", "module", "clone", "validate", "remove"):
         p = run_envtools(sub, "--help")
-        assert "Usage" in p.stdout
+        assert p.stdout.startswith(f"usage: envtools {sub} ")
+        assert "options:" in p.stdout
+    p = run_envtools(check=False)  # no command: the list of commands, and exit 2
+    assert p.returncode == 2 and all(s in p.stdout for s in ("install", "clone", "validate"))
+    p = run_envtools("clone", "a", "b", "--link-mode", "nope", check=False)
+    assert p.returncode == 2 and "invalid choice: 'nope'" in p.stderr

@@ -157,6 +157,6 @@ def test_module_refuses_bad_input(env, tmp_path):
     assert p.returncode == 2 and "bad module name" in p.stderr
     p = run_envtools("module", env, "--name", "a/1", "--out", tmp_path, "--format", "xml",
                      check=False)
-    assert p.returncode == 2 and "unknown --format" in p.stderr
+    assert p.returncode == 2 and "invalid choice: 'xml'" in p.stderr
     p = run_envtools("module", env, "--name", "a/1", "--out", env / "modulefiles", check=False)
     assert p.returncode == 2 and "read-only environment" in p.stderr

@@ -11,33 +11,28 @@ prefix rewritten. Everything happens in a temporary directory beside DEST.
 
 from __future__ import annotations
 
-import asyncio
-import errno
 import hashlib
 import json
 import os
 import re
 import stat
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envtools import linking
+from envtools import linking, placement
 from envtools.errors import EnvtoolsError
 from envtools.hashing import STAT_CACHE, load_stat_cache, stat_key
+from envtools.placement import Ctx, Item
 from envtools.prefix_records import Prefix, Record, write_record
 from envtools.progress import info, task
 from envtools.readonly import read_prefix_info, refuse_readonly, write_prefix_info
-from envtools.relocate import looks_binary, relocate
+from envtools.relocate import looks_binary
 from envtools.tempdirs import atomic_dir
 from envtools.untracked import untracked
 
 _SITE_RE = re.compile(r"^lib/python\d+\.\d+/site-packages/")
 
-# how a file was placed, for the report and conda-meta "link.type"
-REFLINK, HARDLINK, COPY, RELOCATED, SYMLINK = "reflink", "hardlink", "copy", "relocated", "symlink"
 
 
 @dataclass
@@ -54,6 +49,7 @@ class CloneReport:
     warnings: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds since start
 
     def print(self) -> None:
         how = ", ".join(f"{n} {k}" for k, n in sorted(self.placed.items()) if n)
@@ -68,19 +64,9 @@ class CloneReport:
             info(f"[yellow]warning:[/] {w}")
         if self.added:
             info(f"added: {', '.join(self.added)}")
-
-
-@dataclass
-class _Ctx:
-    """Per-clone state shared by the worker threads."""
-
-    dest_tmp: Path
-    new_prefix: str
-    old_prefix: str
-    euid: int
-    link_mode: str
-    reflink_ok: bool | None = None
-    hardlink_ok: bool = True
+        if os.environ.get("ENVTOOLS_TIMINGS"):
+            info("stages (s since start): " + ", ".join(
+                f"{k} {v:.3f}" for k, v in self.timings.items()))
 
 
 def _check_args(src: Path, dest: Path) -> None:
@@ -136,176 +122,7 @@ def _cache_rel(r: Record, rel: str) -> str:
     return rel
 
 
-def _link_or_copy(ctx: _Ctx, src: str, dst: str, st: os.stat_result) -> str:
-    """Place an unmodified package file from the cache, the safest fast way available."""
-    if ctx.link_mode in ("auto", "reflink") and ctx.reflink_ok is not False:
-        try:
-            linking.reflink(src, dst, linking.writable_mode(st.st_mode))
-            ctx.reflink_ok = True
-            return REFLINK
-        except OSError as e:
-            if ctx.link_mode == "reflink":
-                raise EnvtoolsError(
-                    f"reflink of {src} failed: {e.strerror}",
-                    "the source and destination must be on one reflink-capable filesystem "
-                    "(XFS, btrfs); use --link-mode auto to fall back",
-                ) from e
-            if e.errno in linking.LINK_GIVE_UP or e.errno == errno.ENOTSUP:
-                ctx.reflink_ok = False
-    if (
-        ctx.link_mode == "auto"
-        and ctx.hardlink_ok
-        and linking.hardlink_is_safe(st, ctx.euid)
-    ):
-        try:
-            os.link(src, dst)
-            return HARDLINK
-        except OSError as e:
-            if e.errno in linking.LINK_GIVE_UP:
-                ctx.hardlink_ok = False  # protected_hardlinks, other filesystem...
-            else:
-                raise
-    linking.copy(src, dst, linking.writable_mode(st.st_mode))
-    return COPY
-
-
-def _place(ctx: _Ctx, item: tuple) -> tuple[str, str, str | None, list | None]:
-    """Create one tracked file in the clone.
-
-    Returns (rel, how, sha256 if we know it, stat key of the new file if we know it):
-    a file placed from the cache has the package's recorded hash, a relocated one the
-    hash of what we wrote, and a hardlink shares the stat we already took of its source,
-    so the clone's stat cache costs no extra hashing and hardly any system calls.
-    """
-    rel, source, path_type, placeholder, file_mode, from_cache, sha = item
-    dst = os.path.join(ctx.dest_tmp, rel)
-    if path_type == "softlink":
-        target = os.readlink(source)
-        for old in (placeholder, ctx.old_prefix):
-            if old and target.startswith(old):
-                target = ctx.new_prefix + target[len(old):]
-        os.symlink(target, dst)
-        return rel, SYMLINK, None, None
-    if path_type == "directory":
-        os.makedirs(dst, exist_ok=True)
-        return rel, "directory", None, None
-    old = placeholder if from_cache else (ctx.old_prefix if placeholder else None)
-    if not old and not from_cache:
-        linking.copy(source, dst)
-        return rel, COPY, None, None
-    st = os.stat(source)
-    if old:
-        with open(source, "rb") as fh:
-            data = fh.read()
-        new = relocate(data, old, ctx.new_prefix, file_mode or "text", what=rel)
-        with open(dst, "wb") as fh:
-            fh.write(new)
-            os.fchmod(fh.fileno(), linking.writable_mode(st.st_mode))
-            fh.flush()
-            key = stat_key(os.fstat(fh.fileno()))
-        return rel, RELOCATED, hashlib.sha256(new).hexdigest(), key
-    if from_cache:
-        how = _link_or_copy(ctx, source, dst, st)
-        if how == HARDLINK:
-            return rel, how, sha, stat_key(st)
-        return rel, how, sha, stat_key(os.stat(dst))
-    linking.copy(source, dst)
-    return rel, COPY, None, None
-
-
-def _probe_reflink(pkg_dir: Path, tmp: Path) -> bool | None:
-    """Can this cache reflink into DEST's filesystem? Tried once, on a cache file."""
-    probe = tmp / ".envtools-reflink-probe"
-    for cand in (pkg_dir / "info" / "index.json", pkg_dir / "info" / "paths.json"):
-        try:
-            linking.reflink(str(cand), str(probe), 0o600)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return False
-        probe.unlink()
-        return True
-    return None
-
-
-def _hardlink_fast_path(ctx: _Ctx, items: list[tuple], results: list) -> list[tuple]:
-    """Hardlink plain cache files in one tight loop; return the items left for _place.
-
-    The same rule as :func:`_link_or_copy` (no write bit on the file, not root), without
-    the per-file function calls, which are most of a 20,000-file clone's time.
-    """
-    rest = []
-    dest = str(ctx.dest_tmp) + "/"
-    link, stat_ = os.link, os.stat
-    with task("linking package files", len(items)) as advance:
-        for n, item in enumerate(items):
-            rel, source, path_type, ph, _fm, from_cache, sha = item
-            if ph or not from_cache or path_type in ("softlink", "directory") \
-                    or not ctx.hardlink_ok:
-                rest.append(item)
-                continue
-            try:
-                st = stat_(source)
-                if st.st_mode & 0o222:
-                    rest.append(item)
-                    continue
-                link(source, dest + rel)
-            except OSError as e:
-                if e.errno in linking.LINK_GIVE_UP:
-                    ctx.hardlink_ok = False
-                rest.append(item)
-                continue
-            results.append((rel, HARDLINK, sha, [st.st_size, st.st_mtime_ns, st.st_ino]))
-            if n % 1024 == 0:
-                advance(1024)
-    return rest
-
-
-def _run_parallel(fn, items, label: str, workers: int = 1, chunk: int = 256) -> list:
-    """Map ``fn`` over ``items`` in threads, in order, with progress; stop fast on Ctrl-C.
-
-    Work goes out in chunks (few futures, little locking) and every chunk checks a cancel
-    flag between items, so an interrupt stops the workers within one file.
-    """
-    if workers <= 1:  # linking is a syscall per file; threads only add GIL hand-offs
-        out = []
-        with task(label, len(items)) as advance:
-            for i in range(0, len(items), chunk):
-                part = [fn(it) for it in items[i:i + chunk]]
-                out.extend(part)
-                advance(len(part))
-        return out
-    cancel = threading.Event()
-
-    def run_chunk(part: list) -> list:
-        out = []
-        for it in part:
-            if cancel.is_set():
-                return out
-            out.append(fn(it))
-        return out
-
-    results: list = []
-    ex = ThreadPoolExecutor(workers)
-    futs = []
-    try:
-        futs = [ex.submit(run_chunk, items[i:i + chunk]) for i in range(0, len(items), chunk)]
-        with task(label, len(items)) as advance:
-            for f in futs:
-                part = f.result()
-                results.extend(part)
-                advance(len(part))
-    except BaseException:
-        cancel.set()
-        for f in futs:
-            f.cancel()
-        ex.shutdown(wait=True)
-        raise
-    ex.shutdown()
-    return results
-
-
-def _copy_untracked(ctx: _Ctx, src: Path, rel: str) -> tuple[str, bool]:
+def _copy_untracked(ctx: Ctx, src: Path, rel: str) -> tuple[str, bool]:
     """Copy one untracked file, rewriting SRC's prefix; returns (rel, was_rewritten)."""
     s = os.path.join(src, rel)
     d = os.path.join(ctx.dest_tmp, rel)
@@ -398,6 +215,8 @@ def _add_packages(
     virtual_overrides: list[str] | None,
 ) -> list[str]:
     """Solve ``specs`` against the clone (pinned unless allowed) and install into it."""
+    import asyncio
+
     import rattler
 
     from envtools import virtual
@@ -460,74 +279,43 @@ def clone(
     destp = Path(os.path.abspath(dest))
     prefix = Prefix.load(srcp)
     _check_args(srcp, destp)
+    load_s = time.monotonic() - t0
     old_prefix = read_prefix_info(srcp).get("prefix") or str(srcp)
     cache = _find_cache(srcp, prefix.records) if use_cache else {}
     report = CloneReport(dest=destp, packages=len(prefix.records))
     report.from_cache = len(cache)
     report.from_src = len(prefix.records) - len(cache)
 
-    with atomic_dir(destp) as tmp:
-        ctx = _Ctx(
+    with atomic_dir(destp) as tmp, placement.pool_for(tmp) as pool:
+        ctx = Ctx(
             dest_tmp=tmp,
             new_prefix=str(destp),
             old_prefix=old_prefix,
+            src_root=str(srcp),
             euid=os.geteuid(),
             link_mode=link_mode,
         )
-        items = []
-        dirs: set[str] = set()
-        src_base = str(srcp) + "/"
-        for r in prefix.records:
-            cdir = cache.get(r.name)
-            base = str(cdir) + "/" if cdir is not None else None
-            noarch_py = r.noarch_python
-            for e in r.paths:
-                rel = e["_path"]
-                if base is None:
-                    source, from_cache = src_base + rel, False
-                elif noarch_py:
-                    source, from_cache = base + _cache_rel(r, rel), True
-                    if not os.path.lexists(source):
-                        source, from_cache = src_base + rel, False
-                else:
-                    source, from_cache = base + rel, True
-                items.append((rel, source, e.get("path_type"), e.get("prefix_placeholder"),
-                              e.get("file_mode"), from_cache, e.get("sha256")))
-                d = rel.rpartition("/")[0]
-                while d and d not in dirs:  # every ancestor, so plain mkdir works in order
-                    dirs.add(d)
-                    d = d.rpartition("/")[0]
-        for d in sorted(dirs):  # parents sort before their children
-            os.mkdir(os.path.join(tmp, d))
+        items, dirs = _plan(prefix.records, cache, srcp)
+        report.timings["load"] = load_s
+        report.timings["plan"] = time.monotonic() - t0
+        placement.make_dirs(pool, tmp, dirs, ctx)
+        report.timings["directories"] = time.monotonic() - t0
         if cache and link_mode == "auto":
-            ctx.reflink_ok = _probe_reflink(next(iter(cache.values())), tmp)
-
-        def place(item: tuple) -> tuple[str, str, str | None]:
-            try:
-                return _place(ctx, item)
-            except (FileNotFoundError, PermissionError):
-                rel, _source, path_type, ph, fm, from_cache, _sha = item
-                if from_cache:  # cache entry incomplete or unreadable: take SRC's file
-                    return _place(ctx, (rel, os.path.join(srcp, rel), path_type, ph, fm, False,
-                                        None))
-                raise
-
-        results: list = []
-        if ctx.reflink_ok is False and ctx.euid != 0:
-            items = _hardlink_fast_path(ctx, items, results)
+            ctx.reflink_ok = placement.probe_reflink(next(iter(cache.values())), tmp)
         try:
-            results += _run_parallel(place, items, "linking package files")
+            results = _place_all(pool, ctx, items)
         except FileNotFoundError as e:
             raise EnvtoolsError(
                 f"{e.filename} is missing from the source environment and no package cache "
                 "has it",
                 f"repair the source (envtools validate {srcp}) or restore its package cache",
             ) from e
+        report.timings["files"] = time.monotonic() - t0
         new_sha: dict[str, str] = {}
         known: dict[str, list] = {}  # rel -> [*stat key, sha256] for the stat cache
         for rel, how, sha, key in results:
             report.placed[how] = report.placed.get(how, 0) + 1
-            if how == RELOCATED:
+            if how == placement.RELOCATED:
                 new_sha[rel] = sha
             if sha and key:
                 known[rel] = [*key, sha]
@@ -535,18 +323,18 @@ def clone(
         # untracked files: pip installs and anything else users put there
         owned = {e["_path"] for r in prefix.records for e in r.paths}
         files, empty = untracked(srcp, owned)
-        rewritten = {
-            rel
-            for rel, changed in _run_parallel(
-                lambda rel: _copy_untracked(ctx, srcp, rel), files, "copying untracked files"
-            )
-            if changed
-        }
+        rewritten: set[str] = set()
+        placement.run_all(
+            pool, lambda part: [_copy_untracked(ctx, srcp, rel) for rel in part],
+            [files[i:i + 64] for i in range(0, len(files), 64)], ctx,
+            lambda res, _n: rewritten.update(rel for rel, changed in res if changed),
+        )
         for d in empty:
             os.makedirs(os.path.join(tmp, d), exist_ok=True)
         report.untracked = len(files)
         _fix_pip_records(tmp, rewritten)
         report.editable = find_editables(tmp)
+        report.timings["untracked"] = time.monotonic() - t0
 
         # conda-meta: the same records, pointing at their new link sources
         meta = tmp / "conda-meta"
@@ -567,8 +355,10 @@ def clone(
         with open(meta / "history", "a") as fh:
             fh.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} <==\n"
                      f"# cmd: envtools clone {srcp} {destp}\n")
+        report.timings["records"] = time.monotonic() - t0
         write_prefix_info(tmp, destp, cache_root_of(cache))
         _write_clone_stat_cache(tmp, prefix.records, cache, known, srcp)
+        report.timings["stat cache"] = time.monotonic() - t0
 
         if add:
             report.added = _add_packages(
@@ -579,6 +369,75 @@ def clone(
         os.chmod(tmp, 0o755)
     report.seconds = time.monotonic() - t0
     return report
+
+
+def _plan(
+    records: list[Record], cache: dict[str, Path], srcp: Path
+) -> tuple[list[Item], set[str]]:
+    """Every tracked file with where it comes from, and every directory they need."""
+    items: list[Item] = []
+    dirs: set[str] = set()
+    src_base = str(srcp) + "/"
+    for r in records:
+        cdir = cache.get(r.name)
+        base = str(cdir) + "/" if cdir is not None else None
+        noarch_py = r.noarch_python
+        for e in r.paths:
+            rel = e["_path"]
+            if base is None:
+                source, from_cache = src_base + rel, False
+            elif noarch_py:
+                source, from_cache = base + _cache_rel(r, rel), True
+                if not os.path.lexists(source):
+                    source, from_cache = src_base + rel, False
+            else:
+                source, from_cache = base + rel, True
+            items.append((rel, source, e.get("path_type"), e.get("prefix_placeholder"),
+                          e.get("file_mode"), from_cache, e.get("sha256")))
+            d = rel.rpartition("/")[0]
+            while d and d not in dirs:  # every ancestor, so plain mkdir works by depth
+                dirs.add(d)
+                d = d.rpartition("/")[0]
+    return items, dirs
+
+
+def _place_all(pool: placement.Pool, ctx: Ctx, items: list[Item]) -> list:
+    """Place every tracked file from the pool's threads, with one progress bar.
+
+    Plain cache files go through the tight hardlink loop when hardlinks are the method
+    (no reflink, not root); relocations and everything else through :func:`place`. The
+    slow relocations go out first so they do not trail at the end.
+    """
+    fast: list[Item] = []
+    slow: list[Item] = []
+    if ctx.reflink_ok is False and ctx.euid != 0 and ctx.link_mode == "auto":
+        for it in items:
+            if it[3] or not it[5] or it[2] in ("softlink", "directory"):
+                slow.append(it)
+            else:
+                fast.append(it)
+    else:
+        slow = items
+    results: list = []
+    leftover: list[Item] = []
+    n = pool._max_workers
+    jobs = [(placement.place_chunk, p) for p in placement._chunks(slow, n, 16)]
+    jobs += [(placement.hardlink_chunk, p) for p in placement._chunks(fast, n, 256)]
+    with task("placing package files", len(items)) as advance:
+        def done(res, _k: int) -> None:
+            if isinstance(res, tuple):  # hardlink_chunk: (placed, left for place)
+                results.extend(res[0])
+                leftover.extend(res[1])
+                advance(len(res[0]))
+            else:
+                results.extend(res)
+                advance(len(res))
+
+        placement.run_all(pool, lambda job: job[0](ctx, job[1]), jobs, ctx, done)
+        if leftover:
+            placement.run_all(pool, lambda p: placement.place_chunk(ctx, p),
+                              placement._chunks(leftover, n, 16), ctx, done)
+    return results
 
 
 def cache_root_of(cache: dict[str, Path]) -> Path | None:

@@ -43,7 +43,7 @@ from envtools import elf, virtual
 from envtools.errors import EnvtoolsError
 from envtools.hashing import hash_many, load_stat_cache, stat_key
 from envtools.prefix_records import Prefix, Record
-from envtools.progress import console, task
+from envtools.progress import info, task
 
 SCHEMA = "envtools-validate/1"
 SEVERITIES = ("error", "warning", "info")
@@ -567,15 +567,14 @@ def run_validate(prefix: Path, json_out: bool = False, full: bool = False,
     colors = {"error": "bold red", "warning": "yellow", "info": "cyan"}
     for f in findings:
         pk = f" [{', '.join(f.packages)}]" if f.packages else ""
-        console.print(f"[{colors[f.severity]}]{f.severity:7}[/] {f.check:17} {f.message}{pk}",
-                      highlight=False, soft_wrap=True)
+        info(f"[{colors[f.severity]}]{f.severity:7}[/] {f.check:17} {f.message}{pk}")
         if f.hint:
-            console.print(f"{'':25} hint: {f.hint}", highlight=False, soft_wrap=True)
+            info(f"{'':25} hint: {f.hint}")
     s = doc["summary"]
     c = doc["checked"]
-    console.print(
+    info(
         f"{ctx.prefix.root}: {c.get('packages', 0)} packages, {c.get('files', 0)} files "
         f"({c.get('hashed', 0)} hashed), {c.get('pip_distributions', 0)} pip distributions, "
         f"{c.get('elf_files', 0)} ELF files checked: {s['error']} errors, {s['warning']} "
-        f"warnings, {s['info']} notes", highlight=False, soft_wrap=True)
+        f"warnings, {s['info']} notes")
     return doc["exit_status"]
