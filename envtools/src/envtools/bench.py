@@ -2,7 +2,11 @@
 
 Measured in one run, so the ratios compare like with like on a noisy machine (medians
 of ``--repeat`` runs; every command is a fresh process, timed by wall clock; the page
-cache is warm for all of them, since dropping it would disturb other users):
+cache is warm for all of them, since dropping it would disturb other users). Each
+command starts after a ``sync`` (not timed): otherwise it would pay for writing back the
+previous command's data (``cp -a`` leaves ~0.7 GB dirty), and which command follows
+which would decide the figures. Nor does any timed figure include writing its own data
+back, which flatters ``cp -a`` most, as the one that writes the most data.
 
 * ``cp -a SRC DEST`` and a fresh py-rattler install of the same records from the same
   package cache (the baselines);
@@ -170,6 +174,7 @@ def _rm(p: Path) -> None:
 
 
 def _time(cmd: list[str], env: dict | None = None) -> float:
+    os.sync()  # start clean: no writeback left over from the previous command
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     dt = time.perf_counter() - t
@@ -258,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         _rm(d)
         make_writable(Path(cache))
         try:
+            os.sync()
             t = time.perf_counter()
             out = subprocess.run([sys.executable, str(script), str(src), str(d), cache],
                                  capture_output=True, text=True)

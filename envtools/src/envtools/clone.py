@@ -286,7 +286,7 @@ def clone(
     report.from_cache = len(cache)
     report.from_src = len(prefix.records) - len(cache)
 
-    with atomic_dir(destp) as tmp, placement.pool_for(tmp) as pool:
+    with atomic_dir(destp) as tmp:
         ctx = Ctx(
             dest_tmp=tmp,
             new_prefix=str(destp),
@@ -295,40 +295,49 @@ def clone(
             euid=os.geteuid(),
             link_mode=link_mode,
         )
-        items, dirs = _plan(prefix.records, cache, srcp)
+        groups = _plan(prefix.records, cache, srcp)
         report.timings["load"] = load_s
         report.timings["plan"] = time.monotonic() - t0
-        placement.make_dirs(pool, tmp, dirs, ctx)
-        report.timings["directories"] = time.monotonic() - t0
         if cache and link_mode == "auto":
             ctx.reflink_ok = placement.probe_reflink(next(iter(cache.values())), tmp)
+        meta = tmp / "conda-meta"
+        meta.mkdir()
+
+        def write_package_record(key: int, new_sha: dict[str, str]) -> None:
+            """conda-meta: the same record, pointing at its new link source (this runs in
+            the process that placed the package's files, once they are all placed)."""
+            data = prefix.records[key].data  # ours to change: SRC's are not used after this
+            cdir = cache.get(data["name"])
+            data["extracted_package_dir"] = str(cdir) if cdir else ""
+            data["link"] = {"source": str(cdir) if cdir else str(srcp), "type": 1 if cdir else 3}
+            if new_sha:
+                for e in (data.get("paths_data") or {}).get("paths", []):
+                    if e["_path"] in new_sha:
+                        e["sha256_in_prefix"] = new_sha[e["_path"]]
+            write_record(meta, data)
+
         try:
-            results = _place_all(pool, ctx, items)
+            with task("placing package files", sum(len(g[1]) for g in groups)) as advance:
+                placed = placement.place_all(ctx, groups, placement.workers(tmp), advance,
+                                             write_package_record)
         except FileNotFoundError as e:
             raise EnvtoolsError(
                 f"{e.filename} is missing from the source environment and no package cache "
                 "has it",
                 f"repair the source (envtools validate {srcp}) or restore its package cache",
             ) from e
-        report.timings["files"] = time.monotonic() - t0
-        new_sha: dict[str, str] = {}
-        known: dict[str, list] = {}  # rel -> [*stat key, sha256] for the stat cache
-        for rel, how, sha, key in results:
-            report.placed[how] = report.placed.get(how, 0) + 1
-            if how == placement.RELOCATED:
-                new_sha[rel] = sha
-            if sha and key:
-                known[rel] = [*key, sha]
+        report.placed = placed.counts
+        report.timings["files and records"] = time.monotonic() - t0
 
         # untracked files: pip installs and anything else users put there
         owned = {e["_path"] for r in prefix.records for e in r.paths}
         files, empty = untracked(srcp, owned)
         rewritten: set[str] = set()
-        placement.run_all(
-            pool, lambda part: [_copy_untracked(ctx, srcp, rel) for rel in part],
-            [files[i:i + 64] for i in range(0, len(files), 64)], ctx,
-            lambda res, _n: rewritten.update(rel for rel, changed in res if changed),
-        )
+        with task("copying untracked files", len(files)) as advance:
+            for rel in files:
+                if _copy_untracked(ctx, srcp, rel)[1]:
+                    rewritten.add(rel)
+                advance(1)
         for d in empty:
             os.makedirs(os.path.join(tmp, d), exist_ok=True)
         report.untracked = len(files)
@@ -336,18 +345,6 @@ def clone(
         report.editable = find_editables(tmp)
         report.timings["untracked"] = time.monotonic() - t0
 
-        # conda-meta: the same records, pointing at their new link sources
-        meta = tmp / "conda-meta"
-        meta.mkdir(exist_ok=True)
-        for r in prefix.records:
-            data = r.data  # ours to change: the SRC records are not used after this
-            cdir = cache.get(r.name)
-            data["extracted_package_dir"] = str(cdir) if cdir else ""
-            data["link"] = {"source": str(cdir) if cdir else str(srcp), "type": 1 if cdir else 3}
-            for e in (data.get("paths_data") or {}).get("paths", []):
-                if e["_path"] in new_sha:
-                    e["sha256_in_prefix"] = new_sha[e["_path"]]
-            write_record(meta, data)
         for extra in ("history", "state", "pinned"):
             s = srcp / "conda-meta" / extra
             if s.is_file():
@@ -355,9 +352,8 @@ def clone(
         with open(meta / "history", "a") as fh:
             fh.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} <==\n"
                      f"# cmd: envtools clone {srcp} {destp}\n")
-        report.timings["records"] = time.monotonic() - t0
         write_prefix_info(tmp, destp, cache_root_of(cache))
-        _write_clone_stat_cache(tmp, prefix.records, cache, known, srcp)
+        _write_clone_stat_cache(tmp, prefix.records, cache, placed.stat_json, srcp)
         report.timings["stat cache"] = time.monotonic() - t0
 
         if add:
@@ -373,12 +369,13 @@ def clone(
 
 def _plan(
     records: list[Record], cache: dict[str, Path], srcp: Path
-) -> tuple[list[Item], set[str]]:
-    """Every tracked file with where it comes from, and every directory they need."""
-    items: list[Item] = []
-    dirs: set[str] = set()
+) -> list[tuple[int, list[Item]]]:
+    """Per package (its index in ``records``), every file with where it comes from."""
+    groups: list[tuple[int, list[Item]]] = []
     src_base = str(srcp) + "/"
-    for r in records:
+    for key, r in enumerate(records):
+        items: list[Item] = []
+        groups.append((key, items))
         cdir = cache.get(r.name)
         base = str(cdir) + "/" if cdir is not None else None
         noarch_py = r.noarch_python
@@ -394,50 +391,7 @@ def _plan(
                 source, from_cache = base + rel, True
             items.append((rel, source, e.get("path_type"), e.get("prefix_placeholder"),
                           e.get("file_mode"), from_cache, e.get("sha256")))
-            d = rel.rpartition("/")[0]
-            while d and d not in dirs:  # every ancestor, so plain mkdir works by depth
-                dirs.add(d)
-                d = d.rpartition("/")[0]
-    return items, dirs
-
-
-def _place_all(pool: placement.Pool, ctx: Ctx, items: list[Item]) -> list:
-    """Place every tracked file from the pool's threads, with one progress bar.
-
-    Plain cache files go through the tight hardlink loop when hardlinks are the method
-    (no reflink, not root); relocations and everything else through :func:`place`. The
-    slow relocations go out first so they do not trail at the end.
-    """
-    fast: list[Item] = []
-    slow: list[Item] = []
-    if ctx.reflink_ok is False and ctx.euid != 0 and ctx.link_mode == "auto":
-        for it in items:
-            if it[3] or not it[5] or it[2] in ("softlink", "directory"):
-                slow.append(it)
-            else:
-                fast.append(it)
-    else:
-        slow = items
-    results: list = []
-    leftover: list[Item] = []
-    n = pool._max_workers
-    jobs = [(placement.place_chunk, p) for p in placement._chunks(slow, n, 16)]
-    jobs += [(placement.hardlink_chunk, p) for p in placement._chunks(fast, n, 256)]
-    with task("placing package files", len(items)) as advance:
-        def done(res, _k: int) -> None:
-            if isinstance(res, tuple):  # hardlink_chunk: (placed, left for place)
-                results.extend(res[0])
-                leftover.extend(res[1])
-                advance(len(res[0]))
-            else:
-                results.extend(res)
-                advance(len(res))
-
-        placement.run_all(pool, lambda job: job[0](ctx, job[1]), jobs, ctx, done)
-        if leftover:
-            placement.run_all(pool, lambda p: placement.place_chunk(ctx, p),
-                              placement._chunks(leftover, n, 16), ctx, done)
-    return results
+    return groups
 
 
 def cache_root_of(cache: dict[str, Path]) -> Path | None:
@@ -446,15 +400,16 @@ def cache_root_of(cache: dict[str, Path]) -> Path | None:
 
 
 def _write_clone_stat_cache(
-    tmp: Path, records: list[Record], cache: dict[str, Path], known: dict[str, list],
+    tmp: Path, records: list[Record], cache: dict[str, Path], placed_json: list[str],
     srcp: Path,
 ) -> None:
     """Stat cache for the clone without hashing: what placing the files told us.
 
-    Files from the cache and relocated files are in ``known``; a file copied from SRC is
-    trusted only if SRC's own stat cache vouched for it, otherwise validate hashes it.
+    Files from the cache and relocated files come as JSON members from the processes
+    that placed them (``placed_json``); a file copied from SRC is trusted only if SRC's
+    own stat cache vouched for it, otherwise validate hashes it.
     """
-    entries = dict(known)
+    entries: dict[str, list] = {}
     if all(r.name in cache for r in records):
         src_cache: dict = {}
     else:
@@ -466,7 +421,7 @@ def _write_clone_stat_cache(
         for e in r.paths:
             rel = e["_path"]
             sc = src_cache.get(rel)
-            if rel in entries or sc is None or e.get("prefix_placeholder"):
+            if sc is None or e.get("prefix_placeholder"):
                 continue
             try:
                 if sc[:3] == stat_key(os.stat(os.path.join(src_s, rel))):
@@ -475,6 +430,7 @@ def _write_clone_stat_cache(
                         entries[rel] = [*stat_key(st), sc[3]]
             except OSError:
                 continue
+    members = [*placed_json, json.dumps(entries, separators=(",", ":"))[1:-1]]
     (tmp / STAT_CACHE).parent.mkdir(parents=True, exist_ok=True)
     with open(tmp / STAT_CACHE, "w") as fh:
-        fh.write(json.dumps({"version": 2, "files": entries}, separators=(",", ":")))
+        fh.write('{"version":2,"files":{' + ",".join(m for m in members if m) + "}}")
