@@ -397,3 +397,57 @@ def test_filesystem_kind_picks_the_process_count(tmp_path, monkeypatch):
     assert placement.workers(tmp_path) in (local, 8)  # whatever this machine's /tmp is
     monkeypatch.setenv("ENVTOOLS_WORKERS", "3")
     assert placement.workers(tmp_path) == 3
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_sharded_clone_stops_its_processes(env, tmp_path, sig):
+    """Ctrl-C / SIGTERM to the clone while forked placement processes are working: they
+    are stopped, and no DEST, temp directory or process is left. Made deterministic by a
+    cache whose placeholder files are FIFOs: opening one blocks until interrupted."""
+    src = tmp_path / "site" / "envs" / "powerai"
+    cache = tmp_path / "site" / "envs" / "powerai.pkgs"
+    shutil.copytree(env, src, symlinks=True)
+    shutil.copytree(env.parent / "powerai.pkgs", cache, symlinks=True)
+    for p in [src, cache, *src.rglob("*"), *cache.rglob("*")]:
+        if not p.is_symlink():
+            p.chmod(p.stat().st_mode | 0o200)
+    for rec in (src / "conda-meta").glob("*.json"):
+        data = json.loads(rec.read_text())
+        if data.get("extracted_package_dir"):
+            data["extracted_package_dir"] = str(cache / Path(data["extracted_package_dir"]).name)
+            rec.write_text(json.dumps(data))
+    info_file = src / "conda-meta" / "envtools" / "prefix.json"
+    info = json.loads(info_file.read_text())
+    info["package_cache"] = str(cache)
+    info_file.write_text(json.dumps(info))
+    fifos = 0
+    for pkg in cache.iterdir():
+        paths = pkg / "info" / "paths.json"
+        if not paths.is_file() or "noarch" in json.loads((pkg / "info/index.json").read_text()):
+            continue
+        for e in json.loads(paths.read_text())["paths"]:
+            if e.get("prefix_placeholder"):
+                (pkg / e["_path"]).unlink()
+                os.mkfifo(pkg / e["_path"])
+                fifos += 1
+    assert fifos >= 2
+    dest = tmp_path / "dest"
+    proc = subprocess.Popen([*ENVTOOLS, "clone", str(src), str(dest)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "ENVTOOLS_WORKERS": "4"})
+    children: list[int] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not children:
+        time.sleep(0.05)
+        out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+        children = [int(x) for x in out.stdout.split()]
+    assert children, "no placement process was forked"
+    time.sleep(0.2)
+    assert proc.poll() is None, "the clone did not block on the FIFOs"
+    proc.send_signal(sig)  # to the parent only: it must stop the children itself
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted; nothing was left behind" in err.decode()
+    assert not dest.exists()
+    assert not [x for x in tmp_path.iterdir() if "envtools-tmp" in x.name]
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists(), f"placement process {pid} outlived the clone"

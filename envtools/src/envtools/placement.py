@@ -345,9 +345,11 @@ def place_all(
             pid, r, n = children[0]
             with os.fdopen(r, "rb") as fh:
                 data = fh.read()
-            os.waitpid(pid, 0)
+            _pid, wstatus = os.waitpid(pid, 0)
             children.pop(0)
-            status, payload = marshal.loads(data) if data else ("error", None)
+            if not data:
+                _raise_child_died(os.waitstatus_to_exitcode(wstatus))
+            status, payload = marshal.loads(data)
             if status != "ok":
                 _raise_child_error(payload)
             counts, new_sha, stat_json = payload
@@ -401,10 +403,18 @@ def _child(ctx: Ctx, shard: list[Unit], on_unit: Callable, r: int, w: int) -> No
         os._exit(code)
 
 
+def _raise_child_died(code: int) -> None:
+    """A child that left no report: interrupted along with us (Ctrl-C reaches the whole
+    process group), or killed (the OOM killer, an admin)."""
+    if code in (-signal.SIGINT, -signal.SIGTERM):
+        raise KeyboardInterrupt
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+    raise EnvtoolsError(f"a file placement process {how} without a report",
+                        "run the clone again; if it repeats, set ENVTOOLS_WORKERS=1 to "
+                        "place every file in the main process")
+
+
 def _raise_child_error(payload) -> None:
-    if not payload:
-        raise EnvtoolsError("a placement process died without a report",
-                            "run the clone again; if it repeats, set ENVTOOLS_WORKERS=1")
     kind, err, filename, message, hint = payload
     if kind == "envtools":
         raise EnvtoolsError(message, hint)
