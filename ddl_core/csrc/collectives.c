@@ -75,7 +75,6 @@ typedef struct {
     int whole[DDL_MAX_LEVELS];
 } level_state_t;
 
-enum { TAG_GATHER = 301, TAG_SCATTER = 302 };
 
 /* Whether algorithm a on a level of p ranks reduces the level's whole segment
  * (recursive doubling, MPI, or Rabenseifner folding a non-power-of-two) rather than
@@ -126,41 +125,93 @@ static ddl_status_t ag_level(level_state_t *st, int l) {
     return ddl_ring_allgather(lc, seg, n, st->dtype);
 }
 
-/* outer_via_leader: after the node-level reduce-scatter every rank of a node owns one
- * slice. Rather than each of them crossing the node's link at the same time (one network
- * flow per rank), the slices are gathered to the node's first rank, which alone runs the
- * outer levels on the whole segment, and scattered back before the node-level allgather
- * (as Open MPI's han does). The link carries the same bytes either way (the cost model,
- * which charges an outer level for all of a node's ranks sharing the link, is unchanged);
- * one flow on one warm connection keeps a link busier than competing ones (measured on the
- * emulated cluster: 95% of the link rate with one flow per link, 86% with two). The
- * gather and scatter are shared-memory copies of (p0-1)/p0 of the segment.
- * DDL_NODE_LEADER=0 restores one flow per rank (e.g. a network interface per rank). */
-static ddl_status_t outer_via_leader(level_state_t *st, const ddl_comm_t *l0) {
-    size_t n0 = st->hi[0] - st->lo[0];
-    char *seg0 = st->b + st->lo[0] * st->es;
-    if (l0->rank != 0) {
-        char *mine = st->b + st->lo[1] * st->es;
-        size_t bytes = (st->hi[1] - st->lo[1]) * st->es;
-        DDL_CHECK(ddl_sendrecv(l0, mine, bytes, 0, NULL, 0, -1, TAG_GATHER));
-        return ddl_sendrecv(l0, NULL, 0, -1, mine, bytes, 0, TAG_SCATTER);
+/* The node-leader allreduce, pipelined in segments (as Open MPI's han does).
+ *
+ * One rank per node (level-0 rank 0, the leader) runs the outer levels; rather than every
+ * rank of a node crossing the node's link at once (one network flow per rank), one flow on
+ * one warm connection keeps a link busier (measured on the emulated cluster: 95% of the
+ * link rate with one flow per link, 86% with two). The buffer is cut into K segments of
+ * about DDL_SEGMENT bytes. The node's other ranks form a chain toward the leader: rank i
+ * receives segment k's partial result from rank i+1, adds its own input and passes it on,
+ * so the leader receives the node's sum minus its own input, segment by segment, while it
+ * is still busy with the outer levels of earlier segments. For each segment the leader
+ *   1. waits for the node's partial (normally there already: it was received while the
+ *      previous segment crossed the link), adds its own input,
+ *   2. runs the outer levels on the segment (reduce-scatter and allgather per level, the
+ *      plan's algorithms), and
+ *   3. posts the result to rank 1 without waiting; the chain passes it down the node.
+ * So the node's reduction of segment k+1 and broadcast of segment k-1 move while segment
+ * k crosses the link: only the first segment's reduction and the last one's broadcast are
+ * not overlapped. The link carries the same bytes as without a pipeline. The outer levels
+ * run per segment, so each adds its per-message costs K times (the cost model counts
+ * them). DDL_NODE_LEADER=0 instead runs every level's reduce-scatter on every rank (e.g.
+ * a network interface per rank). */
+enum { TAG_PARTIAL = 301, TAG_RESULT = 302 };
+#define LOOKAHEAD 2 /* partials the leader has receives posted for */
+
+static ddl_status_t leader_pipeline(level_state_t *st, const ddl_comm_t *l0) {
+    size_t es = st->es, count = st->hi[0] - st->lo[0];
+    size_t K = ddl_pipeline_segments(count * es, es, l0->size, (double)ddl_g.segment_bytes);
+    size_t qmax = count / K + 1;
+    const char *in = (const char *)st->in + st->lo[0] * es;
+    char *b = st->b + st->lo[0] * es;
+    int me = l0->rank, p0 = l0->size;
+    size_t lo, hi;
+    if (me != 0) {
+        /* Chain: receive segment k from me+1 while passing segment k-1 on to me-1. */
+        int last = me == p0 - 1;
+        char *tmp = ddl_scratch(5, qmax * es);
+        if (!tmp) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for a pipeline segment");
+        for (size_t k = 0; k <= K; k++) {
+            size_t plo = 0, phi = 0;
+            if (k > 0) ddl_block_range(count, (int)K, (int)(k - 1), &plo, &phi);
+            const char *prev = last ? in : b; /* the last rank passes its input as is */
+            if (k < K) ddl_block_range(count, (int)K, (int)k, &lo, &hi);
+            DDL_CHECK(ddl_sendrecv(l0, prev + plo * es, (phi - plo) * es, k > 0 ? me - 1 : -1,
+                                   tmp, k < K && !last ? (hi - lo) * es : 0,
+                                   k < K && !last ? me + 1 : -1, TAG_PARTIAL));
+            if (k < K && !last) ddl_reduce3(b + lo * es, in + lo * es, tmp, hi - lo, st->dtype,
+                                            st->wop);
+        }
+        /* Results: receive segment k from me-1 while passing segment k-1 to me+1. */
+        for (size_t k = 0; k <= K; k++) {
+            size_t plo = 0, phi = 0;
+            if (k > 0) ddl_block_range(count, (int)K, (int)(k - 1), &plo, &phi);
+            lo = hi = 0;
+            if (k < K) ddl_block_range(count, (int)K, (int)k, &lo, &hi);
+            DDL_CHECK(ddl_sendrecv(l0, b + plo * es, (phi - plo) * es,
+                                   k > 0 && !last ? me + 1 : -1, b + lo * es, (hi - lo) * es,
+                                   k < K ? me - 1 : -1, TAG_RESULT));
+        }
+        return DDL_SUCCESS;
     }
-    for (int r = 1; r < l0->size; r++) {
-        size_t blo, bhi;
-        ddl_block_range(n0, l0->size, r, &blo, &bhi);
-        DDL_CHECK(ddl_sendrecv(l0, NULL, 0, -1, seg0 + blo * st->es, (bhi - blo) * st->es, r,
-                               TAG_GATHER));
+    char *stage = ddl_scratch(5, LOOKAHEAD * qmax * es);
+    MPI_Request *sent = ddl_scratch(6, K * sizeof(MPI_Request));
+    if (!stage || !sent) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the pipeline");
+    MPI_Request got[LOOKAHEAD];
+    for (size_t k = 0; k < K; k++) sent[k] = MPI_REQUEST_NULL;
+    for (size_t k = 0; k < LOOKAHEAD && k < K; k++) {
+        ddl_block_range(count, (int)K, (int)k, &lo, &hi);
+        DDL_CHECK(ddl_irecv(l0, stage + k * qmax * es, (hi - lo) * es, 1, TAG_PARTIAL, &got[k]));
     }
-    st->lo[1] = st->lo[0];
-    st->hi[1] = st->hi[0];
-    for (int l = 1; l < st->t->nlevels; l++) DDL_CHECK(rs_level(st, l));
-    for (int l = st->t->nlevels - 1; l >= 1; l--) DDL_CHECK(ag_level(st, l));
-    for (int r = 1; r < l0->size; r++) {
-        size_t blo, bhi;
-        ddl_block_range(n0, l0->size, r, &blo, &bhi);
-        DDL_CHECK(ddl_sendrecv(l0, seg0 + blo * st->es, (bhi - blo) * st->es, r, NULL, 0, -1,
-                               TAG_SCATTER));
+    for (size_t k = 0; k < K; k++) {
+        ddl_block_range(count, (int)K, (int)k, &lo, &hi);
+        char *slot = stage + (k % LOOKAHEAD) * qmax * es;
+        DDL_CHECK(ddl_wait_recv(l0, &got[k % LOOKAHEAD], (hi - lo) * es, 1));
+        ddl_reduce3(b + lo * es, in + lo * es, slot, hi - lo, st->dtype, st->wop);
+        if (k + LOOKAHEAD < K) {
+            size_t nlo, nhi;
+            ddl_block_range(count, (int)K, (int)(k + LOOKAHEAD), &nlo, &nhi);
+            DDL_CHECK(ddl_irecv(l0, slot, (nhi - nlo) * es, 1, TAG_PARTIAL,
+                                &got[k % LOOKAHEAD]));
+        }
+        st->lo[1] = st->lo[0] + lo;
+        st->hi[1] = st->lo[0] + hi;
+        for (int l = 1; l < st->t->nlevels; l++) DDL_CHECK(rs_level(st, l));
+        for (int l = st->t->nlevels - 1; l >= 1; l--) DDL_CHECK(ag_level(st, l));
+        DDL_CHECK(ddl_isend(l0, b + lo * es, (hi - lo) * es, 1, TAG_RESULT, &sent[k]));
     }
+    for (size_t k = 0; k < K; k++) DDL_CHECK(ddl_wait_request(&sent[k], l0, "passing results on"));
     return DDL_SUCCESS;
 }
 
@@ -179,10 +230,11 @@ ddl_status_t ddl_allreduce_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *buf, s
     ddl_algo_t plan[DDL_MAX_LEVELS];
     int flat;
     ddl_model_plan(&ddl_g.model, t->dims, t->nlevels, count * es, ddl_g.forced_algo, plan, &flat);
-    /* Paths that work in place on buf start with a copy of an out-of-place input; a
-     * reduce-scatter first level reads the input directly instead. */
-    int first_rs = !flat && !reduces_whole(plan[0], t->level[0].size);
-    if (in != buf && count && !first_rs) memcpy(buf, in, count * es);
+    /* Paths that work in place on buf start with a copy of an out-of-place input; the
+     * node-leader pipeline and a reduce-scatter first level read the input directly. */
+    int leader = !flat && ddl_g.node_leader && t->nlevels > 1 && t->level[0].size > 1;
+    int reads_input = leader || (!flat && !reduces_whole(plan[0], t->level[0].size));
+    if (in != buf && count && !reads_input) memcpy(buf, in, count * es);
     if (flat && plan[0] == DDL_ALGO_RECDOUBLING && count * es <= DDL_FUSED_MAX) {
         ddl_header_t h;
         ddl_header_init(&h, sig, count);
@@ -201,15 +253,15 @@ ddl_status_t ddl_allreduce_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *buf, s
                                 .dtype = dtype, .wop = wop, .sig = sig, .count = count};
             st.lo[0] = 0;
             st.hi[0] = count;
-            DDL_CHECK(rs_level(&st, 0));
             const ddl_comm_t *l0 = &t->level[0];
-            if (ddl_g.node_leader && t->nlevels > 1 && !st.whole[0] && l0->size > 1) {
-                DDL_CHECK(outer_via_leader(&st, l0));
+            if (leader) {
+                DDL_CHECK(leader_pipeline(&st, l0));
             } else {
+                DDL_CHECK(rs_level(&st, 0));
                 for (int l = 1; l < t->nlevels; l++) DDL_CHECK(rs_level(&st, l));
                 for (int l = t->nlevels - 1; l >= 1; l--) DDL_CHECK(ag_level(&st, l));
+                DDL_CHECK(ag_level(&st, 0));
             }
-            DDL_CHECK(ag_level(&st, 0));
         }
     }
     if (op == DDL_AVG) ddl_finish_avg(buf, count, dtype, P);

@@ -71,6 +71,9 @@ static ddl_status_t read_env(int *dims, int *nlevels) {
     double leader = 1;
     DDL_CHECK(env_double("DDL_NODE_LEADER", 0, 1, &leader));
     ddl_g.node_leader = leader >= 0.5;
+    double segment = 2.0 * 1024 * 1024;
+    DDL_CHECK(env_double("DDL_SEGMENT", 4096, 1 << 30, &segment));
+    ddl_g.segment_bytes = (size_t)segment;
     ddl_g.fusion_threshold = (size_t)fusion;
     ddl_g.cycle_time_s = cycle / 1000.0;
     ddl_g.forced_algo = DDL_ALGO_AUTO;
@@ -158,6 +161,8 @@ ddl_status_t ddl_init(void) {
         ddl_log(1, "cost model from %s", cached);
     }
 
+    ddl_g.model.leader = ddl_g.node_leader;
+    ddl_g.model.segment = (double)ddl_g.segment_bytes;
     ddl_g.initialized = 1;
     if (provided >= MPI_THREAD_MULTIPLE) {
         DDL_CHECK(ddl_progress_start());

@@ -73,6 +73,14 @@ ddl_status_t ddl_sendrecv_capped(const ddl_comm_t *c, const void *sbuf, size_t s
 /* The largest payload the fused recursive doubling carries; above it a header-only check
  * runs first, so no rank ever sends more than this into a capped receive. */
 #define DDL_FUSED_MAX ((size_t)64 * 1024)
+/* Non-blocking pieces of at most 1 GiB for pipelines: a receive posted with ddl_irecv is
+ * completed by ddl_wait_recv under the deadline, which reports a message of another size
+ * as DDL_ERR_MISMATCH; sends complete with ddl_wait_request. */
+ddl_status_t ddl_isend(const ddl_comm_t *c, const void *buf, size_t bytes, int dst, int tag,
+                       MPI_Request *req);
+ddl_status_t ddl_irecv(const ddl_comm_t *c, void *buf, size_t bytes, int src, int tag,
+                       MPI_Request *req);
+ddl_status_t ddl_wait_recv(const ddl_comm_t *c, MPI_Request *req, size_t bytes, int src);
 /* Wait for an MPI request with the deadline (used for MPI's own collectives). */
 ddl_status_t ddl_wait_request(MPI_Request *req, const ddl_comm_t *c, const char *what);
 
@@ -151,7 +159,14 @@ typedef struct {
     double alpha[DDL_MAX_LEVELS]; /* s per message */
     double beta[DDL_MAX_LEVELS];  /* s per byte on the wire */
     double gamma;                 /* s per byte reduced */
+    int leader;                   /* the node-leader pipeline runs (DDL_NODE_LEADER) */
+    double segment;               /* its segment size in bytes (DDL_SEGMENT) */
 } ddl_model_t;
+
+/* Segments of the node-leader pipeline for `bytes` of elements of `es` bytes on nodes of
+ * p0 ranks: about one per `segment` bytes, at least p0-1 (so filling the node's chain
+ * costs no more than one pass over the buffer), at most one per element. */
+size_t ddl_pipeline_segments(size_t bytes, size_t es, int p0, double segment);
 
 void ddl_model_defaults(ddl_model_t *m, int nlevels);
 ddl_status_t ddl_model_load(ddl_model_t *m, const char *path, const int *dims, int nlevels);
@@ -174,6 +189,7 @@ typedef struct {
     size_t fusion_threshold;
     double cycle_time_s;
     int node_leader;    /* DDL_NODE_LEADER: one rank per node runs the outer levels */
+    size_t segment_bytes; /* DDL_SEGMENT: pipeline segment of the node-leader allreduce */
 } ddl_state_t;
 
 extern ddl_state_t ddl_g;

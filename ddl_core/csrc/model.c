@@ -21,6 +21,21 @@
  * The alternative is one recursive doubling over all ranks with the header fused into the
  * data: ceil(log2 P) (a_top + n b_top + n g). The cheaper of the two runs.
  *
+ * The node-leader pipeline (DDL_NODE_LEADER=1, the default, on grids of two or more levels
+ * with more than one rank per node; collectives.c) replaces this walk: the buffer is cut
+ * into K segments of S = n/K bytes (about DDL_SEGMENT each, ddl_pipeline_segments); a
+ * chain of the node's ranks reduces each segment to the node's first rank, which runs the
+ * outer levels on the whole segment (one flow per node link, so level l >= 1 sees
+ * b_eff = b_l * prod_{1<=k<l} p_k, and the same bytes cross it), and the chain passes the
+ * result back, while later segments are reduced and earlier ones passed back. With
+ * hop = a_0 + S b_0 (one segment between two ranks of a node):
+ *   fill  = (p_0-1) hop + (p_0-2) S g        the first segment down the chain
+ *   drain = (p_0-1) hop                      the last one back up
+ *   step  = max(S g + outer(S),  2 hop + [p_0 > 2] S g)
+ *   total = check + fill + drain + K step
+ * where outer(S) is the level-by-level sum above over levels 1.. for S bytes; the slower
+ * of the leader (its own addition and the outer levels) and a chain rank sets the pace.
+ *
  * alpha and beta per level are measured by `python -m ddl_core.tune` and read from
  * DDL_TUNE_FILE; without one the defaults below (shared memory inside a node, a 10 Gb/s
  * class network between nodes) apply. */
@@ -36,6 +51,16 @@ void ddl_model_defaults(ddl_model_t *m, int nlevels) {
         m->beta[l] = l == 0 && nlevels > 1 ? 1.0 / 6e9 : (nlevels > 1 ? 1.0 / 1.2e9 : 1.0 / 6e9);
     }
     m->gamma = 1.0 / 8e9;
+    m->leader = 0;
+    m->segment = 2.0 * 1024 * 1024;
+}
+
+size_t ddl_pipeline_segments(size_t bytes, size_t es, int p0, double segment) {
+    size_t seg = segment >= 1.0 ? (size_t)segment : 1;
+    size_t k = (bytes + seg - 1) / seg;
+    if (k < (size_t)(p0 - 1)) k = (size_t)(p0 - 1);
+    if (es > 0 && k > bytes / es) k = bytes / es;
+    return k ? k : 1;
 }
 
 ddl_status_t ddl_model_load(ddl_model_t *m, const char *path, const int *dims, int nlevels) {
@@ -117,8 +142,11 @@ double ddl_model_plan(const ddl_model_t *m, const int *dims, int nlevels, size_t
     int P = 1;
     for (int l = 0; l < nlevels; l++) P *= dims[l];
     int top = nlevels - 1;
-    double n = (double)bytes, total = ceil_log2(P) * m->alpha[top], conc = 1.0;
-    for (int l = 0; l < nlevels; l++) {
+    int leader = m->leader && nlevels > 1 && dims[0] > 1;
+    double K = leader ? (double)ddl_pipeline_segments(bytes, 1, dims[0], m->segment) : 1.0;
+    double n = (double)bytes / K, total = 0.0, conc = 1.0;
+    if (leader) out[0] = DDL_ALGO_RING; /* reported for level 0: the chain is an open ring */
+    for (int l = leader ? 1 : 0; l < nlevels; l++) {
         double b = m->beta[l] * (l > 0 ? conc : 1.0);
         ddl_algo_t best = DDL_ALGO_RING;
         double best_t = 1e30;
@@ -139,6 +167,14 @@ double ddl_model_plan(const ddl_model_t *m, const int *dims, int nlevels, size_t
         if (!best_whole) n /= dims[l];
         conc *= dims[l];
     }
+    if (leader) {
+        double S = (double)bytes / K, hop = m->alpha[0] + S * m->beta[0];
+        double chain = 2.0 * hop + (dims[0] > 2 ? S * m->gamma : 0.0);
+        double step = S * m->gamma + total > chain ? S * m->gamma + total : chain;
+        total = (dims[0] - 1) * hop + (dims[0] - 2) * S * m->gamma + (dims[0] - 1) * hop +
+                K * step;
+    }
+    total += ceil_log2(P) * m->alpha[top];
     /* The alternatives over all ranks at once: one fused recursive doubling (the latency
      * path), or MPI's own allreduce (only when forced; costed like recursive doubling). */
     if (forced == DDL_ALGO_AUTO || forced == DDL_ALGO_RECDOUBLING || forced == DDL_ALGO_MPI) {

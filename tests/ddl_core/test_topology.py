@@ -38,3 +38,12 @@ def test_three_levels_with_and_without_node_leader(leader: str) -> None:
                                           "DDL_NODE_LEADER": leader,
                                           "EXPECT_TOPOLOGY": "2x2x2"})
     assert ok_lines(proc, "topology") == 8
+
+
+@pytest.mark.parametrize("n,topology", [(6, "3x2"), (6, "2x3"), (8, "2x2x2"), (8, "4x2")])
+def test_node_leader_pipeline_many_segments(n: int, topology: str) -> None:
+    # 4 KiB segments: most counts cross many segments, 3 and 4 ranks per node make a
+    # chain with middle ranks, in place and out of place, every dtype and op of the worker
+    proc = run_mpi(n, "topology.py", env={"DDL_TOPOLOGY": topology, "DDL_SEGMENT": "4096",
+                                          "IN_PLACE": "1", "EXPECT_TOPOLOGY": topology})
+    assert ok_lines(proc, "topology") == n

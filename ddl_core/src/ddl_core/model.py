@@ -102,19 +102,38 @@ def level_cost(algo: str, p: int, a: float, b: float, g: float, n: float) -> tup
     return rd_cost(p, a, b, g, n), True
 
 
+SEGMENT_DEFAULT = 2 << 20  # DDL_SEGMENT's default
+
+
+def pipeline_segments(nbytes: float, p0: int, segment: float = SEGMENT_DEFAULT) -> int:
+    """Segments of the node-leader pipeline (csrc/model.c ddl_pipeline_segments, es = 1)."""
+    seg = max(1, int(segment))
+    k = max(math.ceil(int(nbytes) / seg), p0 - 1)
+    return max(1, min(k, int(nbytes)))
+
+
 def hierarchical(fab: Fabric, dims: list[int], nbytes: float,
                  algos: tuple[str, ...] = ("ring", "rabenseifner", "recdoubling"),
-                 allow_flat: bool = True) -> tuple[float, list[str]]:
+                 allow_flat: bool = True, leader: bool = True,
+                 segment: float = SEGMENT_DEFAULT) -> tuple[float, list[str]]:
     """Predicted seconds and per-level algorithms of DDL's allreduce (as csrc/model.c).
 
-    dims[l] ranks at level l use fab.levels[l]'s alpha and beta."""
+    dims[l] ranks at level l use fab.levels[l]'s alpha and beta. leader: the node-leader
+    pipeline (DDL_NODE_LEADER=1, libddl's default on host buffers) in segments of about
+    `segment` bytes: a chain of the node's ranks reduces each segment to the node's first
+    rank, which runs the outer levels on it (one flow per node link) while the chain
+    reduces the next segments and passes earlier results back."""
     P = math.prod(dims)
     if P <= 1:
         return 0.0, ["-"] * len(dims)
     top = len(dims) - 1
     lv = fab.levels
-    total, n, conc, plan = ceil_log2(P) * lv[top].alpha, float(nbytes), 1.0, []
+    lead = leader and len(dims) > 1 and dims[0] > 1
+    K = pipeline_segments(nbytes, dims[0], segment) if lead else 1
+    total, n, conc, plan = 0.0, float(nbytes) / K, 1.0, ["ring"] if lead else []
     for i, p in enumerate(dims):
+        if lead and i == 0:
+            continue
         b = lv[i].beta * (conc if i > 0 else 1.0)
         best = min(((level_cost(a, p, lv[i].alpha, b, fab.gamma, n), a) for a in algos),
                    key=lambda x: x[0][0])
@@ -124,6 +143,13 @@ def hierarchical(fab: Fabric, dims: list[int], nbytes: float,
         if not whole:
             n /= p
         conc *= p
+    if lead:
+        p0, S = dims[0], float(nbytes) / K
+        hop = lv[0].alpha + S * lv[0].beta
+        chain = 2.0 * hop + (S * fab.gamma if p0 > 2 else 0.0)
+        step = max(S * fab.gamma + total, chain)
+        total = (p0 - 1) * hop + (p0 - 2) * S * fab.gamma + (p0 - 1) * hop + K * step
+    total += ceil_log2(P) * lv[top].alpha
     if allow_flat:
         t = rd_cost(P, lv[top].alpha, lv[top].beta, fab.gamma, float(nbytes))
         if t <= total:
@@ -227,9 +253,10 @@ def decompositions(fab: Fabric, P: int, nbytes: float) -> dict[str, tuple[float,
         worst = Level("outer", 0, max(outer[i].alpha for i in used), max(share[i] for i in used))
         two = Fabric([fab.levels[0], worst], fab.gamma)
         d2 = [dims[0], math.prod(dims[1:])]
-        out["two-level"] = (hierarchical(two, d2, nbytes, allow_flat=False)[0], d2)
+        out["two-level"] = (hierarchical(two, d2, nbytes, allow_flat=False, leader=False)[0], d2)
     if len(fab.levels) >= 3:
-        out["three-level"] = (hierarchical(fab, dims, nbytes, allow_flat=False)[0], dims)
+        out["three-level"] = (hierarchical(fab, dims, nbytes, allow_flat=False,
+                                           leader=False)[0], dims)
     return out
 
 

@@ -23,6 +23,11 @@ for count in (0, 1, 3, 5, 7, 31, 1001, 16411, 70001, 262147):
             ref = reference([data(q, count, dt, op) for q in range(n)], dt, op)
             if not same(ddl.allreduce(data(r, count, dt, op), op=op), ref):
                 bad.append(f"{dname} {op} {count} plan={ddl.plan(count * dt.itemsize)}")
+            if os.environ.get("IN_PLACE"):
+                x = data(r, count, dt, op)
+                ddl.allreduce(x, op=op, out=x)
+                if not same(x, ref):
+                    bad.append(f"in place {dname} {op} {count}")
 if bad:
     print(f"rank {r}: {bad[:4]}", flush=True)
     sys.exit(1)
