@@ -152,6 +152,8 @@ def _copy_untracked(ctx: Ctx, src: Path, rel: str) -> tuple[str, bool]:
 
 def _fix_pip_records(dest_tmp: Path, rewritten: set[str]) -> None:
     """Keep pip's RECORD hashes true for files whose prefix we rewrote."""
+    if not rewritten:
+        return
     import base64
     import csv
     import io
@@ -306,10 +308,17 @@ def clone(
         def write_package_record(key: int, new_sha: dict[str, str]) -> None:
             """conda-meta: the same record, pointing at its new link source (this runs in
             the process that placed the package's files, once they are all placed)."""
-            data = prefix.records[key].data  # ours to change: SRC's are not used after this
+            rec = prefix.records[key]
+            data = rec.data  # ours to change: SRC's are not used after this
             cdir = cache.get(data["name"])
-            data["extracted_package_dir"] = str(cdir) if cdir else ""
-            data["link"] = {"source": str(cdir) if cdir else str(srcp), "type": 1 if cdir else 3}
+            epd = str(cdir) if cdir else ""
+            link = {"source": str(cdir) if cdir else str(srcp), "type": 1 if cdir else 3}
+            if not new_sha and data.get("extracted_package_dir") == epd and data.get(
+                    "link") == link:  # unchanged (linked from the same cache): copy its bytes
+                linking.copy(str(rec.path), str(meta / f"{rec.dist}.json"), 0o644)
+                return
+            data["extracted_package_dir"] = epd
+            data["link"] = link
             if new_sha:
                 for e in (data.get("paths_data") or {}).get("paths", []):
                     if e["_path"] in new_sha:
