@@ -66,6 +66,14 @@ static ddl_status_t read_env(int *dims, int *nlevels) {
     DDL_CHECK(env_double("DDL_LOG", 0, 5, &level));
     ddl_log_level = (int)level;
     DDL_CHECK(env_double("DDL_TIMEOUT", 0.001, 1e9, &ddl_timeout_s));
+    double spin_us = 200;
+    DDL_CHECK(env_double("DDL_SPIN_US", -1, 1e9, &spin_us));
+    ddl_spin_s = spin_us * 1e-6;
+    double piece = (double)ddl_stream_piece, window = ddl_stream_window;
+    DDL_CHECK(env_double("DDL_PIECE", 0, 1 << 30, &piece));
+    DDL_CHECK(env_double("DDL_WINDOW", 1, 1 << 20, &window));
+    ddl_stream_piece = (size_t)piece;
+    ddl_stream_window = (int)window;
     DDL_CHECK(env_double("DDL_FUSION_THRESHOLD", 0, 1e12, &fusion));
     DDL_CHECK(env_double("DDL_CYCLE_TIME_MS", 0, 1e6, &cycle));
     double leader = 1;
@@ -87,6 +95,7 @@ static ddl_status_t read_env(int *dims, int *nlevels) {
 
 static ddl_status_t dup_world(ddl_comm_t *c) {
     MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c->comm));
+    c->piece = 0;
     /* Errors come back as codes so they become exceptions, not aborts. */
     MPI_CHECK(MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_rank(c->comm, &c->rank));

@@ -54,11 +54,15 @@ typedef struct {
     MPI_Comm comm;
     int rank;
     int size;
+    size_t piece; /* >0: large exchanges travel as a window of pieces of this size (p2p.c) */
 } ddl_comm_t;
 
 /* Seconds from a monotonic clock. */
 double ddl_now(void);
 extern double ddl_timeout_s;
+extern double ddl_spin_s;
+extern size_t ddl_stream_piece; /* DDL_PIECE: piece size of exchanges between nodes */
+extern int ddl_stream_window;   /* DDL_WINDOW: pieces each way in flight at once */ /* DDL_SPIN_US: how long a wait spins before it pauses */
 
 /* Exchange with peers, waiting at most DDL_TIMEOUT. Either side may be absent (peer < 0).
  * The receive is probed first so a message of an unexpected size is reported (as

@@ -41,6 +41,7 @@ ddl_status_t ddl_parse_topology(const char *text, int *dims, int *nlevels) {
 
 static ddl_status_t comm_fill(ddl_comm_t *c, MPI_Comm comm) {
     c->comm = comm;
+    c->piece = 0;
     MPI_CHECK(MPI_Comm_rank(comm, &c->rank));
     MPI_CHECK(MPI_Comm_size(comm, &c->size));
     return DDL_SUCCESS;
@@ -131,6 +132,8 @@ ddl_status_t ddl_topo_build(ddl_ctx_t *ctx, MPI_Comm base, const int *dims, int 
         MPI_Comm lc;
         MPI_CHECK(MPI_Comm_split(t->world.comm, color, t->coord[l], &lc));
         DDL_CHECK(comm_fill(&t->level[l], lc));
+        /* Levels above the first connect nodes: stream their exchanges (p2p.c). */
+        if (l > 0 && t->nlevels > 1) t->level[l].piece = ddl_stream_piece;
     }
     return DDL_SUCCESS;
 }

@@ -18,6 +18,14 @@ def test_mismatch_raises_on_every_rank_and_recovers(ranks: int) -> None:
     assert ok_lines(proc, "mismatch") == ranks
 
 
+def test_mismatch_raises_on_every_rank_with_pieces_between_nodes() -> None:
+    # a 2x2 grid whose outer level streams its exchanges in small pieces
+    proc = run_mpi(4, "failures.py", "mismatch", env={"DDL_TIMEOUT": "60",
+                                                      "DDL_TOPOLOGY": "2x2",
+                                                      "DDL_PIECE": "1000"})
+    assert ok_lines(proc, "mismatch") == 4
+
+
 @pytest.mark.parametrize("mode", ["dies", "hangs"])
 def test_dead_or_hung_rank_times_out_with_a_clear_error(mode: str) -> None:
     # `recoverable`: the launcher keeps the survivors running (as srun or jsrun may), so

@@ -47,3 +47,18 @@ def test_node_leader_pipeline_many_segments(n: int, topology: str) -> None:
     proc = run_mpi(n, "topology.py", env={"DDL_TOPOLOGY": topology, "DDL_SEGMENT": "4096",
                                           "IN_PLACE": "1", "EXPECT_TOPOLOGY": topology})
     assert ok_lines(proc, "topology") == n
+
+
+@pytest.mark.parametrize("n,topology,algo,window,leader",
+                         [(4, "2x2", "ring", "1", "1"), (6, "2x3", "rabenseifner", "2", "1"),
+                          (6, "3x2", "auto", "3", "0"), (8, "2x2x2", "ring", "4", "1"),
+                          (6, "2x3", "recdoubling", "2", "1")])
+def test_exchanges_between_nodes_in_pieces(n: int, topology: str, algo: str, window: str,
+                                           leader: str) -> None:
+    # 1000-byte pieces (not a multiple of any element size): every exchange above the first
+    # level travels as a window of many pieces, short last pieces, empty messages
+    proc = run_mpi(n, "topology.py", env={"DDL_TOPOLOGY": topology, "DDL_ALGO": algo,
+                                          "DDL_PIECE": "1000", "DDL_WINDOW": window,
+                                          "DDL_NODE_LEADER": leader, "DDL_SEGMENT": "8192",
+                                          "IN_PLACE": "1", "EXPECT_TOPOLOGY": topology})
+    assert ok_lines(proc, "topology") == n
