@@ -1,10 +1,10 @@
 """Recipe test: WMLCE's four steps, one epoch of model.fit on 2 ranks; the weights must
 end identical on both ranks."""
 
+import ddl
 import keras
 import numpy as np
 
-import ddl
 import ddl_core
 
 keras.utils.set_random_seed(ddl.rank())
