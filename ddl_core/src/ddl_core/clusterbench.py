@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=2, help="ranks per host")
     ap.add_argument("--link", default="200mbit", help="each host's link rate (tc tbf)")
     ap.add_argument("--sizes", nargs="+", default=["1M", "4M", "16M", "32M"])
-    ap.add_argument("--reps", type=int, default=5, help="repetitions (medians are shown)")
+    ap.add_argument("--reps", type=int, default=9,
+                    help="repetitions, DDL and MPI alternating (medians are shown)")
     ap.add_argument("--name", default=f"b{os.getpid() % 1000000}", help="cluster name")
     ap.add_argument("--json", help="write everything measured here")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per job")
