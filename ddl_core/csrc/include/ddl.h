@@ -218,7 +218,7 @@ const char *ddl_dtype_name(ddl_dtype_t dtype);
 const char *ddl_op_name(ddl_op_t op);
 const char *ddl_algo_name(ddl_algo_t algo);
 size_t ddl_dtype_size(ddl_dtype_t dtype);
-/* "libddl 1.0.0 (Open MPI v5.0.11 ...)" */
+/* "libddl 1.1.0 (Open MPI v5.0.11 ...)" */
 const char *ddl_version_string(void);
 
 #ifdef __cplusplus

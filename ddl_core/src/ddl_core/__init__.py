@@ -34,7 +34,7 @@ from ._ddl import (
     NotInitializedError,
 )
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 __all__ = [
     "DTYPES", "OPS", "DDLError", "DDLTimeoutError", "InvalidArgumentError", "MismatchError",
     "NotInitializedError", "Handle", "init", "finalize", "is_initialized", "rank", "size",
