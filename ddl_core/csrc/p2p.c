@@ -45,6 +45,23 @@ static int world_rank_of(const ddl_comm_t *c, int peer) {
     return out;
 }
 
+/* A peer sent a message of another size than this rank expects (``got`` bytes), or one
+ * larger than the buffer posted for it (MPI_ERR_TRUNCATE): either way the ranks disagree
+ * on the collective, so each says so instead of computing on the wrong data. */
+static ddl_status_t size_fail(const ddl_comm_t *c, int src, int got, size_t want) {
+    return ddl_fail(DDL_ERR_MISMATCH,
+                    "rank %d sent %d bytes where %zu were expected: the ranks disagree on the "
+                    "count, dtype or topology of this collective",
+                    world_rank_of(c, src), got, want);
+}
+
+static ddl_status_t overflow_fail(const ddl_comm_t *c, int src, size_t want) {
+    return ddl_fail(DDL_ERR_MISMATCH,
+                    "rank %d sent more than the %zu bytes expected: the ranks disagree on the "
+                    "count, dtype or topology of this collective",
+                    world_rank_of(c, src), want);
+}
+
 static ddl_status_t timeout_fail(const ddl_comm_t *c, int peer, const char *what) {
     return ddl_fail(DDL_ERR_TIMEOUT,
                     "no answer from rank %d for %.0f s while %s: that rank died, hung, or is "
@@ -130,11 +147,7 @@ static ddl_status_t exchange(const ddl_comm_t *c, const void *sbuf, size_t sbyte
                 if ((size_t)n != rbytes) {
                     MPI_Wait(&rreq, MPI_STATUS_IGNORE);
                     if (sreq != MPI_REQUEST_NULL) ddl_wait_request(&sreq, c, "sending");
-                    return ddl_fail(DDL_ERR_MISMATCH,
-                                    "rank %d sent %d bytes where %zu were expected: the ranks "
-                                    "disagree on the count, dtype or topology of this "
-                                    "collective",
-                                    world_rank_of(c, src), n, rbytes);
+                    return size_fail(c, src, n, rbytes);
                 }
             }
         }
@@ -142,11 +155,7 @@ static ddl_status_t exchange(const ddl_comm_t *c, const void *sbuf, size_t sbyte
         if (sreq != MPI_REQUEST_NULL) MPI_CHECK(MPI_Test(&sreq, &sdone, MPI_STATUS_IGNORE));
         if (have_msg && rreq != MPI_REQUEST_NULL) {
             int rc = MPI_Test(&rreq, &rdone, preposted ? &rst : MPI_STATUS_IGNORE);
-            if (rc != MPI_SUCCESS && preposted)
-                return ddl_fail(DDL_ERR_MISMATCH,
-                                "rank %d sent more than the %zu bytes expected: the ranks "
-                                "disagree on the count, dtype or topology of this collective",
-                                world_rank_of(c, src), rbytes);
+            if (rc != MPI_SUCCESS && preposted) return overflow_fail(c, src, rbytes);
             if (rc != MPI_SUCCESS) return ddl_mpi_fail(rc, "MPI_Test");
             if (rdone && preposted) {
                 int n = 0;
@@ -154,11 +163,7 @@ static ddl_status_t exchange(const ddl_comm_t *c, const void *sbuf, size_t sbyte
                 preposted = false;
                 if ((size_t)n != rbytes) {
                     if (sreq != MPI_REQUEST_NULL) ddl_wait_request(&sreq, c, "sending");
-                    return ddl_fail(DDL_ERR_MISMATCH,
-                                    "rank %d sent %d bytes where %zu were expected: the ranks "
-                                    "disagree on the count, dtype or topology of this "
-                                    "collective",
-                                    world_rank_of(c, src), n, rbytes);
+                    return size_fail(c, src, n, rbytes);
                 }
             }
         }
@@ -225,12 +230,8 @@ static ddl_status_t stream(const ddl_comm_t *c, const char *sbuf, size_t sbytes,
             int rc = MPI_Test(&rreq[rdone % W], &f, &st);
             int n = 0;
             if (rc == MPI_SUCCESS && f) MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &n));
-            if (rc != MPI_SUCCESS || (f && (size_t)n != want))
-                return ddl_fail(DDL_ERR_MISMATCH,
-                                "rank %d sent a piece of another size than the %zu bytes "
-                                "expected: the ranks disagree on the count, dtype or topology "
-                                "of this collective",
-                                world_rank_of(c, src), want);
+            if (rc != MPI_SUCCESS) return overflow_fail(c, src, want);
+            if (f && (size_t)n != want) return size_fail(c, src, n, want);
             if (f) {
                 rdone++;
                 continue;
@@ -333,19 +334,11 @@ ddl_status_t ddl_wait_recv(const ddl_comm_t *c, MPI_Request *req, size_t bytes, 
         int done = 0;
         MPI_Status st;
         int rc = MPI_Test(req, &done, &st);
-        if (rc != MPI_SUCCESS)
-            return ddl_fail(DDL_ERR_MISMATCH,
-                            "rank %d sent more than the %zu bytes expected: the ranks disagree "
-                            "on the count, dtype or topology of this collective",
-                            world_rank_of(c, src), bytes);
+        if (rc != MPI_SUCCESS) return overflow_fail(c, src, bytes);
         if (done) {
             int n = 0;
             MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &n));
-            if ((size_t)n != bytes)
-                return ddl_fail(DDL_ERR_MISMATCH,
-                                "rank %d sent %d bytes where %zu were expected: the ranks "
-                                "disagree on the count, dtype or topology of this collective",
-                                world_rank_of(c, src), n, bytes);
+            if ((size_t)n != bytes) return size_fail(c, src, n, bytes);
             return DDL_SUCCESS;
         }
         if (poll_next(&poll, spin)) {
