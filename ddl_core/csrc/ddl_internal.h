@@ -155,6 +155,9 @@ typedef struct {
 } ddl_ctx_t;
 
 ddl_status_t ddl_topo_build(ddl_ctx_t *ctx, MPI_Comm base, const int *dims, int nlevels);
+/* The colour of this rank's level-l communicator: its coordinates on every other level
+ * (ranks that differ only in coordinate l share it). MPI and NCCL splits both use it. */
+int ddl_topo_level_color(const ddl_topo_t *t, int l);
 void ddl_topo_free(ddl_ctx_t *ctx);
 /* Parse "4x2x2" into dims; DDL_ERR_INVALID_ARG naming the text when malformed. */
 ddl_status_t ddl_parse_topology(const char *text, int *dims, int *nlevels);

@@ -217,12 +217,7 @@ static ddl_status_t make_comms(int device) {
         gs.level[0] = gs.world;
     } else {
         for (int l = 0; l < t->nlevels; l++) {
-            int color = 0, stride = 1;
-            for (int m = 0; m < t->nlevels; m++) {
-                if (m == l) continue;
-                color += t->coord[m] * stride;
-                stride *= t->dims[m];
-            }
+            int color = ddl_topo_level_color(t, l);
             if (ddl_nccl_can_split()) {
                 DDL_CHECK(ddl_nccl_comm_split(gs.world, color, t->coord[l], &gs.level[l]));
             } else { /* NCCL < 2.18: one unique id per level communicator */

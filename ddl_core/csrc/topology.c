@@ -69,6 +69,16 @@ static ddl_status_t detect(MPI_Comm base, int size, int *local_size, int *node, 
     return DDL_SUCCESS;
 }
 
+int ddl_topo_level_color(const ddl_topo_t *t, int l) {
+    int color = 0, stride = 1;
+    for (int m = 0; m < t->nlevels; m++) {
+        if (m == l) continue;
+        color += t->coord[m] * stride;
+        stride *= t->dims[m];
+    }
+    return color;
+}
+
 ddl_status_t ddl_topo_build(ddl_ctx_t *ctx, MPI_Comm base, const int *dims, int nlevels) {
     ddl_topo_t *t = &ctx->topo;
     int size, rank;
@@ -123,14 +133,8 @@ ddl_status_t ddl_topo_build(ddl_ctx_t *ctx, MPI_Comm base, const int *dims, int 
         idx /= t->dims[l];
     }
     for (int l = 0; l < t->nlevels; l++) {
-        int color = 0, stride = 1;
-        for (int m = 0; m < t->nlevels; m++) {
-            if (m == l) continue;
-            color += t->coord[m] * stride;
-            stride *= t->dims[m];
-        }
         MPI_Comm lc;
-        MPI_CHECK(MPI_Comm_split(t->world.comm, color, t->coord[l], &lc));
+        MPI_CHECK(MPI_Comm_split(t->world.comm, ddl_topo_level_color(t, l), t->coord[l], &lc));
         DDL_CHECK(comm_fill(&t->level[l], lc));
         /* Levels above the first connect nodes: stream their exchanges (p2p.c). */
         if (l > 0 && t->nlevels > 1) t->level[l].piece = ddl_stream_piece;
