@@ -40,7 +40,7 @@ import time
 import warnings
 from pathlib import Path
 
-from envtools.progress import console
+from envtools.progress import get_console
 
 GEN = r'''
 import os, random, sys
@@ -149,7 +149,7 @@ def build_bench_channel(files: int, packages: int, large: int = 0) -> Path:
     d.mkdir()
     (d / "recipe.yaml").write_text(_meta_recipe(packages, large))
     recipes.append(str(d / "recipe.yaml"))
-    console.print(f"building {len(recipes)} bench packages ({per} files each"
+    get_console().print(f"building {len(recipes)} bench packages ({per} files each"
                   f"{f', {large} large libraries' if large else ''}), once...")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         channel = build_bench_channel(a.files, a.packages, a.large_libs)
         tmp_root = Path(tempfile.mkdtemp(prefix="envtools-bench-", dir=a.workdir or "/tmp"))
         src = tmp_root / "site" / "envs" / "bench"
-        console.print(f"installing the bench env into {src}")
+        get_console().print(f"installing the bench env into {src}")
         subprocess.run([*envtools, "install", "--channel", str(channel), "--prefix", str(src),
                         "bench-env"], check=True)
     from envtools.readonly import read_prefix_info
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="clones-", dir=a.workdir or src.parent))
     nfiles, nbytes = _count_files(src)
     load_start = os.getloadavg()
-    console.print(f"env: {src}: {nfiles} files, {nbytes / 2**20:.0f} MiB; cache: {cache}")
+    get_console().print(f"env: {src}: {nfiles} files, {nbytes / 2**20:.0f} MiB; cache: {cache}")
 
     results: dict[str, list[float]] = {}
 
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # rounds interleave every command, so load from other users hits them all alike
     for i in range(a.repeat):
-        console.print(f"round {i + 1}/{a.repeat}")
+        get_console().print(f"round {i + 1}/{a.repeat}")
         timed("cp -a", ["cp", "-a", str(src), str(d)], d)
         if cache:
             rattler_install()
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_column("runs s")
     for k, v in results.items():
         t.add_row(k, f"{med[k]:.3f}", " ".join(f"{x:.3f}" for x in v))
-    out = console.__class__(width=120)  # stdout
+    out = get_console().__class__(width=120)  # stdout
     out.print(t)
     cpa = med["cp -a"]
     lines = []

@@ -22,9 +22,15 @@ from pathlib import Path
 
 from envtools import linking, placement
 from envtools.errors import EnvtoolsError
-from envtools.hashing import STAT_CACHE, load_stat_cache, stat_key
+from envtools.hashing import (
+    STAT_CACHE,
+    encode_stat_entries,
+    load_stat_cache,
+    stat_key,
+    store_stat_cache,
+)
 from envtools.placement import Ctx, Item
-from envtools.prefix_records import Prefix, Record, write_record
+from envtools.prefix_records import Prefix, Record, record_file, write_record
 from envtools.progress import info, task
 from envtools.readonly import read_prefix_info, refuse_readonly, write_prefix_info
 from envtools.relocate import looks_binary
@@ -32,7 +38,6 @@ from envtools.tempdirs import atomic_dir
 from envtools.untracked import untracked
 
 _SITE_RE = re.compile(r"^lib/python\d+\.\d+/site-packages/")
-
 
 
 @dataclass
@@ -158,10 +163,10 @@ def _fix_pip_records(dest_tmp: Path, rewritten: set[str]) -> None:
     import csv
     import io
 
-    for record_file in dest_tmp.glob("lib/python*/site-packages/*.dist-info/RECORD"):
-        site = record_file.parent.parent
+    for pip_record in dest_tmp.glob("lib/python*/site-packages/*.dist-info/RECORD"):
+        site = pip_record.parent.parent
         site_rel = str(site.relative_to(dest_tmp))
-        text = record_file.read_text()
+        text = pip_record.read_text()
         rows = list(csv.reader(io.StringIO(text)))
         changed = False
         for row in rows:
@@ -177,7 +182,7 @@ def _fix_pip_records(dest_tmp: Path, rewritten: set[str]) -> None:
         if changed:
             buf = io.StringIO()
             csv.writer(buf, lineterminator="\n").writerows(rows)
-            record_file.write_text(buf.getvalue())
+            pip_record.write_text(buf.getvalue())
 
 
 def find_editables(prefix: Path) -> list[str]:
@@ -315,7 +320,7 @@ def clone(
             link = {"source": str(cdir) if cdir else str(srcp), "type": 1 if cdir else 3}
             if not new_sha and data.get("extracted_package_dir") == epd and data.get(
                     "link") == link:  # unchanged (linked from the same cache): copy its bytes
-                linking.copy(str(rec.path), str(meta / f"{rec.dist}.json"), 0o644)
+                linking.copy(str(rec.path), str(record_file(meta, data)), 0o644)
                 return
             data["extracted_package_dir"] = epd
             data["link"] = link
@@ -439,7 +444,4 @@ def _write_clone_stat_cache(
                         entries[rel] = [*stat_key(st), sc[3]]
             except OSError:
                 continue
-    members = [*placed_json, json.dumps(entries, separators=(",", ":"))[1:-1]]
-    (tmp / STAT_CACHE).parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp / STAT_CACHE, "w") as fh:
-        fh.write('{"version":2,"files":{' + ",".join(m for m in members if m) + "}}")
+    store_stat_cache(tmp, [*placed_json, encode_stat_entries(entries)])

@@ -71,9 +71,20 @@ def write_stat_cache(prefix: Path, rel_paths: Iterable[str]) -> None:
         if h is None:
             continue
         entries[rel] = [*stat_key(os.stat(prefix / rel)), h]
+    store_stat_cache(prefix, [encode_stat_entries(entries)])
+
+
+def encode_stat_entries(entries: dict[str, list]) -> str:
+    """Entries ``rel -> [size, mtime_ns, ino, sha256]`` as the members of a JSON object,
+    so processes that placed parts of an env can each encode their own."""
+    return json.dumps(entries, separators=(",", ":"))[1:-1]
+
+
+def store_stat_cache(prefix: Path, encoded: Iterable[str]) -> None:
+    """Write the stat cache (format version 2) from :func:`encode_stat_entries` parts."""
     (prefix / STAT_CACHE).parent.mkdir(parents=True, exist_ok=True)
     with open(prefix / STAT_CACHE, "w") as fh:
-        fh.write(json.dumps({"version": 2, "files": entries}, separators=(",", ":")))
+        fh.write('{"version":2,"files":{' + ",".join(m for m in encoded if m) + "}}")
 
 
 def load_stat_cache(prefix: Path) -> dict[str, list]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import marshal
 import os
 import signal
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from envtools import linking
 from envtools.errors import EnvtoolsError
-from envtools.hashing import stat_key
+from envtools.hashing import encode_stat_entries, stat_key
 from envtools.relocate import relocate
 
 # how a file was placed, for the report and conda-meta "link.type"
@@ -261,7 +260,7 @@ def place_shard(
     Another shard may be creating a shared parent at the same moment, so an existing
     directory is fine. Plain cache files go through a tight hardlink loop when hardlinks
     are the method (no reflink, not root): the same rule as :func:`link_or_copy`
-    without its per-file function calls, which would be most of the Python time.
+    (``linking.hardlink_is_safe``) without its other per-file calls.
     """
     base = str(ctx.dest_tmp) + "/"
     for d in _dirs_of([it for u in units for it in u.items]):
@@ -273,7 +272,7 @@ def place_shard(
     counts: dict[str, int] = {}
     new_sha: dict[str, str] = {}
     known: dict[str, list] = {}  # rel -> [size, mtime_ns, ino, sha256]
-    link, stat_ = os.link, os.stat
+    link, stat_, safe = os.link, os.stat, linking.hardlink_is_safe
     n = 0
     for unit in units:
         unit_sha: dict[str, str] = {}
@@ -285,7 +284,7 @@ def place_shard(
                     "softlink", "directory"):
                 try:
                     st = stat_(item[1])
-                    if not st.st_mode & 0o222:
+                    if safe(st, ctx.euid):
                         link(item[1], base + item[0])
                         counts[HARDLINK] = counts.get(HARDLINK, 0) + 1
                         if item[6]:
@@ -304,8 +303,7 @@ def place_shard(
         if unit.whole:
             on_unit(unit.key, unit_sha)
     advance(n & 1023)
-    members = json.dumps(known, separators=(",", ":"))[1:-1]
-    return Outcome(counts, new_sha, [members] if members else [])
+    return Outcome(counts, new_sha, [encode_stat_entries(known)])
 
 
 def place_all(

@@ -117,13 +117,18 @@ class Prefix:
         return owned
 
 
+def record_file(meta_dir: Path, data: dict) -> Path:
+    """Where a record lives in conda-meta: ``name-version-build.json``."""
+    return meta_dir / f"{data['name']}-{data['version']}-{data['build']}.json"
+
+
 def write_record(meta_dir: Path, data: dict) -> Path:
     """Write one record as ``name-version-build.json``.
 
     ``json.dumps`` without indent runs in C; ``json.dump(fh, indent=2)`` runs the pure
     Python encoder, which cost more than linking the files themselves in clone.
     """
-    fp = meta_dir / f"{data['name']}-{data['version']}-{data['build']}.json"
+    fp = record_file(meta_dir, data)
     with open(fp, "w") as fh:
         fh.write(json.dumps(data))
     return fp

@@ -28,12 +28,6 @@ def get_console() -> Any:
     return _console
 
 
-def __getattr__(name: str) -> Any:  # ``from envtools.progress import console`` still works
-    if name == "console":
-        return get_console()
-    raise AttributeError(name)
-
-
 def _quiet() -> bool:
     return not sys.stderr.isatty()
 
