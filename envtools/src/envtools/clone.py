@@ -404,7 +404,8 @@ def _plan(
             else:
                 source, from_cache = base + rel, True
             items.append((rel, source, e.get("path_type"), e.get("prefix_placeholder"),
-                          e.get("file_mode"), from_cache, e.get("sha256")))
+                          e.get("file_mode"), from_cache, e.get("sha256"),
+                          e.get("size_in_bytes") or 0))
     return groups
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import marshal
+import mmap
 import os
 import signal
 from collections.abc import Callable
@@ -25,12 +26,16 @@ from pathlib import Path
 from envtools import linking
 from envtools.errors import EnvtoolsError
 from envtools.hashing import encode_stat_entries, stat_key
-from envtools.relocate import relocate
+from envtools.relocate import relocate_pieces
+
+#: relocated binaries at least this large are mapped rather than read
+MAP_AT_LEAST = 1 << 20
 
 # how a file was placed, for the report and conda-meta "link.type"
 REFLINK, HARDLINK, COPY, RELOCATED, SYMLINK = "reflink", "hardlink", "copy", "relocated", "symlink"
 
-#: one tracked file: (rel, source, path_type, placeholder, file_mode, from_cache, sha256)
+#: one tracked file: (rel, source, path_type, placeholder, file_mode, from_cache, sha256,
+#: size in bytes as recorded, 0 if not)
 Item = tuple
 #: what placing it gave: (rel, how, sha256 if known, stat key of the new file if known)
 Placed = tuple
@@ -134,7 +139,7 @@ def place(ctx: Ctx, item: Item) -> Placed:
     hash of what we wrote, and a hardlink shares the stat we already took of its source,
     so the clone's stat cache costs no extra hashing and hardly any system calls.
     """
-    rel, source, path_type, placeholder, file_mode, from_cache, sha = item
+    rel, source, path_type, placeholder, file_mode, from_cache, sha, _size = item
     dst = os.path.join(ctx.dest_tmp, rel)
     if path_type == "softlink":
         target = os.readlink(source)
@@ -153,19 +158,35 @@ def place(ctx: Ctx, item: Item) -> Placed:
     if old:
         with open(source, "rb") as fh:
             st = os.fstat(fh.fileno())
-            data = fh.read()
-        new = relocate(data, old, ctx.new_prefix, file_mode or "text", what=rel)
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                     linking.writable_mode(st.st_mode))
+            # a large binary is mapped, not read: its pages are in the page cache already,
+            # and a fresh buffer of tens of MB costs more in page faults than the copy
+            mapped = file_mode == "binary" and st.st_size >= MAP_AT_LEAST
+            data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if mapped else fh.read()
+        pieces: list = []
         try:
-            os.fchmod(fd, linking.writable_mode(st.st_mode))  # whatever the umask
-            view = memoryview(new)
-            while view:
-                view = view[os.write(fd, view):]
-            key = stat_key(os.fstat(fd))
+            pieces = relocate_pieces(data, old, ctx.new_prefix, file_mode or "text", what=rel)
+            h = hashlib.sha256()
+            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                         linking.writable_mode(st.st_mode))
+            try:
+                os.fchmod(fd, linking.writable_mode(st.st_mode))  # whatever the umask
+                for piece in pieces:
+                    h.update(piece)
+                    with memoryview(piece) as whole:
+                        view = whole
+                        while view:
+                            view = view[os.write(fd, view):]
+                        view.release()
+                key = stat_key(os.fstat(fd))
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
-        return rel, RELOCATED, hashlib.sha256(new).hexdigest(), key
+            if mapped:  # (the pieces are views into the map: released first)
+                for piece in pieces:
+                    if isinstance(piece, memoryview):
+                        piece.release()
+                data.close()
+        return rel, RELOCATED, h.hexdigest(), key
     st = os.stat(source)
     how = link_or_copy(ctx, source, dst, st)
     if how == HARDLINK:
@@ -178,9 +199,10 @@ def place_or_fall_back(ctx: Ctx, item: Item) -> Placed:
     try:
         return place(ctx, item)
     except (FileNotFoundError, PermissionError):
-        rel, _source, path_type, ph, fm, from_cache, _sha = item
+        rel, _source, path_type, ph, fm, from_cache, _sha, size = item
         if from_cache:
-            return place(ctx, (rel, ctx.src_root + "/" + rel, path_type, ph, fm, False, None))
+            return place(ctx, (rel, ctx.src_root + "/" + rel, path_type, ph, fm, False, None,
+                               size))
         raise
 
 
@@ -229,13 +251,46 @@ class Outcome:
     stat_json: list[str]  # members of the clone's stat cache object, JSON, per shard
 
 
-def split_units(groups: list[tuple[int, list[Item]]], n: int) -> list[list[Unit]]:
-    """Fill ``n`` shards in order, splitting a package only at a shard boundary."""
-    total = sum(len(items) for _key, items in groups)
+#: what placing costs, in hardlinks (5-7 us each on local ext4), so that each process
+#: gets an equal share of the time rather than of the files. A mkdir or a new file
+#: allocates an inode (2-20 links' worth, more just after many inodes were freed); a
+#: relocated or copied file's bytes are also read, hashed and written, ~1-2 ns a byte:
+#: libpython3.11.a (48 MB, relocated) costs as much as ~20,000 links, and splitting by
+#: file count left one process with it and the other idle for a quarter of the clone.
+DIR_COST, NEW_FILE_COST, BYTES_PER_COST = 4, 4, 2048
+
+
+def item_cost(item: Item, hardlinks: bool) -> int:
+    """The cost of placing one item (see DIR_COST), its directories aside."""
+    _rel, _source, path_type, placeholder, _fm, from_cache, _sha, size = item
+    if path_type == "directory":
+        return DIR_COST
+    if path_type == "softlink":
+        return NEW_FILE_COST
+    if placeholder or not from_cache or not hardlinks:
+        return NEW_FILE_COST + (size or 0) // BYTES_PER_COST  # (a reflink copies no data,
+    return 1  # but is rare enough not to be told apart)
+
+
+def split_units(groups: list[tuple[int, list[Item]]], n: int,
+                cost: Callable[[Item], int] = lambda item: 1) -> list[list[Unit]]:
+    """Fill ``n`` shards in order with about equal ``cost`` each (a directory costs
+    DIR_COST in the shard of the first package that needs it), splitting a package only
+    at a shard boundary."""
+    seen: set[str] = set()
+    costs: list[list[int]] = []
+    for _key, items in groups:
+        c = [cost(it) for it in items]
+        for rel_dir in {it[0].rpartition("/")[0] for it in items} - seen:
+            seen.add(rel_dir)
+            if c:  # (charged to the package's first file: it is placed after the mkdirs)
+                c[0] += DIR_COST
+        costs.append(c)
+    total = sum(sum(c) for c in costs)
     target = max(1, -(-total // n))
     shards: list[list[Unit]] = [[] for _ in range(n)]
     i = load = 0
-    for key, items in groups:
+    for (key, items), c in zip(groups, costs, strict=True):
         if not items:
             shards[i].append(Unit(key, [], True))
             continue
@@ -243,10 +298,15 @@ def split_units(groups: list[tuple[int, list[Item]]], n: int) -> list[list[Unit]
         while pos < len(items):
             if load >= target and i < n - 1:
                 i, load = i + 1, 0
-            take = items[pos:pos + (target - load)] if i < n - 1 else items[pos:]
-            shards[i].append(Unit(key, take, pos == 0 and len(take) == len(items)))
-            load += len(take)
-            pos += len(take)
+            end = pos
+            if i == n - 1:
+                end = len(items)
+            else:
+                while end < len(items) and load < target:
+                    load += c[end]
+                    end += 1
+            shards[i].append(Unit(key, items[pos:end], pos == 0 and end == len(items)))
+            pos = end
     return [s for s in shards if s]
 
 
@@ -322,7 +382,8 @@ def place_all(
     if not os.environ.get("ENVTOOLS_WORKERS"):  # (set: exactly that many, for tests too)
         n_shards = min(n_shards, total // 512)  # a fork and its page faults cost ~ 1 ms
     n_shards = max(1, min(n_shards, total))
-    shards = split_units(groups, n_shards)
+    hardlinks = ctx.reflink_ok is not True and ctx.euid != 0 and ctx.link_mode == "auto"
+    shards = split_units(groups, n_shards, lambda item: item_cost(item, hardlinks))
     children: list[tuple[int, int, int]] = []  # (pid, read end of its pipe, files)
     try:
         for shard in shards[1:]:

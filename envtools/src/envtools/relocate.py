@@ -18,22 +18,24 @@ def replace_text(data: bytes, old: bytes, new: bytes) -> bytes:
     return data.replace(old, new)
 
 
-def replace_binary(data: bytes, old: bytes, new: bytes, what: str = "file") -> bytes:
-    """Rewrite C strings containing ``old`` without changing the file's length.
+def binary_pieces(data: bytes, old: bytes, new: bytes, what: str = "file") -> list:
+    """Rewrite C strings containing ``old`` without changing the file's length, as a list
+    of pieces whose concatenation is the new file.
 
+    The unchanged spans are views into ``data``, not copies: a relocated libpython.a or
+    python binary is tens of MB with a handful of prefix strings, and copying it twice
+    more (into a buffer, then into bytes) cost more than reading, hashing and writing it.
     Each string's growth is paid for by the NULs that follow it; if there are too few
     the file cannot be relocated to ``new`` and we say so instead of corrupting it.
     """
-    if old not in data:
-        return data
-    out = bytearray()
+    i = data.find(old)
+    if i < 0:
+        return [data]
+    view = memoryview(data)
+    pieces: list = []
     pos = 0
     n = len(data)
-    while True:
-        i = data.find(old, pos)
-        if i < 0:
-            out += data[pos:]
-            break
+    while i >= 0:
         # the C string containing this occurrence: from the previous NUL to the next one
         prev = data.rfind(b"\0", pos, i)
         start = prev + 1 if prev >= 0 else pos
@@ -41,11 +43,8 @@ def replace_binary(data: bytes, old: bytes, new: bytes, what: str = "file") -> b
         terminated = end >= 0
         if not terminated:
             end = n
-        nul_end = end
-        while nul_end < n and data[nul_end] == 0:
-            nul_end += 1
-        segment = data[start:end]
-        new_segment = segment.replace(old, new)
+        nul_end = _nul_run_end(data, end)
+        new_segment = data[start:end].replace(old, new)
         room = nul_end - start  # string plus all its trailing NULs
         if len(new_segment) + (1 if terminated else 0) > room:
             raise EnvtoolsError(
@@ -54,20 +53,43 @@ def replace_binary(data: bytes, old: bytes, new: bytes, what: str = "file") -> b
                 "room for it",
                 "clone to a shorter path (binary prefixes are limited by the build placeholder)",
             )
-        out += data[pos:start]
-        out += new_segment
-        out += b"\0" * (room - len(new_segment))
+        pieces += (view[pos:start], new_segment, bytes(room - len(new_segment)))
         pos = nul_end
-    assert len(out) == len(data)
-    return bytes(out)
+        i = data.find(old, pos)
+    pieces.append(view[pos:])
+    return pieces
+
+
+def _nul_run_end(data: bytes, i: int) -> int:
+    """Index just past the run of NULs starting at ``i`` (a bytes scan, not a loop per
+    byte: the padding after a placeholder string is hundreds of bytes)."""
+    n = len(data)
+    while i < n:
+        chunk = data[i:i + 4096]
+        rest = chunk.lstrip(b"\0")
+        if rest:
+            return i + len(chunk) - len(rest)
+        i += len(chunk)
+    return n
+
+
+def replace_binary(data: bytes, old: bytes, new: bytes, what: str = "file") -> bytes:
+    """:func:`binary_pieces` joined into one bytes object."""
+    return b"".join(binary_pieces(data, old, new, what))
+
+
+def relocate_pieces(data: bytes, old: str, new: str, mode: str, what: str = "file") -> list:
+    """Replace ``old`` by ``new`` according to the record's ``file_mode``, as pieces to
+    write and hash in turn (see :func:`binary_pieces`)."""
+    o, w = old.encode(), new.encode()
+    if mode == "binary":
+        return binary_pieces(data, o, w, what)
+    return [replace_text(data, o, w)]
 
 
 def relocate(data: bytes, old: str, new: str, mode: str, what: str = "file") -> bytes:
     """Replace ``old`` by ``new`` in ``data`` according to the record's ``file_mode``."""
-    o, w = old.encode(), new.encode()
-    if mode == "binary":
-        return replace_binary(data, o, w, what)
-    return replace_text(data, o, w)
+    return b"".join(relocate_pieces(data, old, new, mode, what))
 
 
 def looks_binary(data: bytes) -> bool:
