@@ -331,12 +331,12 @@ def test_untracked_cache_notices_new_files(channel, tmp_path):
     env = tmp_path / "envs" / "p"
     run_envtools("install", "--channel", channel, "--prefix", env, "demo-meta")
     owned = {e["_path"] for r in Prefix.load(env).records for e in r.paths}
-    assert untracked(env, owned)[0] == ["CACHEDIR.TAG"]
+    assert untracked(env, lambda: owned)[0] == ["CACHEDIR.TAG"]
     share = env / "share" / "demo"
     os.chmod(share, 0o755)  # an admin adds a file to the read-only env behind our back
     (share / "site-note.txt").write_text(f"see {env}\n")
     os.chmod(share, 0o555)
-    assert "share/demo/site-note.txt" in untracked(env, owned)[0]
+    assert "share/demo/site-note.txt" in untracked(env, lambda: owned)[0]
     dest = tmp_path / "c"
     run_envtools("clone", env, dest)
     assert (dest / "share" / "demo" / "site-note.txt").read_text() == f"see {dest}\n"

@@ -96,8 +96,11 @@ def test_split_units_balances_cost_not_file_count():
         (0, [_item("lib/libpython.a", big, "/ph")] + [_item(f"lib/p{i}") for i in range(10)]),
         *[(k, [_item(f"site/pkg{k}/f{i}") for i in range(400)]) for k in range(1, 11)],
     ]
-    cost = lambda it: item_cost(it, hardlinks=True)  # noqa: E731
-    shards = split_units(groups, 2, cost)
+    shards = split_units(groups, 2, hardlinks=True)
+
+    def cost(it: tuple) -> int:
+        return item_cost(it, hardlinks=True)
+
     assert len(shards) == 2
     placed = [it for shard in shards for u in shard for it in u.items]
     assert placed == [it for _k, items in groups for it in items]  # all, in order, once

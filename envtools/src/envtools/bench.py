@@ -235,6 +235,14 @@ def main(argv: list[str] | None = None) -> int:
                     "the removal (see above) [default: 35]")
     a = ap.parse_args(argv)
     envtools = [sys.executable, "-m", "envtools"]
+    # envtools runs byte-compiled, as an installed package does (pip and conda compile at
+    # install); with PYTHONDONTWRITEBYTECODE set (CI shells) a source checkout would
+    # otherwise compile every module again in every timed command, ~20 ms each
+    import compileall
+
+    import envtools as _pkg
+
+    compileall.compile_dir(str(Path(_pkg.__file__).parent), quiet=2)
     userns = ["unshare", "--user", "--"] if os.geteuid() == 0 and shutil.which("unshare") else []
 
     tmp_root = None

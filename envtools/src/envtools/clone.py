@@ -344,8 +344,8 @@ def clone(
         report.timings["files and records"] = time.monotonic() - t0
 
         # untracked files: pip installs and anything else users put there
-        owned = {e["_path"] for r in prefix.records for e in r.paths}
-        files, empty = untracked(srcp, owned)
+        files, empty = untracked(srcp, lambda: {e["_path"] for r in prefix.records
+                                                for e in r.paths})
         rewritten: set[str] = set()
         with task("copying untracked files", len(files)) as advance:
             for rel in files:
@@ -388,21 +388,22 @@ def _plan(
     groups: list[tuple[int, list[Item]]] = []
     src_base = str(srcp) + "/"
     for key, r in enumerate(records):
+        cdir = cache.get(r.name)
+        if cdir is None or not r.noarch_python:  # the common case, in one comprehension
+            base, from_cache = (src_base, False) if cdir is None else (str(cdir) + "/", True)
+            groups.append((key, [
+                (e["_path"], base + e["_path"], e.get("path_type"), e.get("prefix_placeholder"),
+                 e.get("file_mode"), from_cache, e.get("sha256"), e.get("size_in_bytes") or 0)
+                for e in r.paths]))
+            continue
         items: list[Item] = []
         groups.append((key, items))
-        cdir = cache.get(r.name)
-        base = str(cdir) + "/" if cdir is not None else None
-        noarch_py = r.noarch_python
-        for e in r.paths:
+        base = str(cdir) + "/"
+        for e in r.paths:  # noarch: python: site-packages and bin/ live elsewhere in the cache
             rel = e["_path"]
-            if base is None:
+            source, from_cache = base + _cache_rel(r, rel), True
+            if not os.path.lexists(source):
                 source, from_cache = src_base + rel, False
-            elif noarch_py:
-                source, from_cache = base + _cache_rel(r, rel), True
-                if not os.path.lexists(source):
-                    source, from_cache = src_base + rel, False
-            else:
-                source, from_cache = base + rel, True
             items.append((rel, source, e.get("path_type"), e.get("prefix_placeholder"),
                           e.get("file_mode"), from_cache, e.get("sha256"),
                           e.get("size_in_bytes") or 0))

@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 STAT_CACHE = Path("conda-meta") / "envtools" / "statcache.json"
@@ -45,6 +44,8 @@ def hash_many(
             return p, sha256_file(p)
         except OSError:
             return p, None
+
+    from concurrent.futures import ThreadPoolExecutor  # (4 ms to import: clone never needs it)
 
     paths = list(paths)
     workers = workers or min(8, (os.cpu_count() or 2) * 2)

@@ -273,14 +273,16 @@ def item_cost(item: Item, hardlinks: bool) -> int:
 
 
 def split_units(groups: list[tuple[int, list[Item]]], n: int,
-                cost: Callable[[Item], int] = lambda item: 1) -> list[list[Unit]]:
-    """Fill ``n`` shards in order with about equal ``cost`` each (a directory costs
-    DIR_COST in the shard of the first package that needs it), splitting a package only
-    at a shard boundary."""
+                hardlinks: bool = True) -> list[list[Unit]]:
+    """Fill ``n`` shards in order with about equal cost each (:func:`item_cost`; a
+    directory costs DIR_COST in the shard of the first package that needs it), splitting
+    a package only at a shard boundary."""
     seen: set[str] = set()
     costs: list[list[int]] = []
     for _key, items in groups:
-        c = [cost(it) for it in items]
+        # (a plain file from the cache is a link, cost 1: told here without a call per file)
+        c = [1 if hardlinks and it[5] and not it[3] and it[2] == "hardlink"
+             else item_cost(it, hardlinks) for it in items]
         for rel_dir in {it[0].rpartition("/")[0] for it in items} - seen:
             seen.add(rel_dir)
             if c:  # (charged to the package's first file: it is placed after the mkdirs)
@@ -383,7 +385,7 @@ def place_all(
         n_shards = min(n_shards, total // 512)  # a fork and its page faults cost ~ 1 ms
     n_shards = max(1, min(n_shards, total))
     hardlinks = ctx.reflink_ok is not True and ctx.euid != 0 and ctx.link_mode == "auto"
-    shards = split_units(groups, n_shards, lambda item: item_cost(item, hardlinks))
+    shards = split_units(groups, n_shards, hardlinks)
     children: list[tuple[int, int, int]] = []  # (pid, read end of its pipe, files)
     try:
         for shard in shards[1:]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 UNTRACKED_CACHE = Path("conda-meta") / "envtools" / "untracked.json"
@@ -50,8 +51,9 @@ def write_cache(prefix: Path, owned: set[str]) -> None:
         fh.write(json.dumps({"version": 1, "files": files, "empty": empty, "dirs": mtimes}))
 
 
-def untracked(src: Path, owned: set[str]) -> tuple[list[str], list[str]]:
-    """(untracked files, empty dirs) of SRC, from the cache when it still holds."""
+def untracked(src: Path, owned: Callable[[], set[str]]) -> tuple[list[str], list[str]]:
+    """(untracked files, empty dirs) of SRC, from the cache when it still holds; the set
+    of owned paths (``owned()``, tens of thousands of strings) is built only to scan."""
     try:
         with open(src / UNTRACKED_CACHE) as fh:
             data = json.load(fh)
@@ -64,5 +66,5 @@ def untracked(src: Path, owned: set[str]) -> tuple[list[str], list[str]]:
                 return data["files"], data["empty"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    files, empty, _ = scan(src, owned)
+    files, empty, _ = scan(src, owned())
     return files, empty
