@@ -2,7 +2,7 @@
 
 The work is tens of thousands of short system calls (mkdir, stat, link) and a few
 hundred files re-written with a new prefix. In one thread the kernel's share dominates
-(an ext4 link costs ~5 us, a mkdir or create 60-250 us), and threads do not help: each
+(an ext4 link costs ~5 us, a mkdir 10-25 us), and threads do not help: each
 returns from its system call into a queue for the GIL. Processes do: the files are
 split into contiguous shards (a package's files stay together, so shards touch
 different directories) and all but the first are placed by forked children, which
