@@ -46,6 +46,14 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """``os.write`` until all of ``data`` is out: a pipe or a signal can cut one short."""
+    with memoryview(data) as view:
+        done, n = 0, view.nbytes
+        while done < n:
+            done += os.write(fd, view[done:])
+
+
 def copy(src: str, dst: str, mode: int | None = None) -> os.stat_result:
     """Copy ``src`` to a new ``dst`` in the kernel; returns the source's stat.
 

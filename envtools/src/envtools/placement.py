@@ -176,11 +176,7 @@ def place(ctx: Ctx, item: Item) -> Placed:
                 os.fchmod(fd, linking.writable_mode(st.st_mode))  # whatever the umask
                 for piece in pieces:
                     h.update(piece)
-                    with memoryview(piece) as whole:
-                        view = whole
-                        while view:
-                            view = view[os.write(fd, view):]
-                        view.release()
+                    linking.write_all(fd, piece)
                 key = stat_key(os.fstat(fd))
             finally:
                 os.close(fd)
@@ -458,10 +454,7 @@ def _child(ctx: Ctx, shard: list[Unit], on_unit: Callable, r: int, w: int) -> No
             out = ("error", ("os", e.errno or 0, e.filename or "", e.strerror or str(e), ""))
         except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
             out = ("error", ("other", 0, "", f"{type(e).__name__}: {e}", ""))
-        data = marshal.dumps(out)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(w, view):]
+        linking.write_all(w, marshal.dumps(out))
     except BaseException:
         code = 1
     finally:
