@@ -18,7 +18,7 @@ from envtools.placement import (
     place,
     split_units,
 )
-from envtools.relocate import binary_pieces, relocate
+from envtools.relocate import binary_pieces, relocate_pieces
 
 OLD = b"/opt/build_placehold_placehold_placehold"
 NEW = b"/home/u/env"
@@ -43,7 +43,7 @@ def test_binary_pieces_keep_length_and_rewrite_each_string():
 
 def test_binary_pieces_unterminated_string_at_end():
     data = b"abc\0" + OLD + b"/bin"
-    assert relocate(data, OLD.decode(), NEW.decode(), "binary") == (
+    assert b"".join(relocate_pieces(data, OLD.decode(), NEW.decode(), "binary")) == (
         b"abc\0" + NEW + b"/bin" + b"\0" * (len(OLD) - len(NEW)))
 
 

@@ -73,11 +73,6 @@ def _nul_run_end(data: bytes, i: int) -> int:
     return n
 
 
-def replace_binary(data: bytes, old: bytes, new: bytes, what: str = "file") -> bytes:
-    """:func:`binary_pieces` joined into one bytes object."""
-    return b"".join(binary_pieces(data, old, new, what))
-
-
 def relocate_pieces(data: bytes, old: str, new: str, mode: str, what: str = "file") -> list:
     """Replace ``old`` by ``new`` according to the record's ``file_mode``, as pieces to
     write and hash in turn (see :func:`binary_pieces`)."""
@@ -85,11 +80,6 @@ def relocate_pieces(data: bytes, old: str, new: str, mode: str, what: str = "fil
     if mode == "binary":
         return binary_pieces(data, o, w, what)
     return [replace_text(data, o, w)]
-
-
-def relocate(data: bytes, old: str, new: str, mode: str, what: str = "file") -> bytes:
-    """Replace ``old`` by ``new`` in ``data`` according to the record's ``file_mode``."""
-    return b"".join(relocate_pieces(data, old, new, mode, what))
 
 
 def looks_binary(data: bytes) -> bool:

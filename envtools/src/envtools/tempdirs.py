@@ -9,7 +9,9 @@ failure, Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,8 +20,6 @@ from envtools.errors import EnvtoolsError
 
 
 def _rmtree(path: Path) -> None:
-    import shutil  # (only on failure; tempfile and shutil cost 3 ms a command to import)
-
     if not path.exists():
         return
     for dirpath, _dirs, _files in os.walk(path):  # read-only dirs would block removal
@@ -37,7 +37,7 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     parent = dest.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        tmp = _mkdtemp(parent, f".{dest.name}.envtools-tmp-")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.envtools-tmp-", dir=parent))
     except OSError as e:
         raise EnvtoolsError(
             f"cannot create a directory in {parent}: {e.strerror}",
@@ -59,18 +59,6 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
-
-
-def _mkdtemp(parent: Path, prefix: str) -> Path:
-    """A new private directory ``parent/prefix<random>`` (tempfile.mkdtemp's contract)."""
-    for _ in range(100):
-        p = parent / (prefix + os.urandom(6).hex())
-        try:
-            os.mkdir(p, 0o700)
-            return p
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no unused temporary directory name in {parent}")
 
 
 def _main_thread() -> bool:
