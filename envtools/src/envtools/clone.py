@@ -389,25 +389,23 @@ def _plan(
     src_base = str(srcp) + "/"
     for key, r in enumerate(records):
         cdir = cache.get(r.name)
-        if cdir is None or not r.noarch_python:  # the common case, in one comprehension
+        if cdir is not None and r.noarch_python:
+            where = [_noarch_source(r, str(cdir) + "/", src_base, e["_path"]) for e in r.paths]
+        else:
             base, from_cache = (src_base, False) if cdir is None else (str(cdir) + "/", True)
-            groups.append((key, [
-                (e["_path"], base + e["_path"], e.get("path_type"), e.get("prefix_placeholder"),
-                 e.get("file_mode"), from_cache, e.get("sha256"), e.get("size_in_bytes") or 0)
-                for e in r.paths]))
-            continue
-        items: list[Item] = []
-        groups.append((key, items))
-        base = str(cdir) + "/"
-        for e in r.paths:  # noarch: python: site-packages and bin/ live elsewhere in the cache
-            rel = e["_path"]
-            source, from_cache = base + _cache_rel(r, rel), True
-            if not os.path.lexists(source):
-                source, from_cache = src_base + rel, False
-            items.append((rel, source, e.get("path_type"), e.get("prefix_placeholder"),
-                          e.get("file_mode"), from_cache, e.get("sha256"),
-                          e.get("size_in_bytes") or 0))
+            where = [(base + e["_path"], from_cache) for e in r.paths]
+        groups.append((key, [
+            (e["_path"], source, e.get("path_type"), e.get("prefix_placeholder"),
+             e.get("file_mode"), from_cache, e.get("sha256"), e.get("size_in_bytes") or 0)
+            for e, (source, from_cache) in zip(r.paths, where, strict=True)]))
     return groups
+
+
+def _noarch_source(r: Record, base: str, src_base: str, rel: str) -> tuple[str, bool]:
+    """(source, from cache) of a noarch: python file: site-packages and bin/ live elsewhere
+    in the cache, and files made at install time (entry points, .pyc) only in SRC."""
+    source = base + _cache_rel(r, rel)
+    return (source, True) if os.path.lexists(source) else (src_base + rel, False)
 
 
 def cache_root_of(cache: dict[str, Path]) -> Path | None:

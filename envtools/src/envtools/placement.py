@@ -55,6 +55,12 @@ class Ctx:
     reflink_ok: bool | None = None
     hardlink_ok: bool = True
 
+    def hardlinks_expected(self) -> bool:
+        """Will cache files be hardlinked: not root (root never hardlinks), ``auto``
+        mode, and reflinks not known to work. Each file is still checked by
+        ``linking.hardlink_is_safe``; this is the method, for costs and the fast loop."""
+        return self.euid != 0 and self.link_mode == "auto" and self.reflink_ok is not True
+
 
 #: filesystems where each metadata operation is a network round trip: many in flight
 #: at once is what makes them fast (NFS, Lustre, GPFS/Spectrum Scale, BeeGFS, CIFS, Ceph,
@@ -330,7 +336,7 @@ def place_shard(
             os.mkdir(base + d)
         except FileExistsError:
             pass
-    fast = ctx.reflink_ok is False and ctx.euid != 0 and ctx.link_mode == "auto"
+    fast = ctx.hardlinks_expected() and ctx.reflink_ok is False  # (no reflink to try first)
     counts: dict[str, int] = {}
     new_sha: dict[str, str] = {}
     known: dict[str, list] = {}  # rel -> [size, mtime_ns, ino, sha256]
@@ -384,8 +390,7 @@ def place_all(
     if not os.environ.get("ENVTOOLS_WORKERS"):  # (set: exactly that many, for tests too)
         n_shards = min(n_shards, total // 512)  # a fork and its page faults cost ~ 1 ms
     n_shards = max(1, min(n_shards, total))
-    hardlinks = ctx.reflink_ok is not True and ctx.euid != 0 and ctx.link_mode == "auto"
-    shards = split_units(groups, n_shards, hardlinks)
+    shards = split_units(groups, n_shards, ctx.hardlinks_expected())
     children: list[tuple[int, int, int]] = []  # (pid, read end of its pipe, files)
     try:
         for shard in shards[1:]:
