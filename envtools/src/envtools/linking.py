@@ -36,10 +36,14 @@ def reflink(src: str, dst: str, mode: int) -> None:
         os.close(sfd)
 
 
+#: a file with none of these bits can be written by root alone
+WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+
+
 def hardlink_is_safe(st: os.stat_result, euid: int) -> bool:
     """True when nobody but root could write through a hardlink to this inode, and we
     are not root (root ignores permission bits, so its accidental writes would land)."""
-    return euid != 0 and not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+    return euid != 0 and not st.st_mode & WRITE_BITS
 
 
 _UMASK = os.umask(0)

@@ -241,7 +241,7 @@ def check_files(ctx: Context) -> None:
             continue
         c = cache.get(rel)
         if c is not None and c[:3] == stat_key(st):
-            if c[3] != sha:
+            if (c[3] if len(c) > 3 else e.get("sha256")) != sha:  # (3 items: the package's)
                 _altered(ctx, r, rel)
             continue
         to_hash.append(rel)
