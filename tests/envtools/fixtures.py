@@ -76,19 +76,27 @@ def build_channel() -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         return channel
     out = staging / "out"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        rattler_build.build_recipes(
-            sorted(str(p) for p in (staging / "recipes").glob("*/recipe.yaml")),
-            output_dir=str(out),
-            test="skip",
-        )
     ch = staging / "channel"
-    for sub in ("linux-64", "noarch"):
-        (ch / sub).mkdir(parents=True, exist_ok=True)
-        for pkg in (out / sub).glob("*.conda") if (out / sub).exists() else []:
-            shutil.copy2(pkg, ch / sub / pkg.name)
-    asyncio.run(rattler.index.index_fs(ch, write_zst=False, write_shards=False))
+    recipes = sorted((staging / "recipes").glob("*/recipe.yaml"))
+    # two rounds: recipes with host requirements (noarch: python needs a python in its
+    # host env) resolve them from the channel the first round made
+    first = [r for r in recipes if "host:" not in r.read_text()]
+    for batch, channels in ((first, None), ([r for r in recipes if r not in first], [ch])):
+        if not batch:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            rattler_build.build_recipes(
+                [str(p) for p in batch],
+                output_dir=str(out),
+                test="skip",
+                channel=[c.as_uri() for c in channels] if channels else None,
+            )
+        for sub in ("linux-64", "noarch"):
+            (ch / sub).mkdir(parents=True, exist_ok=True)
+            for pkg in (out / sub).glob("*.conda") if (out / sub).exists() else []:
+                shutil.copy2(pkg, ch / sub / pkg.name)
+        asyncio.run(rattler.index.index_fs(ch, write_zst=False, write_shards=False))
     final.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(channel, ignore_errors=True)
     os.rename(ch, channel)

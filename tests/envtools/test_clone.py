@@ -454,3 +454,36 @@ def test_interrupted_sharded_clone_stops_its_processes(env, tmp_path, sig):
     assert not [x for x in tmp_path.iterdir() if "envtools-tmp" in x.name]
     for pid in children:
         assert not Path(f"/proc/{pid}").exists(), f"placement process {pid} outlived the clone"
+
+
+def test_noarch_python_links_from_the_cache_and_its_entry_point_follows(channel, tmp_path):
+    """A noarch: python package's module sits under site-packages/ in the cache and is
+    linked from there; its entry point was written by the installer with SRC's python in
+    the shebang and no placeholder, so the clone's must be rewritten to run the clone's
+    python (a clone's pip or envtools would otherwise act on the read-only env)."""
+    src = tmp_path / "site" / "env"
+    run_envtools("install", "--channel", channel, "--prefix", src, "demo-noarch")
+    cached = next((tmp_path / "site" / "env.pkgs").glob(
+        "demo-noarch-*/site-packages/demo_noarch/__init__.py"))
+    as_user = ["unshare", "--user", "--"] if os.geteuid() == 0 and shutil.which("unshare") \
+        else []
+    for who, cmd in (("user", as_user), ("no-cache", ["--no-cache"])):
+        dest = tmp_path / who / "env"
+        args = [*ENVTOOLS, "clone", str(src), str(dest)]
+        p = subprocess.run(cmd + args if who == "user" else args + cmd, capture_output=True,
+                           text=True)
+        if p.returncode != 0 and "unshare" in p.stderr:
+            pytest.skip(f"user namespaces unavailable: {p.stderr.strip()}")
+        assert p.returncode == 0, p.stderr
+        module = next(dest.glob("lib/python*/site-packages/demo_noarch/__init__.py"))
+        if who == "user" and as_user:
+            assert module.stat().st_ino == cached.stat().st_ino  # linked, from its cache place
+        entry = dest / "bin" / "demo-noarch"
+        assert entry.read_text().splitlines()[0] == f"#!{dest}/bin/python{module.parts[-4][6:]}"
+        out = subprocess.run([entry], capture_output=True, text=True, check=True).stdout
+        assert out.split() == ["demo-noarch", str(module)]
+        rec = json.loads(next((dest / "conda-meta").glob("demo-noarch-*.json")).read_text())
+        e = next(e for e in rec["paths_data"]["paths"] if e["_path"] == "bin/demo-noarch")
+        assert e["sha256"] == hashlib.sha256(entry.read_bytes()).hexdigest()
+        assert e["size_in_bytes"] == entry.stat().st_size
+        assert json.loads(run_envtools("validate", dest, "--json").stdout)["exit_status"] == 0

@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envtools import linking, placement
+from envtools import linking, placement, record_index
 from envtools.errors import EnvtoolsError
 from envtools.hashing import STAT_CACHE, load_stat_cache, stat_key, store_stat_part
 from envtools.placement import Ctx, Item
-from envtools.prefix_records import Prefix, Record, record_file, write_record
+from envtools.prefix_records import Record, write_record
 from envtools.progress import info, task
 from envtools.readonly import read_prefix_info, refuse_readonly, write_prefix_info
 from envtools.relocate import looks_binary
@@ -91,7 +91,7 @@ def _find_cache(src: Path, records: list[Record]) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for r in records:
         cands = []
-        epd = r.data.get("extracted_package_dir")
+        epd = r.extracted_package_dir
         if epd:
             cands.append(Path(epd))
         cands += [root / r.dist for root in roots]
@@ -278,7 +278,7 @@ def clone(
         )
     srcp = Path(os.path.abspath(src))
     destp = Path(os.path.abspath(dest))
-    prefix = Prefix.load(srcp)
+    prefix = record_index.load_prefix(srcp)
     _check_args(srcp, destp)
     load_s = time.monotonic() - t0
     old_prefix = read_prefix_info(srcp).get("prefix") or str(srcp)
@@ -296,7 +296,7 @@ def clone(
             euid=os.geteuid(),
             link_mode=link_mode,
         )
-        groups = _plan(prefix.records, cache, srcp)
+        groups = _plan(prefix.records, cache, srcp, old_prefix)
         report.timings["load"] = load_s
         report.timings["plan"] = time.monotonic() - t0
         if cache and link_mode == "auto":
@@ -304,24 +304,27 @@ def clone(
         meta = tmp / "conda-meta"
         (tmp / STAT_CACHE).mkdir(parents=True)  # (placement writes its parts there)
 
-        def write_package_record(key: int, new_sha: dict[str, str]) -> None:
+        def write_package_record(key: int, rewritten: dict[str, tuple[str, int]]) -> None:
             """conda-meta: the same record, pointing at its new link source (this runs in
             the process that placed the package's files, once they are all placed)."""
             rec = prefix.records[key]
-            data = rec.data  # ours to change: SRC's are not used after this
-            cdir = cache.get(data["name"])
+            cdir = cache.get(rec.name)
             epd = str(cdir) if cdir else ""
             link = {"source": str(cdir) if cdir else str(srcp), "type": 1 if cdir else 3}
-            if not new_sha and data.get("extracted_package_dir") == epd and data.get(
-                    "link") == link:  # unchanged (linked from the same cache): copy its bytes
-                linking.copy(str(rec.path), str(record_file(meta, data)), 0o644)
+            if not rewritten and rec.extracted_package_dir == epd and rec.link == link:
+                # unchanged (linked from the same cache): copy its bytes, unparsed
+                linking.copy(str(rec.path), str(meta / f"{rec.dist}.json"), 0o644)
                 return
+            data = rec.data  # ours to change: SRC's are not used after this
             data["extracted_package_dir"] = epd
             data["link"] = link
-            if new_sha:
-                for e in (data.get("paths_data") or {}).get("paths", []):
-                    if e["_path"] in new_sha:
-                        e["sha256_in_prefix"] = new_sha[e["_path"]]
+            for e in (data.get("paths_data") or {}).get("paths", []) if rewritten else ():
+                if e["_path"] in rewritten:
+                    sha, size = rewritten[e["_path"]]
+                    if e.get("prefix_placeholder"):
+                        e["sha256_in_prefix"] = sha
+                    else:  # made at install time (an entry point): recorded as written
+                        e["sha256"], e["size_in_bytes"] = sha, size
             write_record(meta, data)
 
         try:
@@ -338,8 +341,8 @@ def clone(
         report.timings["files and records"] = time.monotonic() - t0
 
         # untracked files: pip installs and anything else users put there
-        files, empty = untracked(srcp, lambda: {e["_path"] for r in prefix.records
-                                                for e in r.paths})
+        files, empty = untracked(srcp, lambda: {f[0] for r in prefix.records
+                                                for f in r.plan_fields()})
         rewritten: set[str] = set()
         with task("copying untracked files", len(files)) as advance:
             for rel in files:
@@ -377,30 +380,43 @@ def clone(
 
 
 def _plan(
-    records: list[Record], cache: dict[str, Path], srcp: Path
+    records: list[Record], cache: dict[str, Path], srcp: Path, old_prefix: str
 ) -> list[tuple[int, list[Item]]]:
-    """Per package (its index in ``records``), every file with where it comes from."""
+    """Per package (its index in ``records``), every file with where it comes from.
+
+    A file the installer made (an entry point, a compiled .pyc: any path type a package
+    archive does not have) exists only in SRC, and holds SRC's prefix without a recorded
+    placeholder (an entry point's shebang): it is relocated from ``old_prefix`` as text,
+    as installing at DEST would have written it.
+    """
     groups: list[tuple[int, list[Item]]] = []
     src_base = str(srcp) + "/"
     for key, r in enumerate(records):
         cdir = cache.get(r.name)
-        if cdir is not None and r.noarch_python:
-            where = [_noarch_source(r, str(cdir) + "/", src_base, e["_path"]) for e in r.paths]
+        fields = r.plan_fields()
+        if cdir is not None and r.noarch_python:  # site-packages/ and python-scripts/
+            base = str(cdir) + "/"
+            items = [(rel, base + _cache_rel(r, rel), path_type, placeholder, file_mode, True,
+                      sha, size)
+                     for rel, path_type, placeholder, file_mode, sha, size in fields]
         else:
             base, from_cache = (src_base, False) if cdir is None else (str(cdir) + "/", True)
-            where = [(base + e["_path"], from_cache) for e in r.paths]
-        groups.append((key, [
-            (e["_path"], source, e.get("path_type"), e.get("prefix_placeholder"),
-             e.get("file_mode"), from_cache, e.get("sha256"), e.get("size_in_bytes") or 0)
-            for e, (source, from_cache) in zip(r.paths, where, strict=True)]))
+            items = [(rel, base + rel, path_type, placeholder, file_mode, from_cache, sha, size)
+                     for rel, path_type, placeholder, file_mode, sha, size in fields]
+        if r.noarch_python:  # (the installer makes files for noarch: python packages only)
+            for i, (rel, _s, path_type, placeholder, file_mode, _c, sha, size) in enumerate(
+                    items):
+                if path_type not in _IN_ARCHIVE:
+                    items[i] = (rel, src_base + rel, path_type, placeholder or old_prefix,
+                                file_mode or "text", False, sha, size)
+        groups.append((key, items))
     return groups
 
 
-def _noarch_source(r: Record, base: str, src_base: str, rel: str) -> tuple[str, bool]:
-    """(source, from cache) of a noarch: python file: site-packages and bin/ live elsewhere
-    in the cache, and files made at install time (entry points, .pyc) only in SRC."""
-    source = base + _cache_rel(r, rel)
-    return (source, True) if os.path.lexists(source) else (src_base + rel, False)
+#: path types of the files in a package archive; files of other types are made by the
+#: installer (see _plan). A file the cache lacks after all is taken from SRC when
+#: placing it (placement.place_or_fall_back).
+_IN_ARCHIVE = frozenset({"hardlink", "softlink", "directory", None})
 
 
 def cache_root_of(cache: dict[str, Path]) -> Path | None:
@@ -423,10 +439,9 @@ def _write_clone_stat_cache(
     for r in records:
         if r.name in cache:
             continue
-        for e in r.paths:
-            rel = e["_path"]
+        for rel, _path_type, placeholder, *_rest in r.plan_fields():
             sc = src_cache.get(rel)
-            if sc is None or e.get("prefix_placeholder"):
+            if sc is None or placeholder:
                 continue
             try:
                 if sc[:3] == stat_key(os.stat(os.path.join(src_s, rel))):

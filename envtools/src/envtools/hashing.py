@@ -105,7 +105,7 @@ def load_stat_cache(prefix: Path) -> dict[str, tuple]:
     for name in names:
         try:
             with open(d / name, "rb") as fh:
-                version, entries = marshal.load(fh)
+                version, entries = marshal.loads(fh.read())  # (not load(fh): 4x slower)
         except (OSError, EOFError, ValueError, TypeError):
             continue
         if version == STAT_VERSION and isinstance(entries, dict):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import rattler
 
-from envtools import virtual
+from envtools import record_index, virtual
 from envtools.errors import EnvtoolsError
 from envtools.hashing import STAT_CACHE, write_stat_cache
 from envtools.prefix_records import Prefix
@@ -160,7 +160,9 @@ def install(
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         _drop_cache_locks(cache)
         make_readonly(cache)
-        tracked = [e["_path"] for r in Prefix.load(tmp).records for e in r.paths]
+        records = Prefix.load(tmp).records
+        record_index.write(tmp, records)
+        tracked = [e["_path"] for r in records for e in r.paths]
         write_untracked_cache(tmp, set(tracked))
         make_readonly(tmp)
         os.chmod(tmp / STAT_CACHE.parent, 0o755)

@@ -261,7 +261,7 @@ class Outcome:
     """What placing gave, small enough to send back through a pipe."""
 
     counts: dict[str, int]  # how -> files
-    new_sha: dict[str, str]  # relocated files: rel -> sha256 of what was written
+    rewritten: dict[str, tuple[str, int]]  # relocated files: rel -> (sha256, size) written
     files: int = 0  # items placed
 
 
@@ -332,11 +332,11 @@ def split_units(groups: list[tuple[int, list[Item]]], n: int,
 
 def place_chunks(
     ctx: Ctx, chunks: list[list[Unit]], queue: int, advance: Callable[[int], None],
-    on_unit: Callable[[int, dict[str, str]], None], part: str,
+    on_unit: Callable[[int, dict[str, tuple[str, int]]], None], part: str,
 ) -> Outcome:
     """Place the chunks whose numbers this process takes from ``queue`` (a pipe holding
     each chunk's number once, two bytes each; empty and closed when all are taken), and
-    call ``on_unit(key, new_sha)`` for each unit that writes its package's record (so
+    call ``on_unit(key, rewritten)`` for each unit that writes its package's record (so
     records are written in parallel too). What it placed goes into the clone's stat
     cache as part ``part`` (its directory made by the caller).
 
@@ -352,7 +352,7 @@ def place_chunks(
     fast = ctx.hardlinks_expected() and ctx.reflink_ok is False  # (no reflink to try first)
     write_bits = linking.WRITE_BITS
     counts: dict[str, int] = {}
-    new_sha: dict[str, str] = {}
+    rewritten: dict[str, tuple[str, int]] = {}
     known: dict[str, tuple] = {}  # rel -> (size, mtime_ns, ino[, sha256]): hashing.py
     link, stat_ = os.link, os.stat
     n = links = 0
@@ -364,7 +364,7 @@ def place_chunks(
             except FileExistsError:
                 pass
         for unit in units:
-            unit_sha: dict[str, str] = {}
+            unit_rewritten: dict[str, tuple[str, int]] = {}
             for item in unit.items:
                 rel, source, path_type, placeholder, _fm, from_cache, sha, _size = item
                 if (fast and from_cache and not placeholder and path_type == "hardlink"
@@ -383,18 +383,18 @@ def place_chunks(
                 rel, how, sha, key = place_or_fall_back(ctx, item)
                 counts[how] = counts.get(how, 0) + 1
                 if how == RELOCATED:
-                    unit_sha[rel] = sha
+                    unit_rewritten[rel] = (sha, key[0])
                 if sha and key:
                     known[rel] = (*key, sha)
-            new_sha.update(unit_sha)
+            rewritten.update(unit_rewritten)
             if unit.writes_record:
-                on_unit(unit.key, unit_sha)
+                on_unit(unit.key, unit_rewritten)
             n += len(unit.items)
             advance(len(unit.items))
     if links:
         counts[HARDLINK] = counts.get(HARDLINK, 0) + links
     store_stat_part(ctx.dest_tmp, part, known)
-    return Outcome(counts, new_sha, n)
+    return Outcome(counts, rewritten, n)
 
 
 #: chunks per placing process: the processes take chunks, biggest first, until none is
@@ -406,10 +406,10 @@ CHUNKS_PER_WORKER = 16
 
 def place_all(
     ctx: Ctx, groups: list[tuple[int, list[Item]]], n_workers: int,
-    advance: Callable[[int], None], on_unit: Callable[[int, dict[str, str]], None],
+    advance: Callable[[int], None], on_unit: Callable[[int, dict[str, tuple[str, int]]], None],
 ) -> Outcome:
     """Place every package's files in ``n_workers`` processes (this one and forked
-    children) sharing a queue of cost-balanced chunks, calling ``on_unit(key, new_sha)``
+    children) sharing a queue of cost-balanced chunks, calling ``on_unit(key, rewritten)``
     once per package.
 
     A child sends back its marshal'd :class:`Outcome`, or its error as (kind, errno,
@@ -456,15 +456,16 @@ def place_all(
             status, payload = marshal.loads(data)
             if status != "ok":
                 _raise_child_error(payload)
-            counts, new_sha, n = payload
+            counts, rewritten, n = payload
             for how, k in counts.items():
                 out.counts[how] = out.counts.get(how, 0) + k
-            out.new_sha.update(new_sha)
+            out.rewritten.update(rewritten)
             advance(n)
         recorded = {u.key for chunk in chunks for u in chunk if u.writes_record}
         for key, items in groups:  # split packages that relocate: finished here
             if key not in recorded:
-                on_unit(key, {it[0]: out.new_sha[it[0]] for it in items if it[0] in out.new_sha})
+                on_unit(key, {it[0]: out.rewritten[it[0]] for it in items
+                              if it[0] in out.rewritten})
         return out
     finally:
         os.close(queue)
@@ -491,7 +492,7 @@ def _child(ctx: Ctx, chunks: list[list[Unit]], queue: int, on_unit: Callable, r:
         os.close(r)
         try:
             o = place_chunks(ctx, chunks, queue, lambda n: None, on_unit, part)
-            out = ("ok", (o.counts, o.new_sha, o.files))
+            out = ("ok", (o.counts, o.rewritten, o.files))
         except EnvtoolsError as e:
             out = ("error", ("envtools", 0, "", e.message, e.hint))
         except OSError as e:

@@ -9,30 +9,75 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from envtools.errors import EnvtoolsError
 
 
-@dataclass
 class Record:
-    """One installed package: its conda-meta JSON (``data``) and where it came from."""
+    """One installed package: its conda-meta JSON (``data``) and where it came from.
 
-    path: Path
-    data: dict
+    A record from the env's index (:mod:`envtools.record_index`) comes with only what a
+    clone needs (``summary``: name, version, build, noarch, extracted_package_dir, link
+    and :meth:`plan_fields`); its ``data`` is read from the record file on first use.
+    """
+
+    __slots__ = ("path", "_data", "_summary")
+
+    def __init__(self, path: Path, data: dict | None = None, summary: tuple | None = None):
+        self.path = path
+        self._data = data
+        self._summary = summary
+
+    def __repr__(self) -> str:
+        return f"Record({str(self.path)!r})"
+
+    @property
+    def data(self) -> dict:
+        if self._data is None:
+            self._data = read_record_file(self.path)
+        return self._data
 
     @property
     def name(self) -> str:
-        return self.data["name"]
+        return self._summary[0] if self._summary else self.data["name"]
 
     @property
     def version(self) -> str:
-        return str(self.data["version"])
+        return self._summary[1] if self._summary else str(self.data["version"])
 
     @property
     def build(self) -> str:
-        return self.data.get("build", "")
+        return self._summary[2] if self._summary else self.data.get("build", "")
+
+    @property
+    def noarch_python(self) -> bool:
+        if self._summary:
+            return self._summary[3]
+        na = self.data.get("noarch")
+        return na == "python" or (isinstance(na, dict) and na.get("type") == "python")
+
+    @property
+    def extracted_package_dir(self) -> str | None:
+        return self._summary[4] if self._summary else self.data.get("extracted_package_dir")
+
+    @property
+    def link(self) -> dict | None:
+        return self._summary[5] if self._summary else self.data.get("link")
+
+    def plan_fields(self) -> list[tuple]:
+        """Per file: (path, path_type, prefix_placeholder, file_mode, sha256, size_in_bytes
+        or 0), what placing it needs."""
+        if self._summary:
+            return self._summary[6]
+        return [(e["_path"], e.get("path_type"), e.get("prefix_placeholder"),
+                 e.get("file_mode"), e.get("sha256"), e.get("size_in_bytes") or 0)
+                for e in self.paths]
+
+    def summary(self) -> tuple:
+        """What the index stores for this record (see the class docstring)."""
+        return (self.name, self.version, self.build, self.noarch_python,
+                self.extracted_package_dir, self.link, self.plan_fields())
 
     @property
     def fn(self) -> str:
@@ -51,21 +96,30 @@ class Record:
             entries = [{"_path": f, "path_type": "hardlink"} for f in self.data.get("files", [])]
         return entries
 
-    @property
-    def noarch_python(self) -> bool:
-        na = self.data.get("noarch")
-        return na == "python" or (isinstance(na, dict) and na.get("type") == "python")
-
     def spec(self) -> str:
         return f"{self.name}=={self.version}={self.build}"
 
 
-@dataclass
+def read_record_file(fp: Path) -> dict:
+    """One record's JSON, or a clear error naming the damaged file."""
+    try:
+        with open(fp, "rb") as fh:
+            return json.load(fh)
+    except (OSError, ValueError) as e:
+        raise EnvtoolsError(
+            f"cannot read package record {fp}: {e}",
+            "the environment's metadata is damaged; reinstall or re-clone it",
+        ) from e
+
+
 class Prefix:
     """A conda prefix and its package records, loaded once."""
 
-    root: Path
-    records: list[Record] = field(default_factory=list)
+    __slots__ = ("root", "records")
+
+    def __init__(self, root: Path, records: list[Record] | None = None):
+        self.root = root
+        self.records = records if records is not None else []
 
     @classmethod
     def load(cls, root: str | os.PathLike[str]) -> Prefix:
@@ -92,14 +146,7 @@ class Prefix:
             if not name.endswith(".json"):
                 continue
             fp = meta / name
-            try:
-                with open(fp, "rb") as fh:
-                    data = json.load(fh)
-            except (OSError, ValueError) as e:
-                raise EnvtoolsError(
-                    f"cannot read package record {fp}: {e}",
-                    "the environment's metadata is damaged; reinstall or re-clone it",
-                ) from e
+            data = read_record_file(fp)
             if not isinstance(data, dict) or "name" not in data:
                 continue
             records.append(Record(fp, data))
