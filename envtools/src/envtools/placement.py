@@ -402,6 +402,8 @@ def place_chunks(
 #: job on its core) takes fewer. Cut into one shard per process instead, the process
 #: holding the python package finished up to 0.2 s after the other one.
 CHUNKS_PER_WORKER = 16
+#: the queue is written whole before any process reads it: it must fit in a pipe (64 KiB)
+MAX_CHUNKS = 4096
 
 
 def place_all(
@@ -421,7 +423,7 @@ def place_all(
     if not os.environ.get("ENVTOOLS_WORKERS"):  # (set: exactly that many, for tests too)
         n_workers = min(n_workers, total // 512)  # a fork and its page faults cost ~ 1 ms
     n_workers = max(1, min(n_workers, total))
-    chunks = split_units(groups, max(1, min(n_workers * CHUNKS_PER_WORKER, total)),
+    chunks = split_units(groups, max(1, min(n_workers * CHUNKS_PER_WORKER, total, MAX_CHUNKS)),
                          ctx.hardlinks_expected())
     order = sorted(range(len(chunks)), key=lambda i: -sum(u.cost for u in chunks[i]))
     queue, w = os.pipe()  # (filled and closed before any fork: readers see its end)
