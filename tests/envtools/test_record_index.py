@@ -9,10 +9,11 @@ import shutil
 import subprocess
 
 from conftest import run_envtools
-from envtools import record_index
 from envtools.hashing import load_stat_cache
 from envtools.prefix_records import Prefix
 from test_clone import tree_digest
+
+from envtools import record_index
 
 
 def _writable_copy(env, tmp_path):
