@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import os
 import shutil
 import signal
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ENVTOOLS, run_envtools
-from envtools.hashing import load_stat_cache
+from envtools.hashing import STAT_CACHE, load_stat_cache
 
 
 def tree_digest(root: Path, skip=("conda-meta",)) -> dict[str, str]:
@@ -486,4 +487,12 @@ def test_noarch_python_links_from_the_cache_and_its_entry_point_follows(channel,
         e = next(e for e in rec["paths_data"]["paths"] if e["_path"] == "bin/demo-noarch")
         assert e["sha256"] == hashlib.sha256(entry.read_bytes()).hexdigest()
         assert e["size_in_bytes"] == entry.stat().st_size
+        # no part of the stat cache vouches for a hash the file does not have (a part is
+        # written per process: one with SRC's hash would hide behind another's)
+        for part in (dest / STAT_CACHE).iterdir():
+            _version, entries = marshal.loads(part.read_bytes())
+            for rel, entry_ in entries.items():
+                if len(entry_) > 3:
+                    assert entry_[3] == hashlib.sha256((dest / rel).read_bytes()).hexdigest(), \
+                        (part.name, rel)
         assert json.loads(run_envtools("validate", dest, "--json").stdout)["exit_status"] == 0

@@ -364,7 +364,7 @@ def clone(
             fh.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} <==\n"
                      f"# cmd: envtools clone {srcp} {destp}\n")
         write_prefix_info(tmp, destp, cache_root_of(cache))
-        _write_clone_stat_cache(tmp, prefix.records, cache, srcp)
+        _write_clone_stat_cache(tmp, groups, srcp)
         report.timings["stat cache"] = time.monotonic() - t0
 
         if add:
@@ -393,22 +393,17 @@ def _plan(
     src_base = str(srcp) + "/"
     for key, r in enumerate(records):
         cdir = cache.get(r.name)
-        fields = r.plan_fields()
-        if cdir is not None and r.noarch_python:  # site-packages/ and python-scripts/
-            base = str(cdir) + "/"
-            items = [(rel, base + _cache_rel(r, rel), path_type, placeholder, file_mode, True,
-                      sha, size)
-                     for rel, path_type, placeholder, file_mode, sha, size in fields]
-        else:
-            base, from_cache = (src_base, False) if cdir is None else (str(cdir) + "/", True)
+        base, from_cache = (src_base, False) if cdir is None else (str(cdir) + "/", True)
+        if not r.noarch_python:
             items = [(rel, base + rel, path_type, placeholder, file_mode, from_cache, sha, size)
-                     for rel, path_type, placeholder, file_mode, sha, size in fields]
-        if r.noarch_python:  # (the installer makes files for noarch: python packages only)
-            for i, (rel, _s, path_type, placeholder, file_mode, _c, sha, size) in enumerate(
-                    items):
-                if path_type not in _IN_ARCHIVE:
-                    items[i] = (rel, src_base + rel, path_type, placeholder or old_prefix,
-                                file_mode or "text", False, sha, size)
+                     for rel, path_type, placeholder, file_mode, sha, size in r.plan_fields()]
+        else:  # site-packages/ and python-scripts/ in the cache; installer-made files in SRC
+            items = [
+                (rel, base + (_cache_rel(r, rel) if from_cache else rel), path_type,
+                 placeholder, file_mode, from_cache, sha, size) if path_type in _IN_ARCHIVE
+                else (rel, src_base + rel, path_type, placeholder or old_prefix,
+                      file_mode or "text", False, sha, size)
+                for rel, path_type, placeholder, file_mode, sha, size in r.plan_fields()]
         groups.append((key, items))
     return groups
 
@@ -425,30 +420,28 @@ def cache_root_of(cache: dict[str, Path]) -> Path | None:
 
 
 def _write_clone_stat_cache(
-    tmp: Path, records: list[Record], cache: dict[str, Path], srcp: Path,
+    tmp: Path, groups: list[tuple[int, list[Item]]], srcp: Path
 ) -> None:
-    """The stat cache's part for files copied from SRC, without hashing them: trusted
-    only where SRC's own stat cache vouched for the file (otherwise validate hashes it).
-    Files from the package cache and relocated ones are in the parts the placement
-    processes wrote."""
-    if all(r.name in cache for r in records):
+    """The stat cache's part for files copied unchanged from SRC, without hashing them:
+    trusted only where SRC's own stat cache vouched for the file (otherwise validate
+    hashes it). Files from the package cache and relocated ones (SRC's too) are in the
+    parts the placement processes wrote."""
+    copied = [it[0] for _key, items in groups for it in items if not it[5] and not it[3]]
+    if not copied:
         return
     src_cache = load_stat_cache(srcp)
     entries: dict[str, tuple] = {}
     tmp_s, src_s = str(tmp), str(srcp)
-    for r in records:
-        if r.name in cache:
+    for rel in copied:
+        sc = src_cache.get(rel)
+        if sc is None:
             continue
-        for rel, _path_type, placeholder, *_rest in r.plan_fields():
-            sc = src_cache.get(rel)
-            if sc is None or placeholder:
-                continue
-            try:
-                if sc[:3] == stat_key(os.stat(os.path.join(src_s, rel))):
-                    st = os.lstat(os.path.join(tmp_s, rel))
-                    if stat.S_ISREG(st.st_mode):
-                        entries[rel] = (*stat_key(st), *sc[3:])
-            except OSError:
-                continue
+        try:
+            if sc[:3] == stat_key(os.stat(os.path.join(src_s, rel))):
+                st = os.lstat(os.path.join(tmp_s, rel))
+                if stat.S_ISREG(st.st_mode):
+                    entries[rel] = (*stat_key(st), *sc[3:])
+        except OSError:
+            continue
     if entries:
         store_stat_part(tmp, "copied", entries)

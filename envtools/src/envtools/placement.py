@@ -318,7 +318,6 @@ def split_units(groups: list[tuple[int, list[Item]]], n: int,
             end = pos
             if i == n - 1:
                 end = len(items)
-                load += sum(c[pos:])
             else:
                 while end < len(items) and load < target:
                     load += c[end]
