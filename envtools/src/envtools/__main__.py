@@ -2,11 +2,13 @@
 
 Ctrl-C while Python is still importing the command line would print a traceback from
 whatever import it hit. Until :func:`envtools.cli.main` installs the normal handler, a
-Ctrl-C ends the process at once with status 130 (nothing has been written yet).
+Ctrl-C ends the process at once with status 130 (nothing has been written yet). The
+handler is set through ``_signal``, the C module: ``import signal`` first builds its
+enums, itself a few milliseconds in which a Ctrl-C would still print a traceback.
 """
 
+import _signal
 import os
-import signal
 
 
 def _interrupted_early(signum, frame) -> None:
@@ -14,7 +16,7 @@ def _interrupted_early(signum, frame) -> None:
     os._exit(130)
 
 
-signal.signal(signal.SIGINT, _interrupted_early)
+_signal.signal(_signal.SIGINT, _interrupted_early)
 
 from envtools.cli import main  # noqa: E402
 
