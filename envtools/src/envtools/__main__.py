@@ -12,7 +12,7 @@ import os
 
 
 def _interrupted_early(signum, frame) -> None:
-    os.write(2, b"envtools: interrupted\n")
+    os.write(2, b"interrupted; nothing was left behind\n")
     os._exit(130)
 
 

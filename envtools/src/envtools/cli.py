@@ -16,6 +16,8 @@ import os
 import signal
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from envtools.errors import EnvtoolsError
@@ -50,7 +52,8 @@ def _cmd_install(a: argparse.Namespace) -> int:
     """
     from envtools.install import install
 
-    install(a.channel, a.prefix, a.spec, a.virtual, a.cache)
+    with _writing(a.prefix):
+        install(a.channel, a.prefix, a.spec, a.virtual, a.cache)
     return 0
 
 
@@ -72,12 +75,26 @@ def _cmd_clone(a: argparse.Namespace) -> int:
     """
     from envtools.clone import clone
 
-    report = clone(
-        a.src, a.dest, add=a.add or [], allow_update=a.allow_update, channels=a.channel or [],
-        link_mode=a.link_mode, use_cache=not a.no_cache, virtual_overrides=a.virtual,
-    )
+    with _writing(a.dest):
+        report = clone(
+            a.src, a.dest, add=a.add or [], allow_update=a.allow_update,
+            channels=a.channel or [], link_mode=a.link_mode, use_cache=not a.no_cache,
+            virtual_overrides=a.virtual,
+        )
     report.print()
     return 0
+
+
+@contextmanager
+def _writing(dest: Path) -> Iterator[None]:
+    """A system error that names no file (a full disk during a write) names what was
+    being made: its temporary directory is gone by the time the error is shown."""
+    try:
+        yield
+    except OSError as e:
+        if not e.filename:
+            e.filename = f"while writing {os.path.abspath(dest)}"
+        raise
 
 
 def _cmd_module(a: argparse.Namespace) -> int:
