@@ -108,7 +108,7 @@ def _cmd_module(a: argparse.Namespace) -> int:
     from envtools.module import write_modulefiles
 
     for p in write_modulefiles(a.prefix, a.name, a.out, a.format):
-        info(f"wrote {p}")
+        info("wrote ", str(p))
     return 0
 
 

@@ -63,4 +63,8 @@ def info(msg: str, text: str = "") -> None:
         from rich.markup import escape
 
         msg += escape(text)
-    get_console().print(msg, highlight=False, soft_wrap=True)
+    try:
+        get_console().print(msg, highlight=False, soft_wrap=True)
+    except Exception:  # noqa: BLE001 - a path with "[/x]" in it is not markup: print plain
+        sys.stderr.write(_TAGS.sub("", msg) + "\n")
+        sys.stderr.flush()

@@ -376,7 +376,7 @@ def reclaim(parent: Path) -> list[Leftover]:
         except OSError:
             continue
         if v.removable:
-            info(f"removed {path}: {v.why}")
+            info("removed ", f"{path}: {v.why}")
             done.append(v)
     return done
 
