@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envtools import linking, placement, record_index
+from envtools import cachetag, linking, placement, record_index
 from envtools.errors import EnvtoolsError
 from envtools.hashing import STAT_CACHE, load_stat_cache, stat_key, store_stat_part
 from envtools.placement import Ctx, Item
@@ -221,7 +221,7 @@ def _add_packages(
     import rattler
 
     from envtools import virtual
-    from envtools.install import channel_source, solve
+    from envtools.install import channel_source, run_installer, solve
 
     meta = tmp / "conda-meta"
     installed = [rattler.PrefixRecord.from_path(p) for p in sorted(meta.glob("*.json"))]
@@ -244,20 +244,25 @@ def _add_packages(
             )
         raise
     before = {(r.name.normalized, str(r.version), str(r.build)) for r in installed}
-    asyncio.run(
-        rattler.install(
-            records,
-            target_prefix=tmp,
-            alternative_target_prefix=dest,
-            installed_packages=installed,
-            show_progress=os.isatty(2),
-        )
+    run_installer(
+        records=records,
+        target_prefix=tmp,
+        alternative_target_prefix=dest,
+        installed_packages=installed,
+        show_progress=os.isatty(2),
     )
-    return [
-        f"{r.name.normalized}={r.version}={r.build}"
-        for r in records
-        if (r.name.normalized, str(r.version), str(r.build)) not in before
-    ]
+    added = [r for r in records
+             if (r.name.normalized, str(r.version), str(r.build)) not in before]
+    # the installer tags the prefix as a cache (see envtools.cachetag); a clone never has
+    # the tag before, so one there now is the installer's unless an added package owns it
+    if (tmp / cachetag.NAME).exists():
+        owned: set[str] = set()
+        for r in added:
+            fp = meta / f"{r.name.normalized}-{r.version}-{r.build}.json"
+            if fp.is_file():
+                owned |= {e.get("_path") for e in Record(fp).paths if isinstance(e, dict)}
+        cachetag.drop_from_env(tmp, owned)
+    return [f"{r.name.normalized}={r.version}={r.build}" for r in added]
 
 
 def clone(
@@ -287,7 +292,7 @@ def clone(
     report.from_cache = len(cache)
     report.from_src = len(prefix.records) - len(cache)
 
-    with atomic_dir(destp) as tmp:
+    with atomic_dir(destp, "envtools clone", settle=bool(add)) as tmp:
         ctx = Ctx(
             dest_tmp=tmp,
             new_prefix=str(destp),
@@ -343,6 +348,8 @@ def clone(
         # untracked files: pip installs and anything else users put there
         files, empty = untracked(srcp, lambda: {f[0] for r in prefix.records
                                                 for f in r.plan_fields()})
+        if cachetag.NAME in files and cachetag.is_tag(srcp / cachetag.NAME):
+            files = [f for f in files if f != cachetag.NAME]  # (see envtools.cachetag)
         rewritten: set[str] = set()
         with task("copying untracked files", len(files)) as advance:
             for rel in files:

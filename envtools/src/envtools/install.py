@@ -17,7 +17,7 @@ from pathlib import Path
 
 import rattler
 
-from envtools import record_index, virtual
+from envtools import cachetag, record_index, virtual
 from envtools.errors import EnvtoolsError
 from envtools.hashing import STAT_CACHE, write_stat_cache
 from envtools.prefix_records import Prefix
@@ -30,7 +30,7 @@ from envtools.readonly import (
     refuse_readonly,
     write_prefix_info,
 )
-from envtools.tempdirs import atomic_dir
+from envtools.tempdirs import atomic_dir, remove_tree
 from envtools.untracked import write_cache as write_untracked_cache
 
 EXPLICIT = Path("conda-meta") / "envtools" / "explicit.txt"
@@ -90,6 +90,44 @@ async def solve(
         ) from e
 
 
+def run_installer(**kwargs) -> None:
+    """``rattler.install(**kwargs)``, its failures turned into one clear error.
+
+    py-rattler raises one exception per failed transaction with a chain of "Caused by:"
+    lines; the first line names the package and the last one the cause (a damaged
+    archive, a full disk). A Rust panic arrives as pyo3's PanicException, a
+    BaseException: caught here too, so it is reported rather than printed as a traceback.
+    """
+    try:
+        asyncio.run(rattler.install(**kwargs))
+    except (KeyboardInterrupt, SystemExit, EnvtoolsError):
+        raise
+    except BaseException as e:  # noqa: BLE001 - see the docstring
+        raise installer_error(e, kwargs.get("cache_dir")) from e
+
+
+#: words in py-rattler's errors that mean the archive itself is damaged
+_CORRUPT = ("corrupt", "checksum", "invalid zip", "failed to unpack", "fill whole buffer",
+            "unexpected end", "not a number", "invalid gzip", "bz2", "zstd", "panicked")
+
+
+def installer_error(e: BaseException, cache: Path | None) -> EnvtoolsError:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+    causes = [ln[len("Caused by:"):].strip() for ln in lines if ln.startswith("Caused by:")]
+    msg = lines[0] + (f": {causes[-1]}" if causes and causes[-1] not in lines[0] else "")
+    text = str(e).lower()
+    if "no space left" in text or "os error 28" in text or "quota exceeded" in text:
+        hint = ("the filesystem is full: free space for the environment and its package "
+                f"cache{f' ({cache})' if cache else ''}, or choose another place; nothing of "
+                "this run was kept")
+    elif any(w in text for w in _CORRUPT):
+        hint = ("the package archive is damaged: replace it in the channel (rebuild or copy "
+                "it again), re-index the channel, and run again; nothing of this run was kept")
+    else:
+        hint = "nothing of this run was kept; fix the cause above and run again"
+    return EnvtoolsError(f"cannot install the packages: {msg}", hint, exit_code=1)
+
+
 def write_explicit(prefix: Path, records: list[rattler.RepoDataRecord]) -> None:
     """The explicit package set, in conda's ``@EXPLICIT`` format (reproducible installs)."""
     lines = ["# envtools: the explicit package set of this environment", "@EXPLICIT"]
@@ -130,20 +168,35 @@ def install(
     t0 = time.monotonic()
     records = asyncio.run(solve([src], specs, virtuals))
     info(f"solved {len(records)} packages in {time.monotonic() - t0:.1f}s")
-    if cache.exists():
+    cache_existed = cache.exists()
+    if cache_existed:
         # a cache left by an earlier install of this prefix; it was made read-only
         from envtools.readonly import make_writable
 
         make_writable(cache)
-    with atomic_dir(prefix) as tmp:
-        asyncio.run(
-            rattler.install(
-                records,
-                target_prefix=tmp,
-                alternative_target_prefix=prefix,
-                cache_dir=cache,
-                show_progress=os.isatty(2),
-            )
+    try:
+        _install_into(records, prefix, cache, src, specs)
+    except BaseException:
+        # a cache this run made goes with it, unless another run's env at the prefix
+        # (which won a race to it) uses it now
+        if not cache_existed and read_marker(prefix) is None:
+            remove_tree(cache, settle=True)
+        raise
+    os.chmod(prefix, 0o555)
+    info(f"installed {len(records)} packages into {prefix} (read-only) in "
+         f"{time.monotonic() - t0:.1f}s; package cache: {cache}")
+    return prefix
+
+
+def _install_into(records: list, prefix: Path, cache: Path, src: str, specs: list[str]) -> None:
+    """Install ``records`` beside ``prefix`` and rename them into place, read-only."""
+    with atomic_dir(prefix, "envtools install", settle=True) as tmp:
+        run_installer(
+            records=records,
+            target_prefix=tmp,
+            alternative_target_prefix=prefix,
+            cache_dir=cache,
+            show_progress=os.isatty(2),
         )
         write_explicit(tmp, records)
         write_prefix_info(tmp, prefix, cache)
@@ -159,10 +212,12 @@ def install(
         }
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         _drop_cache_locks(cache)
+        cachetag.tag_cache(cache)
         make_readonly(cache)
         records = Prefix.load(tmp).records
         record_index.write(tmp, records)
         tracked = [e["_path"] for r in records for e in r.paths]
+        cachetag.drop_from_env(tmp, set(tracked))
         write_untracked_cache(tmp, set(tracked))
         make_readonly(tmp)
         os.chmod(tmp / STAT_CACHE.parent, 0o755)
@@ -170,10 +225,6 @@ def install(
         os.chmod(tmp / STAT_CACHE, 0o555)
         os.chmod(tmp / STAT_CACHE.parent, 0o555)
         os.chmod(tmp, 0o755)  # renamed below; read-only again right after
-    os.chmod(prefix, 0o555)
-    info(f"installed {len(records)} packages into {prefix} (read-only) in "
-         f"{time.monotonic() - t0:.1f}s; package cache: {cache}")
-    return prefix
 
 
 def _drop_cache_locks(cache: Path) -> None:

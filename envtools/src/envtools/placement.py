@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from envtools import linking
+from envtools import linking, procs
 from envtools.errors import EnvtoolsError
 from envtools.hashing import stat_key, store_stat_part
 from envtools.relocate import relocate_pieces
@@ -431,6 +431,7 @@ def place_all(
     finally:
         os.close(w)
     children: list[tuple[int, int]] = []  # (pid, read end of its report pipe)
+    me = os.getpid()
     try:
         for worker in range(1, n_workers):
             r, w = os.pipe()
@@ -440,7 +441,7 @@ def place_all(
             try:
                 pid = os.fork()
                 if pid == 0:  # child: place, report, and leave without running anything else
-                    _child(ctx, chunks, queue, on_unit, r, w, f"placed-{worker}")
+                    _child(ctx, chunks, queue, on_unit, r, w, f"placed-{worker}", me)
             finally:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
             os.close(w)
@@ -483,10 +484,13 @@ _SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def _child(ctx: Ctx, chunks: list[list[Unit]], queue: int, on_unit: Callable, r: int,
-           w: int, part: str) -> None:
-    """A forked placement process: never returns (os._exit), whatever happens."""
+           w: int, part: str, parent: int) -> None:
+    """A forked placement process: never returns (os._exit), whatever happens. It is
+    killed when ``parent`` dies (even by SIGKILL, which runs no clean-up code there): a
+    worker left running would go on filling a temporary directory nobody renames."""
     code = 0
     try:
+        procs.die_with_parent(parent)
         for sig in _SIGNALS:  # die at once on Ctrl-C / SIGTERM: the parent cleans up
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
