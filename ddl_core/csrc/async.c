@@ -55,6 +55,9 @@
 enum { REQ_ALLREDUCE, REQ_BROADCAST, REQ_ALLGATHER, REQ_REDUCE_SCATTER, REQ_ALLGATHERV };
 static const char *const KIND_NAME[] = {"allreduce", "broadcast", "allgather",
                                         "reduce_scatter", "allgatherv"};
+/* How messages call a kind: an allgatherv is an allgather (Horovod's) to its user. */
+static const char *const KIND_WORD[] = {"allreduce", "broadcast", "allgather",
+                                        "reduce_scatter", "allgather"};
 static const int KIND_COLL[] = {DDL_COLL_ALLREDUCE, DDL_COLL_BROADCAST, DDL_COLL_ALLGATHER,
                                 DDL_COLL_REDUCE_SCATTER, DDL_COLL_ALLGATHERV};
 
@@ -245,10 +248,10 @@ static void unlink_locked(struct ddl_request_s *r) {
  * allreduce #3". */
 static void describe(const struct ddl_request_s *r, char *out, size_t n) {
     if (r->name)
-        snprintf(out, n, "%s '%.200s'", KIND_NAME[r->kind], r->name);
+        snprintf(out, n, "%s '%.200s'", KIND_WORD[r->kind], r->name);
     else
         snprintf(out, n, "unnamed %s #%llu (unnamed requests are matched by submission order)",
-                 KIND_NAME[r->kind], (unsigned long long)r->seq + 1);
+                 KIND_WORD[r->kind], (unsigned long long)r->seq + 1);
 }
 
 /* ---- execution ----------------------------------------------------------------------- */
@@ -402,7 +405,7 @@ static ddl_status_t explain(struct ddl_request_s *r) {
     describe(r, what, sizeof what);
     for (int i = 0; i < p; i++) /* from our own peers, but never index out of range */
         if (all[i].kind < 0 || all[i].kind > REQ_ALLGATHERV) all[i].kind = 0;
-    const char *kind = KIND_NAME[all[0].kind];
+    const char *kind = KIND_WORD[all[0].kind];
     int gather = all[0].kind == REQ_ALLGATHER || all[0].kind == REQ_ALLGATHERV;
     char a[160] = "", b[160] = "", topic[64] = "";
     int other = -1;
@@ -772,29 +775,36 @@ static ddl_status_t negotiate(const reqvec_t *snap, reqvec_t *batch, reqvec_t *s
             unnamed++;
         } else {
             long s = req_slot(r);
-            if (s < 0) full = 1;
-            else have[s] = 1;
+            if (s >= 0) {
+                have[s] = 1;
+            } else if (!full) {
+                full = 1;
+                ddl_log(2, "negotiation %llu: '%.200s' is not in the table of names yet",
+                        (unsigned long long)cycle_no, r->name);
+            }
         }
-        if (now - r->submitted > ddl_timeout_s) full = 1;
+        if (now - r->submitted > ddl_timeout_s && !full) {
+            full = 1;
+            ddl_log(2, "negotiation %llu: a request waited longer than DDL_TIMEOUT",
+                    (unsigned long long)cycle_no);
+        }
     }
     have[nslots] = !full;
     /* The recursive doubling folds ranks beyond the largest power of two in: an even rank
-     * r < 2*rem sends first and hears back only at the end, so an idle one would never see
-     * a negotiation start. Its partner rings first. */
+     * r < 2*rem sends first, to r+1, and hears back only at the end, so an idle one would
+     * never see a negotiation start. Its partner rings first (TAG_BELL); the even rank
+     * takes the ring after the exchange, by when it has surely arrived. */
     const ddl_comm_t *w = &ddl_g.progress.world;
     int pof2 = 1;
     while (pof2 * 2 <= w->size) pof2 *= 2;
-    if (w->rank < 2 * (w->size - pof2)) {
-        int odd = w->rank % 2;
-        DDL_CHECK(ddl_sendrecv(w, NULL, 0, odd ? w->rank - 1 : -1, NULL, 0,
-                               odd ? -1 : w->rank + 1, TAG_BELL));
-    }
+    int folded = w->rank < 2 * (w->size - pof2), odd = w->rank % 2;
+    if (folded && odd) DDL_CHECK(ddl_sendrecv(w, NULL, 0, w->rank - 1, NULL, 0, -1, TAG_BELL));
     ddl_header_t h;
     ddl_header_init(&h, ddl_signature(DDL_COLL_NEGOTIATE, nslots, DDL_UINT8, DDL_MIN, 0), 0);
     h.count_min = unnamed;  /* combined with min: the unnamed requests every rank has */
     h.count_max = snap->n;  /* combined with max: the most requests any rank has queued */
-    DDL_CHECK(ddl_rd_allreduce_checked(&ddl_g.progress.world, &h, have, nslots + 1, DDL_UINT8,
-                                       DDL_MIN));
+    DDL_CHECK(ddl_rd_allreduce_checked(w, &h, have, nslots + 1, DDL_UINT8, DDL_MIN));
+    if (folded && !odd) DDL_CHECK(ddl_sendrecv(w, NULL, 0, -1, NULL, 0, w->rank + 1, TAG_BELL));
     if (h.sig_min != h.sig_max)
         return ddl_fail(DDL_ERR_INTERNAL,
                         "asynchronous negotiation: the ranks' tables of names differ (%zu names "

@@ -89,7 +89,9 @@ if mode == "order":
                             DTYPES[dtype], op)
             if not same(h.wait().reshape(-1), ref):
                 bad.append(f"iteration {it}: {what} {name} {dtype} {op} {count} is wrong")
+        ddl.barrier()  # read between two barriers: no rank has begun the next round
         stats = ddl.async_stats()
+        ddl.barrier()
         if it == 0:
             full_after_first = stats["full_cycles"]
         elif stats["full_cycles"] != full_after_first:
