@@ -13,8 +13,9 @@ so the two builds' Python layers do not differ), on the same buffers:
   - a step of 100 asynchronous allreduces of 4 KiB, submitted then waited for (what DDP
     and Horovod produce every step), at the default cycle time (1 ms) and at 0 ms (every
     cycle's cost exposed); the baseline runs them unnamed, this build unnamed, named
-    (the names reused every step, as gradients are), and named in reverse order on
-    every other rank.
+    (the names reused every step, as gradients are), named in reverse order on every
+    other rank, and named with new names every step (the worst case: every cycle
+    exchanges names, and the table evicts old ones). Each result is checked.
 
 The worker imports nothing but numpy and the one build's extension (loaded from its
 file), so the two libddl builds never meet in one process.
@@ -41,7 +42,7 @@ spec.loader.exec_module(D)
 D.init()
 rank, size = D.rank(), D.size()
 named_ok = "negotiation_stats" in dir(D)
-F32 = 2
+F32, AVG = 2, 1  # averaging keeps the values: the results can be checked
 
 def slowest(t):
     """The slowest rank's time: collectives finish together, so it is the job's."""
@@ -71,28 +72,34 @@ names = [f"grad.{i}" for i in range(100)]
 order = list(range(100))
 rev = order[::-1] if rank % 2 else order
 
-def step(named, reverse=False):
+steps = [0]
+
+def step(named, reverse=False, fresh=False):
     idx = rev if reverse else order
-    if named:
-        hs = [D.submit(0, None, grads[i], F32, 0, 0, name=names[i]) for i in idx]
+    steps[0] += 1
+    if fresh:  # names never seen before: every step takes the full exchange
+        hs = [D.submit(0, None, grads[i], F32, AVG, 0, name=f"s{steps[0]}.{i}") for i in idx]
+    elif named:
+        hs = [D.submit(0, None, grads[i], F32, AVG, 0, name=names[i]) for i in idx]
     else:
-        hs = [D.submit(0, None, grads[i], F32, 0, 0) for i in idx]
+        hs = [D.submit(0, None, grads[i], F32, AVG, 0) for i in idx]
     for h in hs:
         h.wait()
 
-modes = [("unnamed", False, False)]
+modes = [("unnamed", False, False, False)]
 if named_ok:
-    modes += [("named", True, False), ("named, reversed on odd ranks", True, True)]
+    modes += [("named", True, False, False), ("named, reversed on odd ranks", True, True, False),
+              ("named, new names every step", True, False, True)]
 for cycle in (1.0, 0.0):
     D.set_fusion(64 << 20, cycle)
-    for label, named, reverse in modes:
-        for i, g in enumerate(grads):
-            g.fill(float(i))
+    for label, named, reverse, fresh in modes:
         for _ in range(20):
-            step(named, reverse)
+            step(named, reverse, fresh)
         key = f"100 x 4 KiB async, cycle {cycle:g} ms, {label}"
-        out[key] = statistics.median(timed(lambda: step(named, reverse), 50)
+        out[key] = statistics.median(timed(lambda: step(named, reverse, fresh), 50)
                                      for _ in range(int(sys.argv[2])))
+        for i, g in enumerate(grads):
+            assert (g == float(i)).all(), (label, i, g[:3])
 if rank == 0:
     print("RESULT " + json.dumps(out), flush=True)
 D.finalize()
@@ -156,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
           f"baseline: {builds['baseline']}")
     print(f"{'case':<58} {'baseline':>11} {'this':>11} {'this/base':>9}")
     for key, t in med["this"].items():
-        base_key = key.replace(", named, reversed on odd ranks", ", unnamed").replace(
-            ", named", ", unnamed")
+        base_key = key.split(", named")[0] + ", unnamed" if ", named" in key else key
         b = med["baseline"].get(base_key)
         ratio = f"{t / b:9.3f}" if b else f"{'':>9}"
         base = fmt(b) if b else "-"
