@@ -77,6 +77,9 @@ ddl_status_t ddl_sendrecv_capped(const ddl_comm_t *c, const void *sbuf, size_t s
 /* The largest payload the fused recursive doubling carries; above it a header-only check
  * runs first, so no rank ever sends more than this into a capped receive. */
 #define DDL_FUSED_MAX ((size_t)64 * 1024)
+/* The recursive doubling's message tag: an idle progress thread that sees one arrive
+ * knows a peer has started a negotiation and joins it (async.c). */
+#define DDL_TAG_RD 101
 /* Non-blocking pieces of at most 1 GiB for pipelines: a receive posted with ddl_irecv is
  * completed by ddl_wait_recv under the deadline, which reports a message of another size
  * as DDL_ERR_MISMATCH; sends complete with ddl_wait_request. */
@@ -102,7 +105,8 @@ typedef struct {
 } ddl_header_t;
 
 enum { DDL_COLL_ALLREDUCE = 1, DDL_COLL_BROADCAST, DDL_COLL_ALLGATHER,
-       DDL_COLL_REDUCE_SCATTER, DDL_COLL_BARRIER, DDL_COLL_NEGOTIATE, DDL_COLL_FUSED };
+       DDL_COLL_REDUCE_SCATTER, DDL_COLL_BARRIER, DDL_COLL_NEGOTIATE, DDL_COLL_FUSED,
+       DDL_COLL_ALLGATHERV };
 
 uint64_t ddl_signature(int coll, uint64_t count, int dtype, int op, int root);
 void ddl_header_init(ddl_header_t *h, uint64_t sig, uint64_t count);
@@ -212,6 +216,15 @@ ddl_status_t ddl_allgather_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbu
 ddl_status_t ddl_reduce_scatter_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                     size_t recvcount, ddl_dtype_t dtype, ddl_op_t op);
 ddl_status_t ddl_barrier_ctx(ddl_ctx_t *ctx);
+/* The same, checked against `sig` (0: the default signature of the call): the
+ * asynchronous requests' signatures also cover their shapes (async.c). */
+ddl_status_t ddl_broadcast_ctx_sig(ddl_ctx_t *ctx, void *buf, size_t count, ddl_dtype_t dtype,
+                                   int root, uint64_t sig);
+ddl_status_t ddl_allgather_ctx_sig(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
+                                   size_t sendcount, ddl_dtype_t dtype, uint64_t sig);
+ddl_status_t ddl_reduce_scatter_ctx_sig(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
+                                        size_t recvcount, ddl_dtype_t dtype, ddl_op_t op,
+                                        uint64_t sig);
 
 /* Progress thread (async.c). */
 ddl_status_t ddl_progress_start(void);

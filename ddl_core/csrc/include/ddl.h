@@ -9,14 +9,16 @@
  *   - buffers are contiguous arrays of `count` elements of `dtype`; passing the same
  *     pointer as send and receive buffer (or DDL_IN_PLACE as the send buffer) is in-place;
  *   - collectives are matched across ranks by the order in which they are called, like
- *     MPI and NCCL; a call whose count, dtype, op or root differs between ranks fails with
- *     DDL_ERR_MISMATCH on every rank instead of hanging or corrupting data;
+ *     MPI and NCCL (asynchronous requests may instead carry a name and are then matched
+ *     by name, see ddl_match_t); a call whose count, dtype, op or root differs between
+ *     ranks fails with DDL_ERR_MISMATCH on every rank instead of hanging or corrupting
+ *     data;
  *   - a peer that stops answering for DDL_TIMEOUT seconds (default 300) fails the call
  *     with DDL_ERR_TIMEOUT on the ranks that wait for it.
  *
  * Thread safety: the blocking collectives may be called from one application thread at a
- * time; the asynchronous ones (ddl_i*) may be called from any thread and are executed, in
- * submission order, by libddl's progress thread on its own communicators.
+ * time; the asynchronous ones (ddl_i*) may be called from any thread and are executed by
+ * libddl's progress thread on its own communicators, in an order all ranks agree on.
  */
 #ifndef DDL_H
 #define DDL_H
@@ -137,6 +139,56 @@ ddl_status_t ddl_iallgather(const void *sendbuf, void *recvbuf, size_t sendcount
                             ddl_dtype_t dtype, ddl_request_t *req);
 ddl_status_t ddl_ireduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                  ddl_dtype_t dtype, ddl_op_t op, ddl_request_t *req);
+/*
+ * Matching asynchronous requests by name (as Horovod does). Unnamed requests (the calls
+ * above, or a NULL match or name) are matched across ranks by submission order: the n-th
+ * unnamed request of every rank runs with the n-th of the others. A named request is
+ * matched by its name, whatever the order in which the ranks submit it: each cycle the
+ * progress threads agree on the names every rank has submitted and run those (fused
+ * where they can) in an order every rank shares; a name not yet submitted everywhere
+ * waits. So gradients whose hooks fire in different orders on different ranks still meet.
+ *   - A name identifies one request at a time: submitting a name that is in flight on this
+ *     rank (submitted, not yet complete) fails at once with DDL_ERR_INVALID_ARG.
+ *   - Every rank must submit a name (or the n-th unnamed request) with the same
+ *     collective, dtype, op, root and count; with a shape, the shapes must agree too (all
+ *     dimensions; allgather and allgatherv: all but the first). Otherwise that request
+ *     fails with DDL_ERR_MISMATCH on every rank, with a message naming what differs and
+ *     two ranks that differ ("Mismatched allreduce tensor shapes for allreduce 'w': rank 0
+ *     sent shape [2, 3], but rank 1 sent shape [3, 2]..."); other requests are unaffected
+ *     and the next ones work.
+ *   - A request that some rank does not submit within DDL_TIMEOUT seconds while the others
+ *     wait for it fails with DDL_ERR_TIMEOUT on the ranks that did, naming the ranks that
+ *     did not.
+ * A zeroed ddl_match_t with only `name` set compares counts, not shapes.
+ */
+#define DDL_HAVE_NAMED_REQUESTS 1
+typedef struct {
+    const char *name;     /* NULL or "": unnamed, matched by submission order */
+    int ndim;             /* the tensor's shape: ndim dimensions in shape[]; ndim 0 and */
+    const int64_t *shape; /* shape NULL: no shape; ndim 0 and shape non-NULL: a scalar */
+} ddl_match_t;
+
+/* The shape, where given, describes the buffer (reduce_scatter: the input, size x
+ * recvcount elements); the product of its dimensions must equal the element count. */
+ddl_status_t ddl_iallreduce_named(const void *sendbuf, void *recvbuf, size_t count,
+                                  ddl_dtype_t dtype, ddl_op_t op, const ddl_match_t *match,
+                                  ddl_request_t *req);
+ddl_status_t ddl_ibroadcast_named(void *buf, size_t count, ddl_dtype_t dtype, int root,
+                                  const ddl_match_t *match, ddl_request_t *req);
+ddl_status_t ddl_iallgather_named(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                  ddl_dtype_t dtype, const ddl_match_t *match,
+                                  ddl_request_t *req);
+ddl_status_t ddl_ireduce_scatter_named(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                       ddl_dtype_t dtype, ddl_op_t op, const ddl_match_t *match,
+                                       ddl_request_t *req);
+/* An allgather whose count may differ between ranks (Horovod's allgather of tensors whose
+ * first dimension differs). libddl allocates the result: once the request has completed,
+ * ddl_request_gathered gives every rank's elements in rank order and each rank's count
+ * (ddl_size() entries), both owned by the request until ddl_request_free. */
+ddl_status_t ddl_iallgatherv_named(const void *sendbuf, size_t sendcount, ddl_dtype_t dtype,
+                                   const ddl_match_t *match, ddl_request_t *req);
+ddl_status_t ddl_request_gathered(ddl_request_t req, const void **buf, const size_t **counts);
+
 /* *done = 1 once finished; the request's own status is returned then (and only then). */
 ddl_status_t ddl_test(ddl_request_t req, int *done);
 /* Block until finished and return the request's status. */
@@ -209,6 +261,11 @@ ddl_status_t ddl_plan(size_t bytes, ddl_algo_t algos[DDL_MAX_LEVELS], double *pr
  * and requests that travelled inside a fusion buffer. */
 ddl_status_t ddl_async_stats(uint64_t *batches, uint64_t *fused_buffers,
                              uint64_t *fused_requests);
+/* Counters of the negotiation since init: cycles, cycles that exchanged names (a name
+ * new to the table, or a stalled request), names in the table; and the requests queued
+ * on this rank now (submitted, not yet taken into a batch). */
+ddl_status_t ddl_negotiation_stats(uint64_t *cycles, uint64_t *full_cycles, uint64_t *names,
+                                   uint64_t *pending);
 /* Fusion settings (bytes, milliseconds). */
 ddl_status_t ddl_set_fusion(size_t threshold_bytes, double cycle_time_ms);
 
