@@ -142,8 +142,10 @@ def resolve(plan: Plan, launcher: str, check: bool) -> None:
     if names and launcher == "mpirun" and plan.cluster is None and plan.allocation is None \
             and check:
         gpus = check_hosts(names)
-    if plan.allocation is not None and plan.np and not plan.accelerators and \
-            plan.np > sum(h.slots or 1 for h in plan.hosts):
+    from_allocation = plan.allocation is not None and not plan.hostfile and \
+        [(h.name, h.slots) for h in plan.hosts] == plan.allocation.nodes
+    if from_allocation and plan.allocation and plan.np and not plan.accelerators and \
+            plan.np > plan.allocation.ntasks:
         # more ranks than the allocation holds: Slurm (or mpirun) says so, in its words
         plan.placement = None
     elif names and launcher != "jsrun":
