@@ -265,8 +265,17 @@ def test_up_failing_half_way_leaves_nothing(tmp_path: Path) -> None:
                                  "exit 1\n")
     (sbin / "slurmd").chmod(0o755)
     name = unique("f")
-    p = subprocess.run([PY, "-m", "ddl_core.cluster", "up", "--name", name, "--hosts", "2",
-                        "--slurm"], capture_output=True, text=True, timeout=120,
+    up = [PY, "-m", "ddl_core.cluster", "up", "--name", name, "--hosts", "2", "--slurm"]
+    # no daemons at all: refused before anything is made
+    p = subprocess.run(up, capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, DDL_SLURM_SBIN=str(tmp_path)))
+    assert p.returncode == 2 and p.stderr.strip() == (
+        f"ddl_core.cluster: error: DDL_SLURM_SBIN={tmp_path} holds no executable munged")
+    assert cluster._resources(name) == {"namespaces": [], "links": []}
+    p = subprocess.run([*up[:-1], "--cpus", "4"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--cpus is the CPU count of each Slurm node: it needs " \
+        "--slurm" in p.stderr
+    p = subprocess.run(up, capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, DDL_SLURM_SBIN=str(sbin)))
     assert p.returncode == 2, p.stdout + p.stderr
     assert f"slurmd on ddlc-{name}-h0 did not start (exit 1): slurmd: fatal: refused by the " \

@@ -256,6 +256,8 @@ def up(name: str = "ddl", hosts: int = 2, link: str | None = None, slurm: bool =
             slurmcluster.check_installed()
         except slurmcluster.SlurmError as e:
             raise ClusterError(str(e)) from None
+    if cpus is not None and not slurm:
+        raise ClusterError("--cpus is the CPU count of each Slurm node: it needs --slurm")
     if cpus is not None and not 1 <= cpus <= 4096:
         raise ClusterError(f"--cpus {cpus}: between 1 and 4096 CPUs per Slurm node")
     if not NAME_RE.match(name):
