@@ -29,8 +29,11 @@ people working side by side never collide and `down` can find everything (also w
 crashed `up` left behind) from the name alone. `down` is idempotent.
 
 With --slurm the cluster also runs Slurm (ddl_core.slurmcluster): munged and slurmctld in
-one more namespace, `ddlc-<name>-ctl`, and a slurmd in each host's; `run --name N -- CMD`
-then runs CMD on the first host with SLURM_CONF pointing at the cluster's configuration.
+one more namespace, `ddlc-<name>-ctl`, and a slurmd in each host's. `run --name N -- CMD`
+runs CMD on the first host of cluster N (up already) with the cluster's environment
+(SLURM_CONF pointing at its configuration, with --slurm); `run --hosts K [--slurm] -- ...`
+makes a cluster for one command and removes it (the arguments are ddlrun's, or with
+--slurm a command).
 """
 
 from __future__ import annotations
