@@ -39,6 +39,10 @@ PY = sys.executable
 def slurm2() -> Iterator[cluster.Cluster]:
     with cluster.running(unique("s"), hosts=2, slurm=True) as c:
         yield c
+    # what the jobs left in the filesystem the namespaces share (Open MPI session dirs of
+    # directly launched ranks, shared memory of killed ones) went with the cluster
+    left = [p for d in ("/tmp", "/dev/shm") for p in Path(d).glob(f"*ddlc-{c.name}-*")]
+    assert not left, left
 
 
 def on(c: cluster.Cluster, *argv: str, env: dict[str, str] | None = None,

@@ -389,6 +389,27 @@ def _teardown(name: str) -> None:
     shutil.rmtree(STATE_DIR / name, ignore_errors=True)
     with contextlib.suppress(FileNotFoundError):
         (STATE_DIR / f"{name}.json").unlink()
+    _remove_mpi_leftovers(name)
+
+
+def _remove_mpi_leftovers(name: str) -> None:
+    """Open MPI files named after the cluster's hosts in the filesystem the namespaces
+    share: session directories (/tmp/ompi.<host>.<uid>, which ranks srun starts directly
+    never remove) and shared-memory segments (/dev/shm/sm_segment.<host>...) of ranks
+    killed by scancel or a dead node. On real nodes Slurm's epilog or a reboot clears
+    them; here they would pile up from one cluster to the next."""
+    host = re.compile(rf"{PREFIX}-{re.escape(name)}-h\d+")
+    for where, pattern in ((Path(os.environ.get("TMPDIR") or "/tmp"), r"ompi\.{}\.\d+"),
+                           (Path("/tmp"), r"ompi\.{}\.\d+"),
+                           (Path("/dev/shm"), r"sm_segment\.{}\.\d+\.[0-9a-f]+\.\d+")):
+        rx = re.compile(pattern.format(host.pattern))
+        for p in where.glob(f"*{PREFIX}-{name}-h*") if where.is_dir() else []:
+            if rx.fullmatch(p.name):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        p.unlink()
 
 
 def down(name: str = "ddl") -> list[str]:
