@@ -23,6 +23,7 @@ from ddl_core.launcher import (
     place,
     rankfile_text,
 )
+from ddl_core.slurmalloc import Allocation
 
 BIN = Path(sys.executable).parent
 # What Slurm puts in a job's environment (salloc -N 3 -n 6 on nodes node[1-3]).
@@ -118,11 +119,18 @@ def test_srun_and_jsrun_builders() -> None:
     assert cmd == ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", "--ntasks", "8",
                    "--ntasks-per-node", "4", "--distribution", "block",
                    "--export=ALL,DDL_ALGO", "t"] and env == {}
-    plan = Plan(command=["t"], extra=["--mpi=pmi2"], placement=[("a", 2), ("b", 2)])
+    alloc = Allocation("7", [("a", 2), ("b", 2), ("c", 2)])
+    plan = Plan(command=["t"], extra=["--mpi=pmi2"], placement=[("a", 2), ("b", 2)],
+                allocation=alloc)
     cmd, env = build_srun(plan, {}, mpi="pmix")  # the user's --mpi wins
     assert cmd == ["srun", "--kill-on-bad-exit=1", "--nodes", "2", "--ntasks", "4",
                    "--ntasks-per-node", "2", "--distribution", "block", "--nodelist", "a,b",
                    "--export=ALL", "--mpi=pmi2", "t"]
+    # hosts out of the allocation's order: block would number them otherwise
+    plan = Plan(command=["t"], placement=[("b", 2), ("a", 2)], allocation=alloc)
+    cmd, env = build_srun(plan, {})
+    assert "--distribution" in cmd and cmd[cmd.index("--distribution") + 1] == "arbitrary"
+    assert Path(env["SLURM_HOSTFILE"]).read_text().split() == ["b", "b", "a", "a"]
     assert build_jsrun(Plan(command=["t"], accelerators=2), {})[:5] == [
         "jsrun", "--rs_per_host", "1", "--tasks_per_rs", "2"]
 

@@ -110,6 +110,13 @@ def test_salloc_ddlrun_takes_the_allocation(slurm2: cluster.Cluster) -> None:
     assert [r["host"] for r in rows] == [h0, h0, h1, h1]  # consecutive ranks share a host
     assert all(r["topology"] == [2, 2] and r["local_size"] == 2 for r in rows)
     assert p.stdout.count("OK collectives") == 4
+    # an uneven placement inside the allocation: Slurm's arbitrary distribution
+    p = on(slurm2, "salloc", "-N", "2", "-n", "4", DDLRUN, "-v", "-n", "3", PY,
+           str(WORKERS / "collectives.py"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "--distribution arbitrary" in p.stderr
+    assert [r["host"] for r in places(p)] == [h0, h0, h1]
+    assert p.stdout.count("OK collectives") == 3
 
 
 def test_srun_direct_launch_and_its_missing_pmi(slurm2: cluster.Cluster) -> None:

@@ -453,11 +453,14 @@ def build_srun(plan: Plan, environ: dict[str, str],
         np_ = sum(n for _, n in placement)
         counts = {n for _, n in placement}
         cmd += ["--nodes", str(len(placement)), "--ntasks", str(np_)]
-        alloc_nodes = [h for h, _ in plan.allocation.nodes] if plan.allocation else None
-        if len(counts) == 1:
+        alloc = [h for h, _ in plan.allocation.nodes] if plan.allocation else []
+        hosts = [h for h, _ in placement]
+        # block numbers the tasks in the allocation's node order, so it only serves a
+        # placement on the allocation's first nodes in that order
+        if len(counts) == 1 and hosts == alloc[:len(hosts)]:
             cmd += ["--ntasks-per-node", str(counts.pop()), "--distribution", "block"]
-            if alloc_nodes != [h for h, _ in placement]:
-                cmd += ["--nodelist", ",".join(h for h, _ in placement)]
+            if len(hosts) < len(alloc):
+                cmd += ["--nodelist", ",".join(hosts)]
         else:
             env["SLURM_HOSTFILE"] = _stash("slurmhosts", "".join(
                 f"{h}\n" for h, n in placement for _ in range(n)))
