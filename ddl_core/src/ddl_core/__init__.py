@@ -64,9 +64,29 @@ def init() -> None:
     """
     if _ddl.initialized():
         return
+    launched = _launched_size(os.environ)
     _ddl.init()
     atexit.register(_finalize_at_exit)
     _watch_unhandled_exceptions()
+    if launched and launched > 1 and _ddl.size() == 1:
+        raise DDLError(
+            f"the launcher started {launched} processes but MPI sees a job of 1: no PMI "
+            "reached MPI, so every process runs alone. Under Slurm start the ranks with "
+            "`srun --mpi=pmix` (Open MPI; pmi2 for MPICH), set MpiDefault=pmix in "
+            "slurm.conf, or use ddlrun, which adds it")
+
+
+def _launched_size(environ: Any) -> int | None:
+    """How many processes the launcher says it started, read before MPI_Init: mpirun's
+    own count (Open MPI, MPICH), else the srun step's task count. Why: srun without a PMI
+    plugin Open MPI understands starts N one-rank jobs, which would silently train N
+    separate models."""
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    if "SLURM_STEP_ID" in environ and environ.get("SLURM_STEP_NUM_TASKS", "").isdigit():
+        return int(environ["SLURM_STEP_NUM_TASKS"])
+    return None
 
 
 _unhandled = False

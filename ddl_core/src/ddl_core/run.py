@@ -5,6 +5,7 @@
     ddlrun -H server1:4,server2:4 --racks 2 python train.py
     ddlrun --hostfile hosts --accelerators 6 --launcher mpirun -v python train.py
     ddlrun --cluster demo -n 4 python -m ddl_core.bench allreduce
+    salloc -N 2 -n 8 ddlrun python train.py          # hosts, slots and layout from Slurm
 
 Ranks are placed so that consecutive ranks share a host (ranks per host: --accelerators,
 else the GPUs found on each host, else the slots given), which makes DDL's rank grid
@@ -12,6 +13,13 @@ else the GPUs found on each host, else the slots given), which makes DDL's rank 
 before launching (name resolution, an ssh probe with a short timeout), so a typo or a
 dead node fails in seconds with the host's name. The launcher is srun inside a Slurm
 allocation, jsrun inside LSF, else mpirun; -v / --dry-run print the exact command.
+Inside a Slurm allocation (salloc, sbatch) the hosts, their slots and so the placement
+come from Slurm (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE), and srun starts the ranks
+with the PMI plugin the MPI needs (--mpi=pmix for Open MPI).
+
+Each rank gets a TF_CONFIG naming every rank as a worker (host:port, ports picked here)
+and itself as worker <rank>, so tf.distribute.MultiWorkerMirroredStrategy runs across
+the ranks unchanged; --no-tf-config leaves it out, and a TF_CONFIG already set is kept.
 
 Everything not understood here (and everything after `--`) is the program and its
 arguments; launcher options can be passed with --mpi-args "...".
@@ -29,6 +37,7 @@ import time
 
 from .launcher import (
     LAUNCHERS,
+    Host,
     LaunchError,
     Plan,
     build_command,
@@ -44,7 +53,10 @@ from .launcher import (
     parse_hosts,
     parse_topology,
     place,
+    srun_mpi_plugin,
 )
+from .slurmalloc import allocation, in_allocation
+from .tfconfig import add_tf_config
 
 GRACE_S = 10.0
 
@@ -71,6 +83,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("-x", dest="forward", action="append", default=[], metavar="VAR[=VALUE]",
                     help="export an environment variable to every rank (repeatable)")
     ap.add_argument("--mpi-args", default="", help="extra launcher options, as one string")
+    ap.add_argument("--no-tf-config", action="store_true",
+                    help="do not give the ranks a TF_CONFIG (TensorFlow multi-worker)")
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="print the placement and the exact launcher command before running")
     ap.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
@@ -110,14 +124,31 @@ def make_plan(args: argparse.Namespace) -> Plan:
                 accelerators=args.accelerators, racks=args.racks, cluster=cluster)
 
 
+def use_allocation(plan: Plan, launcher: str, environ: dict[str, str]) -> None:
+    """Inside Slurm: the allocation's nodes and tasks per node become the hosts and
+    their slots (unless -H / --hostfile name others). srun needs an allocation."""
+    if launcher == "srun" or (launcher == "mpirun" and in_allocation(environ)
+                              and plan.cluster is None):
+        plan.allocation = allocation(environ)  # LaunchError outside an allocation
+        if not plan.hosts and not plan.hostfile:
+            plan.hosts = [Host(n, slots) for n, slots in plan.allocation.nodes]
+
+
 def resolve(plan: Plan, launcher: str, check: bool) -> None:
     """Check the hosts and fix the placement and grid in the plan."""
     names = [h.name for h in plan.hosts or
              (parse_hostfile(plan.hostfile) if plan.hostfile else [])]
     gpus: dict[str, int] = {}
-    if names and launcher == "mpirun" and plan.cluster is None and check:
+    if names and launcher == "mpirun" and plan.cluster is None and plan.allocation is None \
+            and check:
         gpus = check_hosts(names)
-    if names and launcher != "jsrun":
+    from_allocation = plan.allocation is not None and not plan.hostfile and \
+        [(h.name, h.slots) for h in plan.hosts] == plan.allocation.nodes
+    if from_allocation and plan.allocation and plan.np and not plan.accelerators and \
+            plan.np > plan.allocation.ntasks:
+        # more ranks than the allocation holds: Slurm (or mpirun) says so, in its words
+        plan.placement = None
+    elif names and launcher != "jsrun":
         plan.placement = place(plan, gpus)
         if plan.racks and not plan.topology:
             plan.topology = grid_for(plan.placement, plan.racks)
@@ -135,12 +166,19 @@ def main(argv: list[str] | None = None) -> int:
         if plan.cluster is not None and launcher != "mpirun":
             raise LaunchError("--cluster launches with mpirun (the emulated hosts have no "
                               f"{launcher}): add --launcher mpirun")
+        use_allocation(plan, launcher, environ)
         resolve(plan, launcher, check=not (args.no_host_check or args.dry_run))
+        if not args.no_tf_config and launcher != "jsrun":
+            add_tf_config(plan, environ)
         if launcher == "mpirun":
             mpirun = find_mpirun()
             cmd = build_command(plan, mpirun, mpi_flavor(mpirun), environ)
         elif launcher == "srun":
-            cmd, extra_env = build_srun(plan, environ)
+            try:
+                flavor: str | None = mpi_flavor(find_mpirun())
+            except LaunchError:
+                flavor = None  # no MPI beside this Python: leave --mpi to Slurm
+            cmd, extra_env = build_srun(plan, environ, srun_mpi_plugin(flavor, environ))
         else:
             cmd = build_jsrun(plan, environ)
     except LaunchError as e:
