@@ -30,6 +30,7 @@ struct ddl_request_s {
     ddl_dtype_t dtype;
     ddl_op_t op;
     int root;
+    double timeout; /* the submitting thread's deadline (0: DDL_TIMEOUT) */
     int done; /* written under q.lock, read atomically */
     ddl_status_t status;
     char error[512];
@@ -122,7 +123,7 @@ static void run_fused(struct ddl_request_s **reqs, size_t n) {
 
 static int fusable(const struct ddl_request_s *a, const struct ddl_request_s *b) {
     return a->kind == REQ_ALLREDUCE && b->kind == REQ_ALLREDUCE && a->dtype == b->dtype &&
-           a->op == b->op;
+           a->op == b->op && a->timeout == b->timeout;
 }
 
 static void run_batch(struct ddl_request_s **reqs, size_t n) {
@@ -136,6 +137,7 @@ static void run_batch(struct ddl_request_s **reqs, size_t n) {
                 j++;
             }
         }
+        ddl_set_thread_timeout(r->timeout); /* the deadline it was submitted with */
         if (j - i > 1)
             run_fused(reqs + i, j - i);
         else
@@ -170,7 +172,9 @@ static void *progress_main(void *arg) {
 
         pthread_mutex_lock(&q.lock);
         int64_t mine = (int64_t)q.queued;
+        ddl_set_thread_timeout(q.head->timeout);
         pthread_mutex_unlock(&q.lock);
+        ddl_coll_begin(&ddl_g.progress, "negotiation", 0);
         ddl_header_t h;
         ddl_header_init(&h, ddl_signature(DDL_COLL_NEGOTIATE, 1, DDL_INT64, DDL_MIN, 0), 1);
         int64_t agreed = mine;
@@ -252,6 +256,7 @@ static ddl_status_t submit(int kind, const void *send, void *recv, size_t count,
     r->dtype = dtype;
     r->op = op >= 0 ? (ddl_op_t)op : DDL_SUM;
     r->root = root;
+    r->timeout = ddl_thread_timeout();
     pthread_mutex_lock(&q.lock);
     if (q.queued == 0) q.first_arrival = ddl_now();
     if (q.tail)
