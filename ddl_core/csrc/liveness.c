@@ -187,63 +187,61 @@ static const char *ctx_words(int ctx) {
     return ctx == DDL_CTX_PROGRESS ? "asynchronous" : "blocking";
 }
 
+/* Whether rank r's departure dooms the current collective: it died, or it finalized
+ * before beginning it (caller holds L.lock). */
+static int dooms(int r) {
+    if (L.gone[r] == DIED) return 1;
+    if (L.gone[r] != FINALIZED) return 0;
+    uint64_t c = ddl_cur.ctx == DDL_CTX_PROGRESS ? L.final_b[r] : L.final_a[r];
+    return ddl_cur.ctx < 0 || c < ddl_cur.seq; /* outside a collective any departure */
+}
+
 ddl_status_t ddl_liveness_verdict(void) {
     if (!L.gone) return DDL_SUCCESS;
-    int P = L.size, ndied = 0, nfin = 0, nalive = 0;
-    int *died = malloc(sizeof(int) * 3 * (size_t)P);
-    if (!died) return ddl_fail(DDL_ERR_PEER_LOST, "a peer was lost (no memory to say which)");
-    int *fin = died + P, *alive = died + 2 * P;
-    uint64_t fin_count = 0;
-    uint32_t fin_how = 0;
-    int first = -1;
+    int P = L.size, nlater = 0, nwait = 0, p = -1;
+    int *later = malloc(sizeof(int) * 2 * (size_t)P);
+    if (!later) return ddl_fail(DDL_ERR_PEER_LOST, "a peer was lost (no memory to say which)");
+    int *waited = later + P;
     pthread_mutex_lock(&L.lock);
-    for (int r = 0; r < P; r++) {
-        if (L.gone[r] != ALIVE && (first < 0 || L.order[r] < L.order[first])) first = r;
-        if (L.gone[r] == DIED) {
-            died[ndied++] = r;
-        } else if (L.gone[r] == FINALIZED) {
-            uint64_t c = ddl_cur.ctx == DDL_CTX_PROGRESS ? L.final_b[r] : L.final_a[r];
-            /* Outside a collective (seq 0) any departure counts. */
-            if (ddl_cur.ctx < 0 || c < ddl_cur.seq) {
-                if (!nfin) fin_count = c, fin_how = L.how[r];
-                fin[nfin++] = r;
-            }
-        } else {
-            alive[nalive++] = r;
-        }
-    }
-    pthread_mutex_unlock(&L.lock);
-    if (!ndied && !nfin) {
-        free(died);
+    /* The first departure that dooms this collective is the one to name; ranks that left
+     * after it (often because of it) come last. */
+    for (int r = 0; r < P; r++)
+        if (dooms(r) && (p < 0 || L.order[r] < L.order[p])) p = r;
+    if (p < 0) {
+        pthread_mutex_unlock(&L.lock);
+        free(later);
         return DDL_SUCCESS;
     }
+    for (int r = 0; r < P; r++) {
+        if (r == p) continue;
+        if (L.gone[r] == ALIVE || L.order[r] > L.order[p]) waited[nwait++] = r;
+        if (L.gone[r] != ALIVE && L.order[r] > L.order[p]) later[nlater++] = r;
+    }
+    int kind = L.gone[p];
+    uint32_t how = L.how[p];
+    uint64_t count = ddl_cur.ctx == DDL_CTX_PROGRESS ? L.final_b[p] : L.final_a[p];
+    pthread_mutex_unlock(&L.lock);
     ddl_liveness_mark_broken();
-    char what[128], dl[256] = "", fl[256] = "", al[256] = "", msg[900];
+
+    char what[128], gone[200], wl[256] = "", ll[256] = "";
     ddl_describe_call(what, sizeof what);
-    ddl_format_ranks(dl, sizeof dl, died, ndied);
-    ddl_format_ranks(fl, sizeof fl, fin, nfin);
-    ddl_format_ranks(al, sizeof al, alive, nalive);
-    size_t len = (size_t)snprintf(msg, sizeof msg, "%s: ", what);
-    if (ndied)
-        len += (size_t)snprintf(msg + len, sizeof msg - len,
-                                "rank%s %s exited or died without finalizing DDL (killed, "
-                                "crashed, or ended without ddl_finalize)",
-                                ndied > 1 ? "s" : "", dl);
-    char left[64] = "finalized DDL";
-    if (nfin == 1 && (fin_how & EXITED))
-        snprintf(left, sizeof left, "exited with status %u", fin_how & 0xffu);
-    if (nfin)
-        len += (size_t)snprintf(msg + len, sizeof msg - len,
-                                "%srank%s %s %s after %llu %s collective%s, before this one",
-                                ndied ? ", and " : "", nfin > 1 ? "s" : "", fl, left,
-                                (unsigned long long)fin_count, ctx_words(ddl_cur.ctx),
-                                fin_count == 1 ? "" : "s");
-    if (ndied + nfin > 1 && first >= 0)
-        len += (size_t)snprintf(msg + len, sizeof msg - len, " (rank %d first)", first);
-    snprintf(msg + len, sizeof msg - len, ", while rank%s %s waited for %s",
-             nalive > 1 ? "s" : "", al, ndied + nfin > 1 ? "them" : "it");
-    free(died);
-    return ddl_fail(DDL_ERR_PEER_LOST, "%s", msg);
+    char left[48] = "finalized DDL";
+    if (how & EXITED) snprintf(left, sizeof left, "exited with status %u", how & 0xffu);
+    if (kind == DIED)
+        snprintf(gone, sizeof gone, "exited or died without finalizing DDL (killed, crashed, "
+                                    "or ended without ddl_finalize)");
+    else
+        snprintf(gone, sizeof gone, "%s after %llu %s collective%s, before this one", left,
+                 (unsigned long long)count, ctx_words(ddl_cur.ctx), count == 1 ? "" : "s");
+    ddl_format_ranks(wl, sizeof wl, waited, nwait);
+    ddl_format_ranks(ll, sizeof ll, later, nlater);
+    free(later);
+    char tail[300] = "";
+    if (nlater)
+        snprintf(tail, sizeof tail, "; since then rank%s %s %s gone too", nlater > 1 ? "s" : "",
+                 ll, nlater > 1 ? "have" : "has");
+    return ddl_fail(DDL_ERR_PEER_LOST, "%s: rank %d %s, while rank%s %s waited for it%s", what,
+                    p, gone, nwait > 1 ? "s" : "", wl, tail);
 }
 
 /* ---- frames ------------------------------------------------------------------------- */

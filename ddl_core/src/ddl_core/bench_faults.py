@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-FAULTS = ("kill", "segv", "exit3", "exit0", "_exit0", "hang", "none")
+FAULTS = ("kill", "segv", "exit3", "exit0", "_exit0", "hang", "forkkill", "none")
 COLLS = ("allreduce", "large", "async", "broadcast", "allgather", "barrier")
 LINE = re.compile(r"^FAULT rank=(\d+) error=(\w+) waited=([\d.]+) after_death=([\d.-]+) "
                   r"msg=(.*)$")
@@ -58,8 +58,13 @@ def _collective(coll: str, n: int) -> None:
 
 
 def _fault(fault: str, stamp: Path) -> None:
+    if fault == "forkkill" and os.fork() == 0:
+        # A child that outlives its parent (a DataLoader worker) must not keep the parent's
+        # liveness connection open: the parent's death is still seen at once.
+        time.sleep(5)
+        os._exit(0)
     stamp.write_text(f"{time.monotonic():.6f}")
-    if fault == "kill":
+    if fault in ("kill", "forkkill"):
         os.kill(os.getpid(), signal.SIGKILL)
     if fault == "segv":
         os.kill(os.getpid(), signal.SIGSEGV)
@@ -70,7 +75,7 @@ def _fault(fault: str, stamp: Path) -> None:
     if fault == "_exit0":
         os._exit(0)
     if fault == "hang":
-        time.sleep(float(os.environ.get("DDL_TIMEOUT", "300")) + 5)
+        time.sleep(float(os.environ.get("DDL_TIMEOUT", "300")) + 2)
         os._exit(0)
 
 

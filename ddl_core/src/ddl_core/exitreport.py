@@ -214,9 +214,13 @@ def _end_like(returncode: int) -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the child dumped core already
     except (ImportError, OSError, ValueError):
         pass
-    signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-    os.kill(os.getpid(), sig)
+    try:
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
+    except (OSError, ValueError):
+        pass
     os._exit(128 + sig)
 
 
