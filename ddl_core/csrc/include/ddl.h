@@ -98,12 +98,16 @@ typedef struct ddl_request_s *ddl_request_t;
 /* ---- life cycle ------------------------------------------------------------------- */
 
 /* Initialise MPI (MPI_THREAD_MULTIPLE) if nobody has, detect or read the topology, start
- * the progress thread. Reads DDL_TOPOLOGY, DDL_ALGO, DDL_TIMEOUT, DDL_TUNE_FILE,
- * DDL_FUSION_THRESHOLD, DDL_CYCLE_TIME_MS, DDL_LOG, DDL_NCCL, DDL_NCCL_OUTER. Calling it
- * twice is harmless. */
+ * the progress thread, connect to the liveness watcher on rank 0 (DDL_LIVENESS=0: not).
+ * Reads DDL_TOPOLOGY, DDL_ALGO, DDL_TIMEOUT, DDL_TUNE_FILE, DDL_FUSION_THRESHOLD,
+ * DDL_CYCLE_TIME_MS, DDL_LOG, DDL_NCCL, DDL_NCCL_OUTER, DDL_LIVENESS. Calling it twice is
+ * harmless. */
 ddl_status_t ddl_init(void);
-/* Stop the progress thread (after finishing queued work), free communicators, and call
- * MPI_Finalize if ddl_init called MPI_Init. Later calls fail with DDL_ERR_NOT_INITIALIZED. */
+/* Stop the progress thread (after finishing queued work), tell the other ranks this one
+ * finalized (so it is not reported as lost to collectives it took part in), free
+ * communicators, and call MPI_Finalize if ddl_init called MPI_Init, unless a peer was lost
+ * or timed out (MPI_Finalize would wait for it). Later calls fail with
+ * DDL_ERR_NOT_INITIALIZED. */
 ddl_status_t ddl_finalize(void);
 int ddl_initialized(void);
 

@@ -8,7 +8,8 @@ Usage: torch_faults.py MODE
                 naming the lost rank within 2 s.
   pg_timeout    timeout= of init_process_group (3 s) and new_group (2 s) is each group's
                 deadline (DDL_TIMEOUT is 60 s): rank 1 does not call; Work.wait() raises the
-                ddl error, Work.exception() returns it, and the default group times out.
+                ddl error, Work.exception() returns it, the default group times out, and
+                monitored_barrier(timeout) names rank 1.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ elif mode == "pg_timeout":
     t = torch.ones(8)
     dist.all_reduce(t, group=group)  # both ranks are here
     if rank == 1:
-        time.sleep(9)
+        time.sleep(10)
         os._exit(0)
     t0 = time.monotonic()
     work = dist.all_reduce(t, group=group, async_op=True)
@@ -84,7 +85,16 @@ elif mode == "pg_timeout":
         assert 2.9 <= took <= 5.5, took
         assert isinstance(e, ddl_core.DDLTimeoutError), e  # the ddl error, unwrapped
         print(f"OK init_process_group timeout {took:.1f}s", flush=True)
+    else:
+        raise AssertionError("all_reduce did not raise")
+    t0 = time.monotonic()
+    try:  # as gloo's: fails after its own timeout, naming the rank that did not arrive
+        dist.distributed_c10d._get_default_group().monitored_barrier(timedelta(seconds=1))
+    except ddl_core.DDLTimeoutError as e:
+        took = time.monotonic() - t0
+        assert 0.9 <= took <= 3.0 and "rank 1 has not reached it" in str(e), (took, e)
+        print(f"OK monitored_barrier timeout {took:.1f}s", flush=True)
         os._exit(0)
-    raise AssertionError("all_reduce did not raise")
+    raise AssertionError("monitored_barrier did not raise")
 else:
     raise SystemExit(f"unknown mode {mode}")

@@ -367,8 +367,20 @@ class ProcessGroupDDL(dist.ProcessGroup):
         z = torch.zeros(1, dtype=torch.int32)
         return _work([ddl_core.allreduce_async(z, out=z)], [])
 
-    def monitored_barrier(self, opts: Any = None, wait_all_ranks: bool = False) -> None:  # noqa: ARG002
-        self.barrier().wait()
+    def monitored_barrier(self, timeout: timedelta | None = None,
+                          wait_all_ranks: bool = False) -> None:  # noqa: ARG002
+        """A barrier that fails after `timeout` (else the group's deadline) with an error
+        naming the ranks that did not reach it (libddl asks every rank), as gloo's does."""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+        if seconds is None or seconds <= 0:
+            self.barrier().wait()
+            return
+        prev = _ddl.set_thread_timeout(seconds)
+        try:
+            z = torch.zeros(1, dtype=torch.int32)
+            ddl_core.allreduce(z, out=z)  # blocking, under this deadline
+        finally:
+            _ddl.set_thread_timeout(prev)
 
     def send(self, *args: Any, **kwargs: Any) -> DDLWork:
         raise NotImplementedError("the ddl backend has no point-to-point send/recv; create a "
