@@ -122,7 +122,7 @@ static struct {
     want_t *wants;
     /* client: the result of this rank's last query */
     uint32_t next_id, done_id;
-    int got_n, got_total, got_missing_answers;
+    int got_n, got_total;
     int got_rank[MAX_ENTRIES];
     int got_ok[MAX_ENTRIES];
     uint64_t got_count[MAX_ENTRIES];
@@ -343,11 +343,10 @@ static void hub_finish_round(void) {
         L.wants[q].id = 0;
         if (!L.by_rank[q]) continue;
         /* The ranks worth naming: those not at the requester's collective, or silent. */
-        int n = 0, silent = 0;
+        int n = 0;
         for (int r = 0; r < P; r++) {
             uint64_t c = w.ctx == DDL_CTX_PROGRESS ? L.ans_b[r] : L.ans_a[r];
             if (!L.answered[r] && !L.by_rank[r]) continue; /* gone: GONE said so already */
-            if (!L.answered[r]) silent++;
             if (!L.answered[r] || c != w.seq) list[n++] = r;
         }
         int shown = n < MAX_ENTRIES ? n : MAX_ENTRIES;
@@ -356,7 +355,7 @@ static void hub_finish_round(void) {
             send_frame(L.by_rank[q]->fd, F_ENTRY, L.answered[r], r, w.id,
                        w.ctx == DDL_CTX_PROGRESS ? L.ans_b[r] : L.ans_a[r], 0, 0);
         }
-        send_frame(L.by_rank[q]->fd, F_END, 0, (int32_t)silent, w.id, (uint64_t)n, 0, 0);
+        send_frame(L.by_rank[q]->fd, F_END, 0, 0, w.id, (uint64_t)n, 0, 0);
     }
     free(list);
     L.round = 0;
@@ -475,7 +474,6 @@ static int client_frames(void) {
             pthread_mutex_lock(&L.lock);
             if (f.id == L.next_id) {
                 L.got_total = (int)f.a;
-                L.got_missing_answers = f.rank;
                 L.done_id = f.id;
                 pthread_cond_broadcast(&L.cond);
             }
@@ -876,7 +874,7 @@ int ddl_liveness_diagnose(char *out, size_t n) {
         pthread_cond_timedwait(&L.cond, &L.lock, &ts);
     }
     int got = ok && L.done_id == id;
-    int cnt = L.got_n, total = L.got_total, silent = L.got_missing_answers;
+    int cnt = L.got_n, total = L.got_total;
     int rk[MAX_ENTRIES], okk[MAX_ENTRIES];
     uint64_t c[MAX_ENTRIES];
     memcpy(rk, L.got_rank, sizeof rk);
@@ -929,6 +927,5 @@ int ddl_liveness_diagnose(char *out, size_t n) {
         len += (size_t)snprintf(out + len, n - len,
                                 "every rank has reached it, so a message is stuck (a slow or "
                                 "broken link?)");
-    (void)silent;
     return len > 0;
 }
