@@ -81,8 +81,9 @@ def _fault(fault: str, stamp: Path) -> None:
 
 def worker(fault: str, victim: int, stamp: Path, coll: str) -> None:
     """One rank of a fault job (see the module's docstring). A survivor prints
-    `FAULT rank=R error=TYPE waited=S after_death=S msg=...` and re-raises the error, so it
-    exits as an unhandled DDL error would (status 1, noted as caused by a lost peer)."""
+    `FAULT rank=R error=TYPE waited=S after_death=S msg=...` (and writes it to
+    `fault-R` beside the stamp) and re-raises the error, so it exits as an unhandled DDL
+    error would (status 1, noted as caused by a lost peer)."""
     import ddl_core as ddl
 
     ddl.init()
@@ -98,8 +99,12 @@ def worker(fault: str, victim: int, stamp: Path, coll: str) -> None:
         t = time.monotonic()
         death = float(stamp.read_text()) if stamp.exists() else t0
         msg = str(e).replace("\n", " ")
-        print(f"FAULT rank={r} error={type(e).__name__} waited={t - t0:.4f} "
-              f"after_death={t - death:.4f} msg={msg}", flush=True)
+        line = (f"FAULT rank={r} error={type(e).__name__} waited={t - t0:.4f} "
+                f"after_death={t - death:.4f} msg={msg}")
+        # Also in a file beside the stamp: a launcher that ends the job may drop the last
+        # output of its ranks (Open MPI did, under `recoverable`, after a non-zero exit).
+        (stamp.parent / f"fault-{r}").write_text(line + "\n")
+        print(line, flush=True)
         raise
     print(f"NOFAULT rank={r}", flush=True)
 
@@ -124,8 +129,9 @@ def run_job(ranks: int, recoverable: bool, fault: str, victim: int, coll: str,
         full = dict(os.environ, PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **env)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full)
+        lines = [f.read_text() for f in sorted(Path(d).glob("fault-*"))]
     found = []
-    for line in proc.stdout.splitlines():
+    for line in lines:
         m = LINE.match(line.strip())
         if m:
             found.append(dict(zip(("rank", "error", "waited", "after_death", "msg"),
