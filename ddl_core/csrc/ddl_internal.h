@@ -195,11 +195,14 @@ ddl_status_t ddl_liveness_verdict(void);
  * at most about a second) which collective it last began, and writes e.g. "rank 2 has not
  * reached it (...)" into out. 0 when no answer could be had. */
 int ddl_liveness_diagnose(char *out, size_t n);
-/* A wait failed for good (timeout, lost peer): finalizing must not wait on peers. */
+/* The exit path (exit.c) sends the BYE itself, with the exit status. */
+void ddl_liveness_defer_bye(void);
+void ddl_liveness_stop_exiting(int status);
+/* A wait failed for good (timeout, lost peer): finalizing must not wait on peers (exit.c). */
 void ddl_liveness_mark_broken(void);
 int ddl_liveness_broken(void);
 /* ddl_finalize calls MPI_Finalize only when this says so: not after a lost peer or a
- * timeout, nor when ddl_finalize_at_exit left it to the exit hook (status 0 only). */
+ * timeout, nor when ddl_finalize_at_exit left it to the exit hook (status 0 only; exit.c). */
 int ddl_may_finalize_mpi(void);
 ddl_status_t ddl_finalize_at_exit(void);
 /* "0-3,7": a sorted list of ranks for messages. */
