@@ -15,6 +15,12 @@ allocation, jsrun inside LSF, else mpirun; -v / --dry-run print the exact comman
 
 Everything not understood here (and everything after `--`) is the program and its
 arguments; launcher options can be passed with --mpi-args "...".
+
+Exit status: that of the first rank that failed on its own (its exit code, or 128 + the
+signal that killed it), in every launcher mode (`mpirun --runtime-options recoverable`
+itself exits 0 for ranks killed by signals); ranks run under exitreport.py, which reports
+their status here. With `--runtime-options recoverable` Open MPI's fault tolerance is turned
+on too (see launcher.recoverable_extra).
 """
 
 from __future__ import annotations
