@@ -150,7 +150,7 @@ def test_bad_ddl_liveness_value_is_refused() -> None:
 
 @pytest.mark.parametrize("mode,ranks,oks", [
     ("ddp_mismatch", 2, ["OK ddp_mismatch 0", "OK ddp_mismatch 1"]),
-    ("ddp_dead", 2, ["OK ddp_dead 0"]),
+    ("ddp_dead", 3, ["OK ddp_dead 0", "OK ddp_dead 2"]),
     ("pg_timeout", 2, ["OK init_process_group timeout", "OK monitored_barrier timeout",
                        "OK new_group timeout"]),
 ])

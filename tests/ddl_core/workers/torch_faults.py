@@ -4,7 +4,7 @@ Usage: torch_faults.py MODE
   ddp_mismatch  rank 1's model is float64: DDP's gradient allreduce mismatches; backward
                 raises RuntimeError on every rank (it segfaulted in Reducer::finalize_backward
                 when a failed future carried the exception as its value).
-  ddp_dead      rank 1 is killed just before backward; rank 0's backward raises RuntimeError
+  ddp_dead      rank 1 is killed just before backward; the others' backward raises RuntimeError
                 naming the lost rank within 2 s.
   pg_timeout    timeout= of init_process_group (3 s) and new_group (2 s) is each group's
                 deadline (DDL_TIMEOUT is 60 s): rank 1 does not call; Work.wait() raises the
