@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import WORKERS, run_mpi
@@ -155,10 +156,11 @@ def test_bad_ddl_liveness_value_is_refused() -> None:
                        "OK new_group timeout"]),
 ])
 def test_torch_collective_errors_are_exceptions(have_torch: bool, mode: str, ranks: int,
-                                                 oks: list[str]) -> None:
+                                                 oks: list[str], tmp_path: Path) -> None:
     if not have_torch:
         pytest.skip("torch is not installed")
-    proc = run_mpi(ranks, "torch_faults.py", mode, env={"DDL_TIMEOUT": "60"}, check=False,
+    proc = run_mpi(ranks, "torch_faults.py", mode, str(tmp_path / "death"),
+                   env={"DDL_TIMEOUT": "60"}, check=False,
                    mpi_args=("--runtime-options", "recoverable"), timeout=120)
     got = sorted(line.rsplit(" ", 1)[0] if "timeout" in line else line
                  for line in proc.stdout.splitlines() if line.startswith("OK "))

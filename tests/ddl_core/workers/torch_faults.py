@@ -1,6 +1,6 @@
 """torch.distributed on the ddl backend when collectives fail: errors, never crashes.
 
-Usage: torch_faults.py MODE
+Usage: torch_faults.py MODE [STAMP]  (STAMP: a file for ddp_dead's time of death)
   ddp_mismatch  rank 1's model is float64: DDP's gradient allreduce mismatches; backward
                 raises RuntimeError on every rank (it segfaulted in Reducer::finalize_backward
                 when a failed future carried the exception as its value).
@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -42,17 +43,19 @@ if mode in ("ddp_mismatch", "ddp_dead"):
     if mode == "ddp_mismatch" and rank == 1:
         m, x = m.double(), x.double()
     ddp = DDP(m, init_sync=False)  # the first collective is the gradient allreduce
+    stamp = Path(sys.argv[2]) if len(sys.argv) > 2 else None
     if mode == "ddp_dead" and rank == 1:
-        time.sleep(0.3)  # rank 0 is in backward by now
+        time.sleep(0.3)  # the others are in backward by now
+        assert stamp is not None
+        stamp.write_text(f"{time.monotonic():.6f}")  # one host: a shared monotonic clock
         os.kill(os.getpid(), signal.SIGKILL)
-    t0 = time.monotonic()
     try:
         ddp(x).sum().backward()
     except RuntimeError as e:
-        took = time.monotonic() - t0 - (0.3 if mode == "ddp_dead" else 0)
         want = "MismatchError" if mode == "ddp_mismatch" else "PeerLostError"
         assert want in str(e), e
-        if mode == "ddp_dead":
+        if mode == "ddp_dead" and stamp is not None:
+            took = time.monotonic() - float(stamp.read_text())
             assert "rank 1 exited or died" in str(e) and took <= 2.0, (took, e)
         print(f"OK {mode} {rank}", flush=True)
         os._exit(0)
