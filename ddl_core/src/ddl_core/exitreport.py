@@ -32,14 +32,10 @@ the command and passes its status on.
 from __future__ import annotations
 
 import os
-import secrets
-import select
 import signal
 import socket
 import subprocess
 import sys
-import threading
-from dataclasses import dataclass
 
 ENV = "DDL_EXIT_REPORT"
 NOTE_ENV = "DDL_EXIT_NOTE_FD"
@@ -50,12 +46,27 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 CONNECT_S = 2.0
 
 
-@dataclass(frozen=True)
 class Report:
-    rank: int
-    kind: str  # "exit" or "signal"
-    number: int
-    lost: bool = False  # it failed because a peer was lost (PeerLostError)
+    """One rank's end: `kind` "exit" (number = its exit code) or "signal"; `lost`: it
+    failed only because a peer was lost (PeerLostError). A plain class: the wrapper starts
+    with every rank, so it imports nothing it can do without (dataclasses, secrets)."""
+
+    __slots__ = ("rank", "kind", "number", "lost")
+
+    def __init__(self, rank: int, kind: str, number: int, lost: bool = False) -> None:
+        self.rank, self.kind, self.number, self.lost = rank, kind, number, lost
+
+    def _key(self) -> tuple[int, str, int, bool]:
+        return (self.rank, self.kind, self.number, self.lost)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Report) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"Report{self._key()}"
 
     @property
     def failed(self) -> bool:
@@ -80,6 +91,9 @@ class Collector:
     """ddlrun's end: a TCP listener that records one report per connection."""
 
     def __init__(self, addresses: list[str]) -> None:
+        import secrets
+        import threading
+
         self.token = secrets.token_hex(16)
         self.reports: list[Report] = []
         self._lock = threading.Lock()
@@ -88,7 +102,7 @@ class Collector:
         self._sock.listen(256)
         self.port = self._sock.getsockname()[1]
         self.addresses = addresses
-        self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._serve, name="ddlrun-exit-reports",
                                         daemon=True)
         self._thread.start()
@@ -98,23 +112,31 @@ class Collector:
         return f"{','.join(self.addresses)}:{self.port}:{self.token}"
 
     def _serve(self) -> None:
-        """Accept and read reports until told to stop and nothing more is queued (every
-        wrapper has sent its report before it exits, so after the launcher has exited
-        all of them are in the listening socket's queue or read)."""
+        """Accept and read reports until close() says stop; then read what is still
+        queued and end (every wrapper has sent its report before it exits, so once the
+        launcher has exited, all of them are read or in the listening socket's queue)."""
+        import select
+
+        stopping = False
         while True:
-            ready, _, _ = select.select([self._sock], [], [], 0.1)
-            if not ready:
-                if self._stop.is_set():
+            ready, _, _ = select.select([self._sock, self._wake_r], [], [],
+                                        0 if stopping else None)
+            if self._wake_r in ready:
+                os.read(self._wake_r, 64)
+                stopping = True
+            if self._sock in ready:
+                try:
+                    conn, _ = self._sock.accept()
+                except OSError:
                     return
-                continue
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
+                self._read(conn)
+            elif stopping:
                 return
-            self._read(conn)
 
     def _read(self, conn: socket.socket) -> None:
         """One line `<token> <rank> exit|signal <number>`; anything else is dropped."""
+        import hmac
+
         conn.settimeout(2)
         data = b""
         try:
@@ -128,7 +150,7 @@ class Collector:
         finally:
             conn.close()
         parts = data.decode("ascii", "replace").split()
-        if (len(parts) not in (4, 5) or not secrets.compare_digest(parts[0], self.token)
+        if (len(parts) not in (4, 5) or not hmac.compare_digest(parts[0], self.token)
                 or parts[2] not in ("exit", "signal") or parts[4:] not in ([], ["lost"])):
             return
         try:
@@ -140,9 +162,11 @@ class Collector:
 
     def close(self) -> list[Report]:
         """Read what is still queued, stop listening; the reports in arrival order."""
-        self._stop.set()
+        os.write(self._wake_w, b"x")
         self._thread.join(timeout=10)
         self._sock.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
         with self._lock:
             return list(self.reports)
 
