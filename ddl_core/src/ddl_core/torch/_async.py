@@ -106,11 +106,12 @@ def _finish(inner: torch.futures.Future[Any], outcome: Outcome, value: Any,
             post()
     except Exception as exc:  # noqa: BLE001 - handed to whoever waits
         outcome.error = exc
-        outcome.done.set()
         inner.set_result((exc, None))
-        return
+    else:
+        inner.set_result((None, value))
+    # Only now: set_result ran the then() callback, so the future handed out is complete
+    # too when Work.wait() returns (its callers may look at get_future().done()).
     outcome.done.set()
-    inner.set_result((None, value))
 
 
 COMPLETER = Completer()
