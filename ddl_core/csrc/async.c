@@ -193,6 +193,10 @@ static void *progress_main(void *arg) {
         last_cycle = ddl_now();
         __atomic_add_fetch(&stat_cycles, 1, __ATOMIC_RELAXED);
         batch.n = stalled.n = 0;
+        /* The negotiation waits with the deadline of the oldest request (DDL_TIMEOUT when
+         * only joining), and counts as a collective of the progress context for messages. */
+        ddl_set_thread_timeout(snap.n ? snap.v[0]->timeout : 0);
+        ddl_coll_begin(&ddl_g.progress, "negotiation", 0);
         ddl_status_t st = oom ? ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the queue")
                               : ddl_negotiate(&snap, &batch, &stalled, &more);
         if (st != DDL_SUCCESS) { /* no agreement: fail everything this rank has queued */
@@ -327,6 +331,7 @@ static ddl_status_t submit(int kind, const void *send, void *recv, size_t count,
     r->ndim = ndim;
     r->sig = request_sig(kind, count, dtype, r->op, root, ndim, r->shape);
     r->submitted = ddl_now();
+    r->timeout = ddl_thread_timeout();
     pthread_mutex_lock(&q.lock);
     if (name) {
         if (ddl_nm_find(&q.inflight, r->name, r->hash)) {

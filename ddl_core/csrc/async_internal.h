@@ -28,6 +28,7 @@ struct ddl_request_s {
     int ndim;           /* -1: no shape */
     const int64_t *shape;
     double submitted;
+    double timeout;     /* the submitting thread's deadline (0: DDL_TIMEOUT) */
     size_t slot;        /* progress thread: the name's table slot, valid while */
     uint32_t slot_gen;  /* ... the slot's generation is this (0: not looked up) */
     void *gathered;     /* allgatherv: the result and every rank's count */
@@ -37,6 +38,11 @@ struct ddl_request_s {
     char error[1024];
     struct ddl_request_s *prev, *next; /* the pending list, in submission order */
 };
+
+/* The request's deadline in seconds: its thread's, else DDL_TIMEOUT. */
+static inline double ddl_req_timeout(const struct ddl_request_s *r) {
+    return r->timeout > 0 ? r->timeout : ddl_timeout_s;
+}
 
 static inline size_t ddl_req_bytes(const struct ddl_request_s *r) {
     return r->count * ddl_dtype_size(r->dtype);

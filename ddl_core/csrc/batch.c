@@ -119,7 +119,7 @@ static ddl_status_t run_fused(struct ddl_request_s **reqs, size_t n) {
 
 static int fusable(const struct ddl_request_s *a, const struct ddl_request_s *b) {
     return a->kind == REQ_ALLREDUCE && b->kind == REQ_ALLREDUCE && a->dtype == b->dtype &&
-           a->op == b->op;
+           a->op == b->op && a->timeout == b->timeout;
 }
 
 /* What one rank's request looked like, exchanged after a mismatch to say what differs. */
@@ -236,11 +236,13 @@ void ddl_run_batch(struct ddl_request_s **reqs, size_t n) {
                 j++;
             }
         }
+        ddl_set_thread_timeout(r->timeout); /* the deadline it was submitted with */
         ddl_status_t st = j - i > 1 ? run_fused(reqs + i, j - i) : run_one(r);
         if (st == DDL_ERR_MISMATCH) {
             /* Every rank is here, at request i (see the top of the file): run the rest one
              * at a time, so requests fail or succeed each on their own. */
             for (size_t k = i; k < n; k++) {
+                ddl_set_thread_timeout(reqs[k]->timeout);
                 st = run_one(reqs[k]);
                 if (st == DDL_ERR_MISMATCH) st = explain(reqs[k]);
                 ddl_req_finish(reqs[k], st, NULL);

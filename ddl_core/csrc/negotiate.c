@@ -232,7 +232,7 @@ static ddl_status_t full_exchange(const ddl_reqvec_t *snap, uint64_t ready_unnam
         struct ddl_request_s *r = snap->v[i];
         uint64_t pos = r->name ? 0 : my_unnamed++;
         int is_ready = r->name ? ready[req_slot(r)] : pos < ready_unnamed;
-        if (is_ready || now - r->submitted <= ddl_timeout_s) continue;
+        if (is_ready || now - r->submitted <= ddl_req_timeout(r)) continue;
         for (int k = 0; k < p; k++) {
             if (r->name) {
                 flag[k] = 1;
@@ -244,13 +244,17 @@ static ddl_status_t full_exchange(const ddl_reqvec_t *snap, uint64_t ready_unnam
             }
         }
         char who[256], what[300];
+        int missing = 0;
+        for (int k = 0; k < p; k++) missing += flag[k] != 0;
         rank_list(flag, p, who, sizeof who);
         ddl_req_describe(r, what, sizeof what);
         snprintf(r->error, sizeof r->error,
-                 "rank %d: %s was not submitted by rank(s) %s within DDL_TIMEOUT (%.0f s): every "
-                 "rank must submit the same named requests, and the same number of unnamed "
-                 "ones, or a rank stopped early",
-                 ddl_g.rank, what, who, ddl_timeout_s);
+                 "rank %d: %s was not submitted by rank%s %s within %s (%.0f s): "
+                 "every rank must submit the same named requests, and the same number of "
+                 "unnamed ones, or a rank stopped early",
+                 ddl_g.rank, what, missing == 1 ? "" : "s", who,
+                 r->timeout > 0 ? "the timeout set for this call" : "DDL_TIMEOUT",
+                 ddl_req_timeout(r));
         if (ddl_reqvec_push(stalled, r) != 0) st = ddl_fail(DDL_ERR_NO_MEMORY, "no memory");
     }
     free(cnt);
@@ -305,7 +309,7 @@ ddl_status_t ddl_negotiate(const ddl_reqvec_t *snap, ddl_reqvec_t *batch, ddl_re
                         (unsigned long long)cycle_no, r->name);
             }
         }
-        if (now - r->submitted > ddl_timeout_s && !full) {
+        if (now - r->submitted > ddl_req_timeout(r) && !full) {
             full = 1;
             ddl_log(2, "negotiation %llu: a request waited longer than DDL_TIMEOUT",
                     (unsigned long long)cycle_no);

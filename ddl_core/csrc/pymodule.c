@@ -11,13 +11,14 @@
 #include "ddl.h"
 
 static PyObject *DDLError, *MismatchError, *DDLTimeoutError, *NotInitializedError,
-    *InvalidArgumentError;
+    *InvalidArgumentError, *PeerLostError;
 
 static PyObject *raise_status(ddl_status_t st) {
     PyObject *cls = DDLError;
     switch (st) {
     case DDL_ERR_MISMATCH: cls = MismatchError; break;
     case DDL_ERR_TIMEOUT: cls = DDLTimeoutError; break;
+    case DDL_ERR_PEER_LOST: cls = PeerLostError; break;
     case DDL_ERR_NOT_INITIALIZED: cls = NotInitializedError; break;
     case DDL_ERR_INVALID_ARG: cls = InvalidArgumentError; break;
     default: break;
@@ -69,6 +70,14 @@ static PyObject *py_init(PyObject *self, PyObject *args) {
 static PyObject *py_finalize(PyObject *self, PyObject *args) {
     (void)self, (void)args;
     CALL(ddl_finalize());
+    Py_RETURN_NONE;
+}
+
+/* The atexit handler's finalize: MPI_Finalize is left to exit(), for status 0 only. */
+extern ddl_status_t ddl_finalize_at_exit(void);
+static PyObject *py_finalize_at_exit(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    CALL(ddl_finalize_at_exit());
     Py_RETURN_NONE;
 }
 
@@ -601,6 +610,27 @@ static PyObject *py_negotiation_stats(PyObject *self, PyObject *args) {
                          (unsigned long long)p);
 }
 
+/* set_thread_timeout(seconds) -> the previous setting (0.0: DDL_TIMEOUT). */
+static PyObject *py_set_thread_timeout(PyObject *self, PyObject *args) {
+    (void)self;
+    double t;
+    if (!PyArg_ParseTuple(args, "d", &t)) return NULL;
+    double prev = ddl_thread_timeout();
+    ddl_status_t st = ddl_set_thread_timeout(t);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    return PyFloat_FromDouble(prev);
+}
+
+/* The liveness checks on or off in this process, for python -m ddl_core.bench liveness. */
+extern int ddl_live_checks;
+static PyObject *py_set_liveness_checks(PyObject *self, PyObject *args) {
+    (void)self;
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    ddl_live_checks = on;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_version(PyObject *self, PyObject *args) {
     (void)self, (void)args;
     return PyUnicode_FromString(ddl_version_string());
@@ -609,6 +639,7 @@ static PyObject *py_version(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"init", py_init, METH_NOARGS, NULL},
     {"finalize", py_finalize, METH_NOARGS, NULL},
+    {"_finalize_at_exit", py_finalize_at_exit, METH_NOARGS, NULL},
     {"initialized", py_initialized, METH_NOARGS, NULL},
     {"rank", py_rank, METH_NOARGS, NULL},
     {"size", py_size, METH_NOARGS, NULL},
@@ -629,6 +660,8 @@ static PyMethodDef methods[] = {
     {"version", py_version, METH_NOARGS, NULL},
     {"async_stats", py_async_stats, METH_NOARGS, NULL},
     {"negotiation_stats", py_negotiation_stats, METH_NOARGS, NULL},
+    {"set_thread_timeout", py_set_thread_timeout, METH_VARARGS, NULL},
+    {"_set_liveness_checks", py_set_liveness_checks, METH_VARARGS, NULL},
     {"dev_allreduce", py_dev_allreduce, METH_VARARGS, NULL},
     {"dev_broadcast", py_dev_broadcast, METH_VARARGS, NULL},
     {"dev_allgather", py_dev_allgather, METH_VARARGS, NULL},
@@ -662,6 +695,12 @@ PyMODINIT_FUNC PyInit__ddl(void) {
     Py_DECREF(b);
     b = PyTuple_Pack(2, DDLError, PyExc_TimeoutError);
     DDLTimeoutError = new_error(m, "DDLTimeoutError", b, "A peer did not answer in DDL_TIMEOUT.");
+    Py_DECREF(b);
+    b = PyTuple_Pack(1, DDLTimeoutError);
+    PeerLostError = new_error(m, "PeerLostError", b,
+                              "A peer exited, died or finalized while this rank waited for it "
+                              "(reported at once; a DDLTimeoutError so code written for the "
+                              "deadline catches it too).");
     Py_DECREF(b);
     b = PyTuple_Pack(2, DDLError, PyExc_ValueError);
     InvalidArgumentError = new_error(m, "InvalidArgumentError", b, "A bad dtype, op or argument.");

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,7 +86,8 @@ def test_srun_plans_come_from_the_allocation() -> None:
                                                       "node3"]
         ports = [int(w.rsplit(":", 1)[1]) for w in tfw]
         assert ports[1] == ports[0] + 1 and ports[2] == ports[0] and ports[4] == ports[0]
-        assert "tfconfig.py python t.py" in last
+        # the TF_CONFIG shim runs first, then the exit-status reporter, then the program
+        assert re.search(r"tfconfig\.py \S+ \S+exitreport\.py python t\.py$", last), last
     # uniform: tasks per node, and no node list when the whole allocation is used
     p = ddlrun("--dry-run", "--launcher", "srun", "--no-tf-config", "python", "t.py",
                env=dict(ALLOC, SLURM_TASKS_PER_NODE="2(x3)"))

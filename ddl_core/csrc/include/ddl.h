@@ -13,8 +13,12 @@
  *     by name, see ddl_match_t); a call whose count, dtype, op or root differs between
  *     ranks fails with DDL_ERR_MISMATCH on every rank instead of hanging or corrupting
  *     data;
- *   - a peer that stops answering for DDL_TIMEOUT seconds (default 300) fails the call
- *     with DDL_ERR_TIMEOUT on the ranks that wait for it.
+ *   - a peer that exits, dies or finalizes while others wait for it in a collective fails
+ *     that collective with DDL_ERR_PEER_LOST on every survivor within milliseconds (each
+ *     rank holds a connection to a watcher thread on rank 0, whose closing the kernel
+ *     reports at any death); a peer that stops answering for DDL_TIMEOUT seconds (default
+ *     300, or ddl_set_thread_timeout) fails it with DDL_ERR_TIMEOUT naming the ranks that
+ *     have not reached the collective.
  *
  * Thread safety: the blocking collectives may be called from one application thread at a
  * time; the asynchronous ones (ddl_i*) may be called from any thread and are executed by
@@ -45,7 +49,8 @@ typedef enum {
     DDL_ERR_INTERNAL = 7,
     DDL_ERR_UNSUPPORTED = 8,     /* e.g. a device pointer without a usable CUDA/NCCL */
     DDL_ERR_CUDA = 9,
-    DDL_ERR_NCCL = 10
+    DDL_ERR_NCCL = 10,
+    DDL_ERR_PEER_LOST = 11       /* a peer exited, died or finalized while this rank waited */
 } ddl_status_t;
 
 typedef enum {
@@ -95,12 +100,16 @@ typedef struct ddl_request_s *ddl_request_t;
 /* ---- life cycle ------------------------------------------------------------------- */
 
 /* Initialise MPI (MPI_THREAD_MULTIPLE) if nobody has, detect or read the topology, start
- * the progress thread. Reads DDL_TOPOLOGY, DDL_ALGO, DDL_TIMEOUT, DDL_TUNE_FILE,
- * DDL_FUSION_THRESHOLD, DDL_CYCLE_TIME_MS, DDL_LOG, DDL_NCCL, DDL_NCCL_OUTER. Calling it
- * twice is harmless. */
+ * the progress thread, connect to the liveness watcher on rank 0 (DDL_LIVENESS=0: not).
+ * Reads DDL_TOPOLOGY, DDL_ALGO, DDL_TIMEOUT, DDL_TUNE_FILE, DDL_FUSION_THRESHOLD,
+ * DDL_CYCLE_TIME_MS, DDL_LOG, DDL_NCCL, DDL_NCCL_OUTER, DDL_LIVENESS. Calling it twice is
+ * harmless. */
 ddl_status_t ddl_init(void);
-/* Stop the progress thread (after finishing queued work), free communicators, and call
- * MPI_Finalize if ddl_init called MPI_Init. Later calls fail with DDL_ERR_NOT_INITIALIZED. */
+/* Stop the progress thread (after finishing queued work), tell the other ranks this one
+ * finalized (so it is not reported as lost to collectives it took part in), free
+ * communicators, and call MPI_Finalize if ddl_init called MPI_Init, unless a peer was lost
+ * or timed out (MPI_Finalize would wait for it). Later calls fail with
+ * DDL_ERR_NOT_INITIALIZED. */
 ddl_status_t ddl_finalize(void);
 int ddl_initialized(void);
 
@@ -195,6 +204,16 @@ ddl_status_t ddl_test(ddl_request_t req, int *done);
 ddl_status_t ddl_wait(ddl_request_t req);
 /* Release a request (after it completed; freeing a pending request waits for it). */
 void ddl_request_free(ddl_request_t req);
+
+/* ---- deadlines -------------------------------------------------------------------- */
+
+/* The deadline of the collectives the calling thread calls, or submits (ddl_i*: the request
+ * keeps the deadline it was submitted with), from now on: `seconds` (> 0), or 0 to go back
+ * to DDL_TIMEOUT. Lets one process serve groups with different timeouts (torch.distributed's
+ * timeout= of a process group). DDL_ERR_INVALID_ARG for nan, inf or a negative value. */
+ddl_status_t ddl_set_thread_timeout(double seconds);
+/* The calling thread's setting (0: DDL_TIMEOUT applies). */
+double ddl_thread_timeout(void);
 
 /* ---- GPU buffers ------------------------------------------------------------------ */
 /*

@@ -32,16 +32,18 @@ from ._ddl import (
     InvalidArgumentError,
     MismatchError,
     NotInitializedError,
+    PeerLostError,
 )
 
 __version__ = "1.1.0"
 __all__ = [
     "DTYPES", "OPS", "DDLError", "DDLTimeoutError", "InvalidArgumentError", "MismatchError",
-    "NotInitializedError", "Handle", "init", "finalize", "is_initialized", "rank", "size",
+    "NotInitializedError", "PeerLostError", "Handle", "init", "finalize", "is_initialized",
+    "rank", "size",
     "local_rank", "local_size", "topology", "allreduce", "allreduce_async", "broadcast",
     "broadcast_async", "allgather", "allgather_async", "allgatherv_async", "reduce_scatter",
     "reduce_scatter_async", "barrier", "plan", "set_algorithm", "set_fusion", "version",
-    "async_stats", "gpu_info", "is_gpu_array",
+    "async_stats", "gpu_info", "is_gpu_array", "set_thread_timeout",
 ]
 
 _OP_CODE = dict(OP_CODE)
@@ -89,7 +91,7 @@ def _launched_size(environ: Any) -> int | None:
     return None
 
 
-_unhandled = False
+_unhandled: BaseException | None = None
 
 
 def _watch_unhandled_exceptions() -> None:
@@ -99,19 +101,35 @@ def _watch_unhandled_exceptions() -> None:
 
     def hook(*exc_info: Any) -> None:
         global _unhandled
-        _unhandled = True
+        _unhandled = exc_info[1] if exc_info[1] is not None else RuntimeError()
         previous(*exc_info)
 
     sys.excepthook = hook
 
 
+def _note_peer_lost(exc: BaseException) -> None:
+    """Tell ddlrun's rank wrapper (DDL_EXIT_NOTE_FD, see exitreport.py) that this rank
+    fails only because a peer was lost, so the job's exit status is the peer's, not ours.
+    torch's DDP re-raises our error as a RuntimeError that names it."""
+    fd = os.environ.get("DDL_EXIT_NOTE_FD", "")
+    if fd.isdigit() and (isinstance(exc, PeerLostError) or "PeerLostError" in str(exc)):
+        try:
+            os.write(int(fd), b"lost\n")
+        except OSError:
+            pass
+
+
 def _finalize_at_exit() -> None:
-    if _unhandled:
+    if _unhandled is not None:
         sys.stderr.flush()
+        _note_peer_lost(_unhandled)
         os._exit(1)  # the launcher sees the failure and ends the job
     if _ddl.initialized():
+        # The peers learn now that this rank is leaving; MPI_Finalize, which waits for
+        # all of them, runs at exit() and only if the exit status is 0 (a failing rank
+        # must not wait for the ranks it just made fail).
         try:
-            _ddl.finalize()
+            _ddl._finalize_at_exit()
         except DDLError:
             pass
 
@@ -119,6 +137,15 @@ def _finalize_at_exit() -> None:
 def finalize() -> None:
     """Finish queued asynchronous work and shut DDL (and MPI, if DDL started it) down."""
     _ddl.finalize()
+
+
+def set_thread_timeout(seconds: float | None) -> float | None:
+    """The deadline of the collectives this thread calls or submits from now on (an
+    asynchronous request keeps the one it was submitted with); None restores DDL_TIMEOUT.
+    Returns the previous setting (None: DDL_TIMEOUT). torch's ddl backend sets it from a
+    process group's timeout= around each of its calls."""
+    prev = _ddl.set_thread_timeout(0.0 if seconds is None else float(seconds))
+    return prev or None
 
 
 def topology() -> tuple[int, ...]:

@@ -335,6 +335,21 @@ def rankfile_text(placement: list[tuple[str, int]], cores: int | None = None,
     return "\n".join(lines) + "\n"
 
 
+def recoverable_extra(extra: list[str]) -> list[str]:
+    """Open MPI options that `--runtime-options recoverable` needs to mean what it says.
+
+    Recoverable keeps the survivors of a dead rank running (DDL then reports the loss on
+    each, within milliseconds), but Open MPI's TCP transport still aborts every process
+    that had a connection to the dead one ("peer process has unexpectedly disconnected",
+    MPI_ERRORS_ARE_FATAL, exit status 14) unless its fault tolerance (ULFM) is on: seen on
+    the emulated cluster, where the ranks on the other host died of it before they could
+    report. So with recoverable, ddlrun turns ULFM on unless the options set it already."""
+    joined = " ".join(extra)
+    if "recoverable" not in joined or "mpi_ft_enable" in joined or "--with-ft" in joined:
+        return []
+    return ["--mca", "mpi_ft_enable", "1"]
+
+
 def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
                   cores: int | None = None) -> list[str]:
     """The exact argv for mpirun (Open MPI or MPICH)."""
@@ -380,6 +395,7 @@ def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
             cmd += ["--map-by", ":OVERSUBSCRIBE", "--mca", "mpi_yield_when_idle", "1"]
         for name, value in fwd:
             cmd += ["-x", f"{name}={value}" if value is not None else name]
+        cmd += recoverable_extra(plan.extra)
     else:
         if plan.cluster is not None:
             raise LaunchError("the emulated cluster launches with Open MPI (its ssh agent); "

@@ -23,6 +23,12 @@ the ranks unchanged; --no-tf-config leaves it out, and a TF_CONFIG already set i
 
 Everything not understood here (and everything after `--`) is the program and its
 arguments; launcher options can be passed with --mpi-args "...".
+
+Exit status: that of the first rank that failed on its own (its exit code, or 128 + the
+signal that killed it), in every launcher mode (`mpirun --runtime-options recoverable`
+itself exits 0 for ranks killed by signals); ranks run under exitreport.py, which reports
+their status here. With `--runtime-options recoverable` Open MPI's fault tolerance is turned
+on too (see launcher.recoverable_extra).
 """
 
 from __future__ import annotations
@@ -34,7 +40,10 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+from .exitreport import ENV as EXIT_ENV
+from .exitreport import Collector, job_status
 from .launcher import (
     LAUNCHERS,
     Host,
@@ -55,6 +64,7 @@ from .launcher import (
     place,
     srun_mpi_plugin,
 )
+from .netaddr import local_addresses
 from .slurmalloc import allocation, in_allocation
 from .tfconfig import add_tf_config
 
@@ -88,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="print the placement and the exact launcher command before running")
     ap.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
-    ap.add_argument("--no-exec", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-exec", action="store_true", help=argparse.SUPPRESS)  # always now
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return ap
 
@@ -160,8 +170,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     environ = dict(os.environ)
     extra_env: dict[str, str] = {}
+    collector = None
     try:
         plan = make_plan(args)
+        # Every rank starts through exitreport.py, which reports its exit status here: the
+        # launcher's own status is not to be trusted (see exitreport.py).
+        plan.command = [sys.executable, str(Path(__file__).with_name("exitreport.py")),
+                        *plan.command]
+        if not args.dry_run:
+            try:
+                collector = Collector(local_addresses())
+                environ[EXIT_ENV] = collector.env_value
+            except OSError as e:  # no TCP here: only the launcher's status is known
+                print(f"ddlrun: warning: cannot collect the ranks' exit statuses ({e}); "
+                      "the exit status is the launcher's", file=sys.stderr)
         launcher = choose_launcher(args.launcher, environ)
         if plan.cluster is not None and launcher != "mpirun":
             raise LaunchError("--cluster launches with mpirun (the emulated hosts have no "
@@ -182,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cmd = build_jsrun(plan, environ)
     except LaunchError as e:
+        if collector is not None:
+            collector.close()
         print(f"ddlrun: error: {e}", file=sys.stderr)
         return 2
     if args.verbose or args.dry_run:
@@ -196,13 +220,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     env = launch_environ(environ)
     env.update(extra_env)
-    if not args.no_exec:
-        os.execvpe(cmd[0], cmd, env)
-    # Run as a child (ddl_core.cluster run): pass SIGINT/SIGTERM on, then return so the
-    # caller can clean up.
-    # A launcher that does not wind down within GRACE_S of the signal is killed: the
-    # caller's clean-up must not wait on it (prterun was seen to take minutes under load).
-    proc = subprocess.Popen(cmd, env=env)
+    status = _run_launcher(cmd, env)
+    reports = collector.close() if collector is not None else []
+    status, summary = job_status(reports, status)
+    if summary:
+        print(summary, file=sys.stderr, flush=True)
+    return status
+
+
+def _run_launcher(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the launcher as a child (not exec: its exit status is only part of the
+    answer), passing SIGINT/SIGTERM on. A launcher that does not wind down within GRACE_S
+    of the signal is killed: the caller's clean-up must not wait on it (prterun was seen
+    to take minutes under load). The status: its exit code, or 128+signal."""
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    except OSError as e:
+        print(f"ddlrun: error: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
+        return 127
     signalled: list[float] = []
 
     def forward(signum: int, frame: object) -> None:
@@ -213,14 +248,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while True:
             try:
-                return proc.wait(timeout=0.5)
+                rc = proc.wait(timeout=0.5)
+                break
             except subprocess.TimeoutExpired:
                 if signalled and time.monotonic() - signalled[0] > GRACE_S:
                     proc.kill()
-                    return proc.wait()
+                    rc = proc.wait()
+                    break
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    return 128 - rc if rc < 0 else rc
 
 
 if __name__ == "__main__":
