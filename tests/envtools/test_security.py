@@ -83,6 +83,7 @@ def world(channel) -> World:
         Package("evil-entry", [Entry("site-packages/evil.py", b"def main(): pass\n")],
                 depends=["python"], entry_points=[f"{deep}home/.bash_profile = evil:main"]),
         Package("evil-meta", [Entry("conda-meta/history")]),
+        Package("evil-under", [Entry("share/under/.bash_profile")]),  # (harmless alone)
     ]
     hostile.build_channel(root / "hostile", packages, base)
     site = root / "site" / "envs" / "powerai"
@@ -200,6 +201,24 @@ def test_install_refuses_a_hostile_package(world, case, who, spec, fragment):
     assert not (world.outside / ".bash_profile").exists()
 
 
+@pytest.mark.parametrize("who", WHO)
+@pytest.mark.parametrize(("spec", "fragment"), [
+    ("evil-dotdot", "'../evil-dotdot-1.0-0/f'"), ("evil-cross", "'lib/y/.bash_profile'"),
+    ("evil-under", "share/under")], ids=["dotdot", "cross", "under-untracked-link"])
+def test_clone_add_refuses_a_hostile_package(world, case, who, spec, fragment):
+    """clone --add checks the added packages as install does, and also against the
+    clone itself: a package file under a symlink the source env holds (untracked) is
+    refused."""
+    src = _writable_clone(world, case)
+    (src / "share" / "under").symlink_to(world.outside)
+    before = snapshot(world, case)
+    p = as_who(who, world, "clone", src, case / "dest", "--add", spec, "--channel",
+               world.hostile, "--channel", world.base)
+    refused(p, fragment)
+    assert snapshot(world, case) == before
+    no_leftovers(world.user)
+
+
 # ---------------------------------------------------------------- archives vs repodata
 def _tampered_channel(world: World, case: Path, how: str) -> Path:
     """A copy of the fixture channel whose demo-extra archive or repodata entry is bad."""
@@ -257,6 +276,28 @@ def test_a_good_channel_installs_and_explicit_records_the_checked_sha256(world, 
             url, sha = line.split("#sha256:")
             archive = Path(url.removeprefix("file://"))
             assert hashlib.sha256(archive.read_bytes()).hexdigest() == sha
+
+
+def test_install_keeps_an_identical_cache_entry_and_replaces_a_tampered_one(world, case):
+    """A shared --cache: the next install keeps an entry that still holds exactly what
+    the verified archive holds (the first env keeps sharing its inodes), and replaces one
+    that was changed, so the new env gets the package's own bytes."""
+    cache = case / "cache"
+    for name in ("a", "b"):
+        run_envtools("install", "--channel", world.base, "--prefix", case / name, "--cache",
+                     cache, "libdemo")
+    h = next(cache.glob("libdemo-*")) / "include" / "demo.h"
+    assert h.stat().st_ino == (case / "a" / "include" / "demo.h").stat().st_ino
+    assert h.stat().st_ino == (case / "b" / "include" / "demo.h").stat().st_ino
+    good = h.read_bytes()
+    os.chmod(h, 0o644)
+    h.write_bytes(good.replace(b"demo", b"evil", 1))
+    run_envtools("install", "--channel", world.base, "--prefix", case / "c", "--cache", cache,
+                 "libdemo")
+    assert (case / "c" / "include" / "demo.h").read_bytes() == good
+    assert h.read_bytes() == good
+    doc = json.loads(run_envtools("validate", case / "c", "--json").stdout)
+    assert doc["exit_status"] == 0, doc
 
 
 # ---------------------------------------------------------------- clone: forged source envs

@@ -39,7 +39,7 @@ from urllib.parse import unquote, urlparse
 
 from envtools import confine
 from envtools.errors import EnvtoolsError
-from envtools.hashing import sha256_file
+from envtools.hashing import hash_many, sha256_file
 
 #: at most this many extractions at once (each holds a decompressor's buffers)
 PARALLEL_EXTRACTIONS = 8
@@ -119,8 +119,8 @@ def prepare(
     digests = [expected_digest(r) for r in records]  # all of them, before any work
     dists = [dist_of(r) for r in records]
     cache = Path(os.path.abspath(cache))
-    cache.parent.mkdir(parents=True, exist_ok=True)
     try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{cache.name}.envtools-staging-",
                                         dir=cache.parent))
     except OSError as e:
@@ -407,7 +407,9 @@ def check_prefix(prefix: Path, targets: dict[str, tuple[str, str]]) -> None:
 
 def _commit(records: list, dists: list[str], staging: Path, cache: Path,
             out: Prepared) -> None:
-    """Move the verified entries into the cache, replacing what was there."""
+    """Move the verified entries into the cache, replacing what was there unless it is
+    the same, file for file (then other envs keep sharing its inodes, which is what lets
+    their clones trust the cache without hashing it: see :mod:`envtools.hashing`)."""
     from envtools.readonly import make_writable
 
     if cache.is_symlink():
@@ -421,11 +423,37 @@ def _commit(records: list, dists: list[str], staging: Path, cache: Path,
         if dest.is_symlink() or dest.is_file():
             dest.unlink()
         elif dest.exists():
+            if _same_entry(dest, staging / dist):
+                out.entries[r.name.normalized] = dest
+                out.markers[r.name.normalized] = os.stat(dest / "info/index.json").st_ino
+                (cache / f"{dist}.lock").unlink(missing_ok=True)
+                continue
             os.rename(dest, staging / f".old-{i}")  # removed with the staging directory
         os.rename(staging / dist, dest)
         (cache / f"{dist}.lock").unlink(missing_ok=True)  # (rattler's: may name another sha)
         out.entries[r.name.normalized] = dest
         out.markers[r.name.normalized] = os.stat(dest / "info" / "index.json").st_ino
+
+
+def _same_entry(old: Path, new: Path) -> bool:
+    """Does the cache entry ``old`` hold exactly what the verified extraction ``new``
+    holds: the same entries, link targets and file contents (all hashed)?"""
+    try:
+        tree = _tree(old)
+    except OSError:
+        return False
+    if tree != _tree(new):
+        return False
+    files = [rel for rel, kind in tree.items() if kind == "f"]
+    for rel, kind in tree.items():
+        if kind == "l" and os.readlink(old / rel) != os.readlink(new / rel):
+            return False
+        if kind == "?":
+            return False
+    a = hash_many(str(old / rel) for rel in files)
+    b = hash_many(str(new / rel) for rel in files)
+    return all(a[str(old / rel)] is not None and a[str(old / rel)] == b[str(new / rel)]
+               for rel in files)
 
 
 def check_linked(prefix: Path, prepared: Prepared) -> None:

@@ -400,6 +400,9 @@ def clone(
                 except _NotRegular:
                     report.warnings.append(f"{rel} is not a regular file (a FIFO, socket or "
                                            "device): not copied")
+                except FileNotFoundError:
+                    report.warnings.append(f"{rel} was removed from the source while it was "
+                                           "cloned: not copied")
                 advance(1)
         for d in empty:
             confine.makedirs(str(tmp), d)

@@ -46,12 +46,17 @@ TRUSTED_OLD = {3: "hashed.marshal"}
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
     with open(path, "rb") as fh:
-        if hasattr(hashlib, "file_digest"):  # Python 3.11+
-            return hashlib.file_digest(fh, "sha256").hexdigest()
-        h = hashlib.sha256()
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-        return h.hexdigest()
+        return sha256_fileobj(fh)
+
+
+def sha256_fileobj(fh) -> str:
+    """The sha256 of what is left to read in a binary file object."""
+    if hasattr(hashlib, "file_digest"):  # Python 3.11+
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+    h = hashlib.sha256()
+    while chunk := fh.read(1 << 20):
+        h.update(chunk)
+    return h.hexdigest()
 
 
 def stat_key(st: os.stat_result) -> tuple[int, int, int]:

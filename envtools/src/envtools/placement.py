@@ -26,7 +26,13 @@ from pathlib import Path
 
 from envtools import confine, linking
 from envtools.errors import EnvtoolsError
-from envtools.hashing import load_part, load_stat_cache, stat_key, store_stat_part
+from envtools.hashing import (
+    load_part,
+    load_stat_cache,
+    sha256_fileobj,
+    stat_key,
+    store_stat_part,
+)
 from envtools.relocate import relocate_pieces
 
 #: relocated binaries at least this large are mapped rather than read
@@ -207,8 +213,8 @@ def check_cache_file(ctx: Ctx, item: Item, st: os.stat_result, data=None) -> boo
             got = "not a regular file"
         else:
             with os.fdopen(fd, "rb") as fh:
-                got = hashlib.file_digest(fh, "sha256").hexdigest()
-    if got != sha or (size and st.st_size != size and not _fc_placeholder(item)):
+                got = sha256_fileobj(fh)
+    if got != sha or (size and st.st_size != size and not item[3]):  # ([3]: placeholder)
         what = (ctx.names or {}).get(ctx.unit, "a package")
         raise CacheMismatch(
             f"the package cache file {source} of {what} does not match its record "
@@ -218,10 +224,6 @@ def check_cache_file(ctx: Ctx, item: Item, st: os.stat_result, data=None) -> boo
             "with --no-cache to copy the source's own files (then run envtools validate "
             "on the clone)", exit_code=1)
     return True
-
-
-def _fc_placeholder(item: Item) -> bool:
-    return bool(item[3])
 
 
 def place(ctx: Ctx, item: Item) -> Placed:
@@ -467,14 +469,14 @@ def place_chunks(
                         and ctx.hardlink_ok):
                     try:
                         st = lstat(source)
+                        k = (st.st_size, st.st_mtime_ns, st.st_ino)
                         sc = vouch.get(rel)  # (vouched(), inlined: SRC's hardlinked file)
-                        if (not st.st_mode & write_bits and sc is not None
-                                and sc[2] == st.st_ino and sc[1] == st.st_mtime_ns
-                                and sc[0] == st.st_size and (len(sc) == 3 or sc[3] == sha)):
+                        if not st.st_mode & write_bits and (
+                                sc == k or (sc is not None and sc[:3] == k and sc[3] == sha)):
                             link(source, base + rel)
                             links += 1
                             if sha:  # (it holds the package's sha256: left out)
-                                known[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+                                known[rel] = k
                             continue
                     except OSError as e:
                         if e.errno in linking.LINK_GIVE_UP:
