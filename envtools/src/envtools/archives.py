@@ -29,6 +29,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import stat
 import tempfile
 import time
@@ -127,6 +128,7 @@ def prepare(
         raise EnvtoolsError(f"cannot create a directory in {cache.parent}: {e.strerror}",
                             "choose a package cache (--cache) in a directory you can "
                             "write to") from e
+    old_term = _term_raises()
     try:
         archives = asyncio.run(_fetch(records, staging))
         out.timings["fetch"] = time.monotonic() - t0
@@ -152,7 +154,23 @@ def prepare(
         out.timings["commit"] = time.monotonic() - t0
     finally:
         _rmtree(staging)
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
     return out
+
+
+def _term_raises():
+    """SIGTERM raises KeyboardInterrupt (as Ctrl-C does), so the staging directory is
+    removed on the way out; returns the previous handler (None off the main thread)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, on_term)
 
 
 async def _fetch(records: list, staging: Path) -> list[Path]:
