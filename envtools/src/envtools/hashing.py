@@ -13,7 +13,9 @@ hardlinked from the cache shares its inode with the env's file, so an entry whos
 mtime, inode) matches the cache file vouches for it. ``envtools install`` writes one part
 per package (``pkg-<name-version-build>.marshal``, so that each placement process loads
 only the packages it places), with an entry keyed by the cache file's absolute path for
-each cache file the env does not share an inode with (those with a prefix placeholder).
+each cache file the env does not share an inode with (those with a prefix placeholder);
+a clone adds such entries for the cache files it copied or relocated, so that clones of
+the clone can trust the cache the same way.
 
 The cache is a directory of parts, each written by the process that placed or hashed
 those files (a clone's placement processes write theirs in parallel), in marshal: a
