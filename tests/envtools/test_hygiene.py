@@ -1,8 +1,9 @@
 """Crash hygiene: what a killed, interrupted, racing or failing envtools leaves behind.
 
 Each case runs the real CLI on the fixture channel. SIGKILL and the race between two
-clones are made deterministic with a package cache whose files are FIFOs: a clone
-placing them blocks in open() until the test feeds or kills it. The full-filesystem
+clones are made deterministic with ENVTOOLS_HOLD_FIFO: the clone's placement blocks in
+open() on that FIFO until the test opens it for writing or kills the clone. (A package
+cache whose files are FIFOs did this before; clones now refuse such a cache.) The full-filesystem
 case mounts a small tmpfs (root only).
 """
 
@@ -48,24 +49,13 @@ def one_error(stderr: str) -> None:
 
 
 def fifo_env(channel: Path, base: Path) -> tuple[Path, list[Path]]:
-    """A fresh env whose package cache's files (except info/) are FIFOs: a clone that
-    takes them from the cache blocks opening the first one it places."""
+    """A fresh env, and the FIFO (``hold.fifo`` beside it) that clones started by
+    start_blocked_clone wait on before they place anything."""
     src = base / "src"
     run_envtools("install", "--channel", channel, "--prefix", src, "demo-meta")
-    cache = base / "src.pkgs"
-    fifos = []
-    for dirpath, _dirs, files in os.walk(cache):
-        if "info" in Path(dirpath).relative_to(cache).parts:
-            continue
-        os.chmod(dirpath, 0o755)
-        for f in files:
-            p = Path(dirpath) / f
-            if f == "CACHEDIR.TAG" or p.is_symlink():
-                continue
-            p.unlink()
-            os.mkfifo(p, 0o444)
-            fifos.append(p)
-    return src, fifos
+    hold = base / "hold.fifo"
+    os.mkfifo(hold, 0o600)
+    return src, [hold]
 
 
 def children_of(pid: int) -> list[int]:
@@ -83,7 +73,7 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture
 def blocked_clones():
-    """Start clones that block on a FIFO cache; whatever a failing test leaves running
+    """Start clones that block on the hold FIFO; whatever a failing test leaves running
     (the clone and its placement workers) is killed at the end."""
     started: list[subprocess.Popen] = []
 
@@ -106,7 +96,8 @@ def blocked_clones():
 def start_blocked_clone(src: Path, dest: Path, workers: int) -> subprocess.Popen:
     proc = subprocess.Popen([*ENVTOOLS, "clone", str(src), str(dest)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "ENVTOOLS_WORKERS": str(workers)})
+                            env={**os.environ, "ENVTOOLS_WORKERS": str(workers),
+                                 "ENVTOOLS_HOLD_FIFO": str(src.parent / "hold.fifo")})
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (
             len(children_of(proc.pid)) < workers - 1 or not leftovers(dest.parent)):

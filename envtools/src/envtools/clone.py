@@ -20,9 +20,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envtools import cachetag, linking, placement, record_index
+from envtools import cachetag, confine, linking, placement, record_index
 from envtools.errors import EnvtoolsError
-from envtools.hashing import STAT_CACHE, load_stat_cache, stat_key, store_stat_part
+from envtools.hashing import (
+    STAT_CACHE,
+    load_stat_cache,
+    package_part,
+    stat_key,
+    store_stat_part,
+)
 from envtools.placement import Ctx, Item
 from envtools.prefix_records import Record, write_record
 from envtools.progress import info, task
@@ -122,31 +128,41 @@ def _cache_rel(r: Record, rel: str) -> str:
 
 
 def _copy_untracked(ctx: Ctx, src: Path, rel: str) -> tuple[str, bool]:
-    """Copy one untracked file, rewriting SRC's prefix; returns (rel, was_rewritten)."""
+    """Copy one untracked file, rewriting SRC's prefix; returns (rel, was_rewritten).
+
+    ``rel`` comes from SRC (its ``untracked.json`` or a walk) and passed the path rule;
+    its directories are made without following a link (an untracked symlink copied
+    earlier cannot redirect what follows), the file is created new, never over one, and
+    SRC's file is read without following a link. What is not a regular file or a
+    symlink (a FIFO, a socket) is left out and reported.
+    """
     s = os.path.join(src, rel)
     d = os.path.join(ctx.dest_tmp, rel)
-    os.makedirs(os.path.dirname(d), exist_ok=True)
-    if os.path.islink(s):
+    confine.makedirs(str(ctx.dest_tmp), rel.rpartition("/")[0])
+    st = os.lstat(s)
+    if stat.S_ISLNK(st.st_mode):
         target = os.readlink(s)
         if target.startswith(ctx.old_prefix + "/"):
             target = ctx.new_prefix + target[len(ctx.old_prefix):]
-        os.symlink(target, d)
+        confine.symlink(target, d)
         return rel, False
-    st = os.stat(s)
-    with open(s, "rb") as fh:
-        data = fh.read()
+    data = confine.read_regular(s)
+    if data is None:
+        raise _NotRegular(rel)
     old = ctx.old_prefix.encode()
     # Only text is rewritten: an untracked binary has no recorded placeholder, and its
     # strings may be length-prefixed (.pyc marshal data) rather than NUL-terminated, so
     # an in-place rewrite could corrupt it. It is copied as is (a .pyc is recompiled).
     if old in data and not looks_binary(data):
-        data = data.replace(old, ctx.new_prefix.encode())
-        with open(d, "wb") as fh:
-            fh.write(data)
-        os.chmod(d, linking.writable_mode(st.st_mode))
+        confine.write_new(d, data.replace(old, ctx.new_prefix.encode()),
+                          linking.writable_mode(st.st_mode))
         return rel, True
-    linking.copy(s, d)
+    confine.write_new(d, data, linking.writable_mode(st.st_mode))
     return rel, False
+
+
+class _NotRegular(Exception):
+    """An untracked entry that is neither a regular file nor a symlink."""
 
 
 def _fix_pip_records(dest_tmp: Path, rewritten: set[str]) -> None:
@@ -158,6 +174,8 @@ def _fix_pip_records(dest_tmp: Path, rewritten: set[str]) -> None:
     import io
 
     for pip_record in dest_tmp.glob("lib/python*/site-packages/*.dist-info/RECORD"):
+        if not confine.is_real(str(dest_tmp), str(pip_record.relative_to(dest_tmp))):
+            continue  # (reached through a symlink: not this env's to rewrite)
         site = pip_record.parent.parent
         site_rel = str(site.relative_to(dest_tmp))
         text = pip_record.read_text()
@@ -176,7 +194,8 @@ def _fix_pip_records(dest_tmp: Path, rewritten: set[str]) -> None:
         if changed:
             buf = io.StringIO()
             csv.writer(buf, lineterminator="\n").writerows(rows)
-            pip_record.write_text(buf.getvalue())
+            confine.replace(str(pip_record), buf.getvalue().encode(),
+                            stat.S_IMODE(os.lstat(pip_record).st_mode))
 
 
 def find_editables(prefix: Path) -> list[str]:
@@ -207,6 +226,15 @@ def _channels_of(records: list[Record]) -> list[str]:
     return seen
 
 
+def add_cache_dir() -> Path:
+    """Where ``clone --add`` keeps the packages it adds, extracted (later clones of the
+    clone link from here): the user's own, ``$XDG_CACHE_HOME/envtools/pkgs``. Not
+    rattler's shared cache: envtools replaces an entry with the fresh extraction it
+    verified, which must not pull a directory from under another tool."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "envtools" / "pkgs"
+
+
 def _add_packages(
     tmp: Path,
     dest: Path,
@@ -215,14 +243,23 @@ def _add_packages(
     allow_update: bool,
     virtual_overrides: list[str] | None,
 ) -> list[str]:
-    """Solve ``specs`` against the clone (pinned unless allowed) and install into it."""
+    """Solve ``specs`` against the clone (pinned unless allowed) and install into it.
+
+    The new packages' archives are checked against the repodata, and their contents
+    against the path rule and the clone's own files and symlinks, before anything is
+    linked (:mod:`envtools.archives`), as for ``envtools install``.
+    """
     import asyncio
 
     import rattler
 
-    from envtools import virtual
+    from envtools import archives, virtual
     from envtools.install import channel_source, run_installer, solve
+    from envtools.prefix_records import Prefix
 
+    mine = Prefix.load(tmp).records
+    for r in mine:  # what rattler would remove on --allow-update: checked like the rest
+        confine.check_paths(r.data.get("files") or [], f"record of {r.name}")
     meta = tmp / "conda-meta"
     installed = [rattler.PrefixRecord.from_path(p) for p in sorted(meta.glob("*.json"))]
     sources = [channel_source(c[7:] if c.startswith("file://") else c) for c in channels]
@@ -244,25 +281,31 @@ def _add_packages(
             )
         raise
     before = {(r.name.normalized, str(r.version), str(r.build)) for r in installed}
+    new = [r for r in records if (r.name.normalized, str(r.version), str(r.build))
+           not in before]
+    cache = add_cache_dir()
+    prepared = archives.prepare(
+        new, cache, archives.site_packages(records), prefix=tmp,
+        existing={f[0]: f[1] for r in mine for f in r.plan_fields()})
     run_installer(
         records=records,
         target_prefix=tmp,
         alternative_target_prefix=dest,
         installed_packages=installed,
+        cache_dir=cache,
         show_progress=os.isatty(2),
     )
-    added = [r for r in records
-             if (r.name.normalized, str(r.version), str(r.build)) not in before]
+    archives.check_linked(tmp, prepared)
     # the installer tags the prefix as a cache (see envtools.cachetag); a clone never has
     # the tag before, so one there now is the installer's unless an added package owns it
     if (tmp / cachetag.NAME).exists():
         owned: set[str] = set()
-        for r in added:
+        for r in new:
             fp = meta / f"{r.name.normalized}-{r.version}-{r.build}.json"
             if fp.is_file():
                 owned |= {e.get("_path") for e in Record(fp).paths if isinstance(e, dict)}
         cachetag.drop_from_env(tmp, owned)
-    return [f"{r.name.normalized}={r.version}={r.build}" for r in added]
+    return [f"{r.name.normalized}={r.version}={r.build}" for r in new]
 
 
 def clone(
@@ -285,6 +328,8 @@ def clone(
     destp = Path(os.path.abspath(dest))
     prefix = record_index.load_prefix(srcp)
     _check_args(srcp, destp)
+    for r in prefix.records:  # (names the cache directory and the record file: one name)
+        confine.check_name(r.dist, f"package record {r.path.name} of {srcp}")
     load_s = time.monotonic() - t0
     old_prefix = read_prefix_info(srcp).get("prefix") or str(srcp)
     cache = _find_cache(srcp, prefix.records) if use_cache else {}
@@ -300,6 +345,9 @@ def clone(
             src_root=str(srcp),
             euid=os.geteuid(),
             link_mode=link_mode,
+            vouch_parts={k: str(srcp / STAT_CACHE / f"{package_part(r.dist)}.marshal")
+                         for k, r in enumerate(prefix.records)},
+            names={k: f"package {r.name} {r.version}" for k, r in enumerate(prefix.records)},
         )
         groups = _plan(prefix.records, cache, srcp, old_prefix)
         report.timings["load"] = load_s
@@ -350,26 +398,35 @@ def clone(
                                                 for f in r.plan_fields()})
         if cachetag.NAME in files and cachetag.is_tag(srcp / cachetag.NAME):
             files = [f for f in files if f != cachetag.NAME]  # (see envtools.cachetag)
+        confine.check_paths(files, f"the untracked files of {srcp}")
+        confine.check_paths(empty, f"the empty directories of {srcp}")
         rewritten: set[str] = set()
         with task("copying untracked files", len(files)) as advance:
             for rel in files:
-                if _copy_untracked(ctx, srcp, rel)[1]:
-                    rewritten.add(rel)
+                try:
+                    if _copy_untracked(ctx, srcp, rel)[1]:
+                        rewritten.add(rel)
+                except _NotRegular:
+                    report.warnings.append(f"{rel} is not a regular file (a FIFO, socket or "
+                                           "device): not copied")
+                except FileNotFoundError:
+                    report.warnings.append(f"{rel} was removed from the source while it was "
+                                           "cloned: not copied")
                 advance(1)
         for d in empty:
-            os.makedirs(os.path.join(tmp, d), exist_ok=True)
+            confine.makedirs(str(tmp), d)
         report.untracked = len(files)
         _fix_pip_records(tmp, rewritten)
         report.editable = find_editables(tmp)
         report.timings["untracked"] = time.monotonic() - t0
 
         for extra in ("history", "state", "pinned"):
-            s = srcp / "conda-meta" / extra
-            if s.is_file():
-                (meta / extra).write_bytes(s.read_bytes())
-        with open(meta / "history", "a") as fh:
-            fh.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} <==\n"
-                     f"# cmd: envtools clone {srcp} {destp}\n")
+            data = confine.read_regular(str(srcp / "conda-meta" / extra)) or b""
+            if extra == "history":
+                data += (f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} <==\n"
+                         f"# cmd: envtools clone {srcp} {destp}\n").encode()
+            if data:
+                confine.write_new(str(meta / extra), data)
         write_prefix_info(tmp, destp, cache_root_of(cache))
         _write_clone_stat_cache(tmp, groups, srcp)
         report.timings["stat cache"] = time.monotonic() - t0

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import rattler
 
-from envtools import cachetag, record_index, virtual
+from envtools import archives, cachetag, record_index, virtual
 from envtools.errors import EnvtoolsError
-from envtools.hashing import STAT_CACHE, write_stat_cache
+from envtools.hashing import STAT_CACHE, write_package_parts
 from envtools.prefix_records import Prefix
 from envtools.progress import info
 from envtools.readonly import (
@@ -129,11 +129,14 @@ def installer_error(e: BaseException, cache: Path | None) -> EnvtoolsError:
 
 
 def write_explicit(prefix: Path, records: list[rattler.RepoDataRecord]) -> None:
-    """The explicit package set, in conda's ``@EXPLICIT`` format (reproducible installs)."""
+    """The explicit package set, in conda's ``@EXPLICIT`` format (reproducible installs).
+
+    Each sha256 is the repodata's, which every archive was checked against before it was
+    extracted (:mod:`envtools.archives`): the file records only what was installed.
+    """
     lines = ["# envtools: the explicit package set of this environment", "@EXPLICIT"]
     for r in sorted(records, key=lambda r: r.name.normalized):
-        sha = r.sha256.hex() if r.sha256 else ""
-        lines.append(f"{r.url}#sha256:{sha}" if sha else str(r.url))
+        lines.append(f"{r.url}#sha256:{archives.expected_digest(r)[0].hex()}")
     (prefix / EXPLICIT).parent.mkdir(parents=True, exist_ok=True)
     (prefix / EXPLICIT).write_text("\n".join(lines) + "\n")
 
@@ -168,6 +171,7 @@ def install(
     t0 = time.monotonic()
     records = asyncio.run(solve([src], specs, virtuals))
     info(f"solved {len(records)} packages in {time.monotonic() - t0:.1f}s")
+    timings = {"solve": time.monotonic() - t0}
     cache_existed = cache.exists()
     if cache_existed:
         # a cache left by an earlier install of this prefix; it was made read-only
@@ -175,7 +179,13 @@ def install(
 
         make_writable(cache)
     try:
-        _install_into(records, prefix, cache, src, specs)
+        # every archive checked against the repodata and its contents against the path
+        # rule, then extracted into the cache (replacing what was there), before anything
+        # is linked
+        prepared = archives.prepare(records, cache, archives.site_packages(records))
+        for stage, seconds in prepared.timings.items():
+            timings[stage] = timings["solve"] + seconds
+        _install_into(records, prepared, prefix, cache, src, specs, timings, t0)
     except BaseException:
         # a cache this run made goes with it, unless another run's env at the prefix
         # (which won a race to it) uses it now
@@ -183,14 +193,22 @@ def install(
             remove_tree(cache, settle=True)
         raise
     os.chmod(prefix, 0o555)
+    timings["total"] = time.monotonic() - t0
     info(f"installed {len(records)} packages into {prefix} (read-only) in "
-         f"{time.monotonic() - t0:.1f}s; package cache: {cache}")
+         f"{timings['total']:.1f}s; package cache: {cache}")
+    if os.environ.get("ENVTOOLS_TIMINGS"):
+        info(f"verified {prepared.archive_bytes} archive bytes in "
+             f"{prepared.timings.get('verify', 0) - prepared.timings.get('fetch', 0):.3f}s; "
+             "stages (s since start): " + ", ".join(f"{k} {v:.3f}" for k, v in timings.items()))
     return prefix
 
 
-def _install_into(records: list, prefix: Path, cache: Path, src: str, specs: list[str]) -> None:
-    """Install ``records`` beside ``prefix`` and rename them into place, read-only."""
+def _install_into(records: list, prepared: archives.Prepared, prefix: Path, cache: Path,
+                  src: str, specs: list[str], timings: dict[str, float], t0: float) -> None:
+    """Install ``records`` (their archives ``prepared``) beside ``prefix`` and rename them
+    into place, read-only."""
     with atomic_dir(prefix, "envtools install", settle=True) as tmp:
+        _drop_cache_locks(cache)  # (a stale one naming another sha256 makes rattler re-fetch)
         run_installer(
             records=records,
             target_prefix=tmp,
@@ -198,6 +216,8 @@ def _install_into(records: list, prefix: Path, cache: Path, src: str, specs: lis
             cache_dir=cache,
             show_progress=os.isatty(2),
         )
+        archives.check_linked(tmp, prepared)
+        timings["link"] = time.monotonic() - t0
         write_explicit(tmp, records)
         write_prefix_info(tmp, prefix, cache)
         marker = {
@@ -221,7 +241,8 @@ def _install_into(records: list, prefix: Path, cache: Path, src: str, specs: lis
         write_untracked_cache(tmp, set(tracked))
         make_readonly(tmp)
         os.chmod(tmp / STAT_CACHE.parent, 0o755)
-        os.chmod(write_stat_cache(tmp, tracked), 0o444)
+        for part in write_package_parts(tmp, records):
+            os.chmod(part, 0o444)
         os.chmod(tmp / STAT_CACHE, 0o555)
         os.chmod(tmp / STAT_CACHE.parent, 0o555)
         os.chmod(tmp, 0o755)  # renamed below; read-only again right after
@@ -239,13 +260,22 @@ def remove(prefix: Path) -> None:
     from envtools.readonly import make_writable, read_prefix_info
 
     prefix = Path(os.path.abspath(prefix))
+    if prefix.is_symlink():
+        raise EnvtoolsError(f"{prefix} is a symbolic link, not an environment",
+                            f"remove the link itself (rm {prefix}), or give the path it "
+                            "points to")
     if not (prefix / "conda-meta").is_dir():
         raise EnvtoolsError(f"{prefix} is not a conda environment", "check the path")
     pinfo = read_prefix_info(prefix)
     cache = pinfo.get("package_cache")
+    # Nothing outside the prefix is touched: the directories are made writable walking
+    # without following links, and rmtree removes a symlink, never what it points to.
+    # Paths in the records are not used: a file a hostile package put outside is not
+    # listed here to be "removed", and install refuses such packages in the first place.
     make_writable(prefix)
     shutil.rmtree(prefix)
-    # only the cache we created beside it; a cache shared with others stays
-    if cache and Path(cache) == default_cache_for(prefix) and Path(cache).exists():
-        make_writable(Path(cache))
-        shutil.rmtree(cache)
+    # only the cache we created beside it (never a link to elsewhere); a shared cache stays
+    default = default_cache_for(prefix)
+    if cache and Path(cache) == default and default.is_dir() and not default.is_symlink():
+        make_writable(default)
+        shutil.rmtree(default)

@@ -24,9 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from envtools import linking, procs
+from envtools import confine, linking, procs
 from envtools.errors import EnvtoolsError
-from envtools.hashing import stat_key, store_stat_part
+from envtools.hashing import (
+    load_part,
+    load_stat_cache,
+    sha256_fileobj,
+    stat_key,
+    store_stat_part,
+)
 from envtools.relocate import relocate_pieces
 
 #: relocated binaries at least this large are mapped rather than read
@@ -39,7 +45,8 @@ REFLINK, HARDLINK, COPY, RELOCATED, SYMLINK = "reflink", "hardlink", "copy", "re
 #: one tracked file: (rel, source, path_type, placeholder, file_mode, from_cache, sha256,
 #: size in bytes as recorded, 0 if not)
 Item = tuple
-#: what placing it gave: (rel, how, sha256 if known, stat key of the new file if known)
+#: what placing it gave: (rel, how, sha256 if known, stat key of the new file if known,
+#: stat key of the package cache file it came from when that is not the new file's own)
 Placed = tuple
 
 
@@ -55,6 +62,16 @@ class Ctx:
     link_mode: str
     reflink_ok: bool | None = None
     hardlink_ok: bool = True
+    #: what a package cache file is checked against before it is used (see
+    #: :func:`vouched`): per package (its key), the part of SRC's stat cache install wrote
+    #: for it; SRC's whole stat cache for a package without one (a clone's SRC)
+    vouch_parts: dict[int, str] | None = None
+    #: per package key, "name version" (for messages)
+    names: dict[int, str] | None = None
+    #: the package whose files this process is placing (for messages)
+    unit: int = -1
+    _vouch: dict | None = None
+    _vouch_all: dict | None = None
 
     def hardlinks_expected(self) -> bool:
         """Will cache files be hardlinked: not root (root never hardlinks), ``auto``
@@ -140,12 +157,82 @@ def link_or_copy(ctx: Ctx, src: str, dst: str, st: os.stat_result) -> str:
     return COPY
 
 
+def vouched(ctx: Ctx, rel: str, source: str, st: os.stat_result, sha: str | None) -> bool:
+    """Does SRC's stat cache vouch that the package cache file ``source`` (stat ``st``)
+    still has its package's sha256? It does when an entry for the env's file shares the
+    cache file's (size, mtime, inode) (hardlinked at install) or one keyed by the cache
+    file's path does (written for the cache files the env does not share), and holds
+    that hash or leaves it out (three items: the package's). See :mod:`envtools.hashing`.
+    """
+    v = _vouch_table(ctx)
+    for k in (rel, source):
+        sc = v.get(k)
+        if (sc is not None and sc[2] == st.st_ino and sc[1] == st.st_mtime_ns
+                and sc[0] == st.st_size):
+            return len(sc) == 3 or sc[3] == sha
+    return False
+
+
+def _vouch_table(ctx: Ctx) -> dict:
+    """SRC's stat cache entries for the package being placed: its own part when install
+    wrote one, else all of SRC's stat cache (loaded once per process)."""
+    if ctx._vouch is None:
+        ctx._vouch = {}
+    table = ctx._vouch.get(ctx.unit)
+    if table is None:
+        part = (ctx.vouch_parts or {}).get(ctx.unit)
+        table = load_part(part) if part else None
+        if table is None:
+            if ctx._vouch_all is None:
+                ctx._vouch_all = load_stat_cache(Path(ctx.src_root))
+            table = ctx._vouch_all
+        ctx._vouch[ctx.unit] = table
+    return table
+
+
+class CacheMismatch(EnvtoolsError):
+    """A package cache file no longer has the content its record names."""
+
+
+def check_cache_file(ctx: Ctx, item: Item, st: os.stat_result, data=None) -> bool:
+    """Before a package cache file is linked, copied or relocated: vouched for by SRC's
+    stat cache, or hashed (``data``: its bytes, when they were read anyway) and equal to
+    its record's sha256 and size. Returns False when the record has no sha256 to check
+    against (the file is then taken from SRC); raises :class:`CacheMismatch` when the
+    file does not match."""
+    rel, source, _pt, _ph, _fm, _fc, sha, size = item
+    if not sha:
+        return False
+    if vouched(ctx, rel, source, st, sha):
+        return True
+    if data is not None:
+        got = hashlib.sha256(data).hexdigest()
+    else:
+        fd = confine.open_regular(source)
+        if fd is None:
+            got = "not a regular file"
+        else:
+            with os.fdopen(fd, "rb") as fh:
+                got = sha256_fileobj(fh)
+    if got != sha or (size and st.st_size != size and not item[3]):  # ([3]: placeholder)
+        what = (ctx.names or {}).get(ctx.unit, "a package")
+        raise CacheMismatch(
+            f"the package cache file {source} of {what} does not match its record "
+            f"(sha256 {got}, the record says {sha}): the package cache was changed after "
+            "it was installed",
+            "do not use that cache: ask its owner to reinstall the environment, or clone "
+            "with --no-cache to copy the source's own files (then run envtools validate "
+            "on the clone)", exit_code=1)
+    return True
+
+
 def place(ctx: Ctx, item: Item) -> Placed:
     """Create one tracked file in the clone.
 
     A file placed from the cache has the package's recorded hash, a relocated one the
     hash of what we wrote, and a hardlink shares the stat we already took of its source,
-    so the clone's stat cache costs no extra hashing and hardly any system calls.
+    so the clone's stat cache costs no extra hashing and hardly any system calls. A
+    cache file is used only once :func:`check_cache_file` has vouched for it.
     """
     rel, source, path_type, placeholder, file_mode, from_cache, sha, _size = item
     dst = os.path.join(ctx.dest_tmp, rel)
@@ -154,17 +241,18 @@ def place(ctx: Ctx, item: Item) -> Placed:
         for old in (placeholder, ctx.old_prefix):
             if old and target.startswith(old):
                 target = ctx.new_prefix + target[len(old):]
-        os.symlink(target, dst)
-        return rel, SYMLINK, None, None
+        confine.symlink(target, dst)  # (never followed: see envtools.confine)
+        return rel, SYMLINK, None, None, None
     if path_type == "directory":
-        os.makedirs(dst, exist_ok=True)
-        return rel, "directory", None, None
+        confine.makedirs(str(ctx.dest_tmp), rel)
+        return rel, "directory", None, None, None
     old = placeholder if from_cache else (ctx.old_prefix if placeholder else None)
     if not old and not from_cache:
         linking.copy(source, dst)
-        return rel, COPY, None, None
+        return rel, COPY, None, None, None
     if old:
-        with open(source, "rb") as fh:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
             st = os.fstat(fh.fileno())
             # a large binary is mapped, not read: its pages are in the page cache already,
             # and a fresh buffer of tens of MB costs more in page faults than the copy. The
@@ -175,10 +263,11 @@ def place(ctx: Ctx, item: Item) -> Placed:
                     if mapped else fh.read())
         pieces: list = []
         try:
+            if from_cache and not check_cache_file(ctx, item, st, data):
+                return place(ctx, _from_src(ctx, item))
             pieces = relocate_pieces(data, old, ctx.new_prefix, file_mode or "text", what=rel)
             h = hashlib.sha256()
-            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                         linking.writable_mode(st.st_mode))
+            fd = confine.create(dst, linking.writable_mode(st.st_mode))
             try:
                 os.fchmod(fd, linking.writable_mode(st.st_mode))  # whatever the umask
                 for piece in pieces:
@@ -193,12 +282,24 @@ def place(ctx: Ctx, item: Item) -> Placed:
                     if isinstance(piece, memoryview):
                         piece.release()
                 data.close()
-        return rel, RELOCATED, h.hexdigest(), key
-    st = os.stat(source)
-    how = link_or_copy(ctx, source, dst, st)
+        return rel, RELOCATED, h.hexdigest(), key, stat_key(st) if from_cache else None
+    st = os.lstat(source)
+    if not check_cache_file(ctx, item, st):
+        return place(ctx, _from_src(ctx, item))
+    try:
+        how = link_or_copy(ctx, source, dst, st)
+    except FileExistsError:
+        raise confine.UnsafePath(f"{dst} exists already: the records list {rel!r} twice "
+                                 "(or as a link and a file)") from None
     if how == HARDLINK:
-        return rel, how, sha, stat_key(st)
-    return rel, how, sha, stat_key(os.stat(dst))
+        return rel, how, sha, stat_key(st), None
+    return rel, how, sha, stat_key(os.stat(dst)), stat_key(st)
+
+
+def _from_src(ctx: Ctx, item: Item) -> Item:
+    """The same file taken from SRC's own copy instead of the package cache."""
+    rel, _source, path_type, ph, fm, _from_cache, _sha, size = item
+    return rel, ctx.src_root + "/" + rel, path_type, ph, fm, False, None, size
 
 
 def place_or_fall_back(ctx: Ctx, item: Item) -> Placed:
@@ -206,10 +307,8 @@ def place_or_fall_back(ctx: Ctx, item: Item) -> Placed:
     try:
         return place(ctx, item)
     except (FileNotFoundError, PermissionError):
-        rel, _source, path_type, ph, fm, from_cache, _sha, size = item
-        if from_cache:
-            return place(ctx, (rel, ctx.src_root + "/" + rel, path_type, ph, fm, False, None,
-                               size))
+        if item[5]:
+            return place(ctx, _from_src(ctx, item))
         raise
 
 
@@ -228,15 +327,9 @@ def probe_reflink(pkg_dir: Path, tmp: Path) -> bool | None:
     return None
 
 
-def _dirs_of(items: list[Item]) -> list[str]:
+def _dirs_of(rels: list[str]) -> list[str]:
     """Every directory these files need, parents first (a prefix sorts first)."""
-    dirs: set[str] = set()
-    for it in items:
-        d = it[0].rpartition("/")[0]
-        while d and d not in dirs:
-            dirs.add(d)
-            d = d.rpartition("/")[0]
-    return sorted(dirs)
+    return sorted(confine.ancestors(rels))
 
 
 @dataclass
@@ -329,6 +422,17 @@ def split_units(groups: list[tuple[int, list[Item]]], n: int,
     return [c for c in chunks if c]
 
 
+def _hold_for_tests() -> None:
+    """With ``ENVTOOLS_HOLD_FIFO`` naming a FIFO, wait until a writer opens it before
+    placing anything. Why: the crash-hygiene tests must kill a clone while its placement
+    processes are certainly running, and every source file is checked before it is read,
+    so nothing in an env can make placement block any more."""
+    fifo = os.environ.get("ENVTOOLS_HOLD_FIFO")
+    if fifo:
+        with open(fifo, "rb"):
+            pass
+
+
 def place_chunks(
     ctx: Ctx, chunks: list[list[Unit]], queue: int, advance: Callable[[int], None],
     on_unit: Callable[[int, dict[str, tuple[str, int]]], None], part: str,
@@ -345,6 +449,7 @@ def place_chunks(
     reflink, not root): the same rule as :func:`link_or_copy`
     (``linking.hardlink_is_safe``) without its other per-file calls.
     """
+    _hold_for_tests()
     base = str(ctx.dest_tmp) + "/"
     # the fast loop: hardlinks are the method, and not root (hardlinks_expected), so a
     # file is safe to link when it has no write bit (linking.hardlink_is_safe)
@@ -353,38 +458,49 @@ def place_chunks(
     counts: dict[str, int] = {}
     rewritten: dict[str, tuple[str, int]] = {}
     known: dict[str, tuple] = {}  # rel -> (size, mtime_ns, ino[, sha256]): hashing.py
-    link, stat_ = os.link, os.stat
+    link, lstat = os.link, os.lstat
     n = links = 0
     while len(claimed := os.read(queue, 2)) == 2:
         units = chunks[int.from_bytes(claimed, "little")]
-        for d in _dirs_of([it for u in units for it in u.items]):
-            try:
-                os.mkdir(base + d)
-            except FileExistsError:
-                pass
+        rels = [it[0] for u in units for it in u.items]
+        dirs = _dirs_of(rels)
+        bad = confine.first_unsafe(rels, dirs)  # (before this chunk writes anything)
+        if bad:
+            key = next(u.key for u in units for it in u.items if it[0] == bad[0])
+            raise confine.UnsafePath(f"{(ctx.names or {}).get(key, 'a package')}: refusing "
+                                     f"path {bad[0]!r} from its record: {bad[1]}")
+        for d in dirs:  # (a real directory, or one made here: never a link to elsewhere)
+            confine.mkdir(base + d)
         for unit in units:
             unit_rewritten: dict[str, tuple[str, int]] = {}
+            ctx.unit = unit.key
+            vouch = _vouch_table(ctx) if fast else None
             for item in unit.items:
                 rel, source, path_type, placeholder, _fm, from_cache, sha, _size = item
                 if (fast and from_cache and not placeholder and path_type == "hardlink"
                         and ctx.hardlink_ok):
                     try:
-                        st = stat_(source)
-                        if not st.st_mode & write_bits:
+                        st = lstat(source)
+                        k = (st.st_size, st.st_mtime_ns, st.st_ino)
+                        sc = vouch.get(rel)  # (vouched(), inlined: SRC's hardlinked file)
+                        if not st.st_mode & write_bits and (
+                                sc == k or (sc is not None and sc[:3] == k and sc[3] == sha)):
                             link(source, base + rel)
                             links += 1
                             if sha:  # (it holds the package's sha256: left out)
-                                known[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+                                known[rel] = k
                             continue
                     except OSError as e:
                         if e.errno in linking.LINK_GIVE_UP:
                             ctx.hardlink_ok = False
-                rel, how, sha, key = place_or_fall_back(ctx, item)
+                rel, how, sha, key, cache_key = place_or_fall_back(ctx, item)
                 counts[how] = counts.get(how, 0) + 1
                 if how == RELOCATED:
                     unit_rewritten[rel] = (sha, key[0])
                 if sha and key:
                     known[rel] = (*key, sha)
+                if cache_key:  # vouches for the cache file to clones of this clone
+                    known[source] = cache_key
             rewritten.update(unit_rewritten)
             if unit.writes_record:
                 on_unit(unit.key, unit_rewritten)
@@ -499,7 +615,7 @@ def _child(ctx: Ctx, chunks: list[list[Unit]], queue: int, on_unit: Callable, r:
             o = place_chunks(ctx, chunks, queue, lambda n: None, on_unit, part)
             out = ("ok", (o.counts, o.rewritten, o.files))
         except EnvtoolsError as e:
-            out = ("error", ("envtools", 0, "", e.message, e.hint))
+            out = ("error", ("envtools", e.exit_code, "", e.message, e.hint))
         except OSError as e:
             out = ("error", ("os", e.errno or 0, e.filename or "", e.strerror or str(e), ""))
         except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
@@ -525,7 +641,7 @@ def _raise_child_died(code: int) -> None:
 def _raise_child_error(payload) -> None:
     kind, err, filename, message, hint = payload
     if kind == "envtools":
-        raise EnvtoolsError(message, hint)
+        raise EnvtoolsError(message, hint, exit_code=err)
     if kind == "os":
         if err == errno.ENOENT:
             raise FileNotFoundError(err, message, filename or None)

@@ -197,17 +197,23 @@ class Prefix:
 
 
 def record_file(meta_dir: Path, data: dict) -> Path:
-    """Where a record lives in conda-meta: ``name-version-build.json``."""
-    return meta_dir / f"{data['name']}-{data['version']}-{data['build']}.json"
+    """Where a record lives in conda-meta: ``name-version-build.json`` (one file name:
+    the fields come from data, see :mod:`envtools.confine`)."""
+    from envtools.confine import check_name
+
+    name = f"{data.get('name')}-{data.get('version')}-{data.get('build')}.json"
+    return meta_dir / check_name(name, "package record")
 
 
 def write_record(meta_dir: Path, data: dict) -> Path:
-    """Write one record as ``name-version-build.json``.
+    """Write one new record as ``name-version-build.json`` (never over a file, never
+    through a link).
 
     ``json.dumps`` without indent runs in C; ``json.dump(fh, indent=2)`` runs the pure
     Python encoder, which cost more than linking the files themselves in clone.
     """
+    from envtools.confine import write_new
+
     fp = record_file(meta_dir, data)
-    with open(fp, "w") as fh:
-        fh.write(json.dumps(data))
+    write_new(str(fp), json.dumps(data).encode())
     return fp

@@ -21,9 +21,12 @@ JSON output (``--json``), schema version 1::
       ]
     }
 
-Checks (the ``check`` field): depends, constrains, missing-file, altered-file,
-clobbered-file, pip-duplicate, pip-requires, pip-overwrote, editable-install, elf-arch,
-elf-unresolved, duplicate-library, python-abi, cuda-driver.
+Checks (the ``check`` field): depends, constrains, unsafe-path, missing-file,
+altered-file, clobbered-file, explicit, pip-duplicate, pip-requires, pip-overwrote,
+editable-install, elf-arch, elf-unresolved, duplicate-library, python-abi, cuda-driver.
+
+A record's path is data (see :mod:`envtools.confine`): one that is absolute, holds
+``..``, or lies under a symlink is reported as ``unsafe-path`` and never opened.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from pathlib import Path
 
 import rattler
 
-from envtools import elf, virtual
+from envtools import confine, elf, virtual
 from envtools.errors import EnvtoolsError
 from envtools.hashing import hash_many, load_stat_cache, stat_key
 from envtools.prefix_records import Prefix, Record
@@ -204,6 +207,8 @@ def check_files(ctx: Context) -> None:
             rel = e["_path"]
             ctx.owners.setdefault(rel, []).append(r)
             expected[rel] = (r, e)
+    for rel in _unsafe(ctx, expected):
+        del expected[rel]
     for rel, owners in ctx.owners.items():
         if len(owners) > 1:
             names = [o.name for o in owners]
@@ -253,6 +258,85 @@ def check_files(ctx: Context) -> None:
             _altered(ctx, expected[rel][0], rel)
     ctx.checked["files"] = len(expected)
     ctx.checked["hashed"] = len(to_hash)
+
+
+def _unsafe(ctx: Context, expected: dict[str, tuple[Record, dict]]) -> list[str]:
+    """Record paths validate must not open: unsafe by the path rule, or under a directory
+    that is a symlink (or not a directory) in the env; one finding per cause."""
+    bad: list[str] = []
+    rels = list(expected)
+    dirs = confine.ancestors(rels)
+    if confine.first_unsafe(rels, dirs):
+        for rel in rels:
+            why = confine.unsafe_reason(rel)
+            if why:
+                r = expected[rel][0]
+                ctx.add("unsafe-path", "error", f"the record of {r.name} {r.version} lists "
+                        f"{rel!r}, which is {why}: a path outside the environment",
+                        [r.name], [rel], hint="the record is damaged or hostile; do not use "
+                        "this environment: clone it from a trusted source or reinstall it")
+                bad.append(rel)
+        unsafe = set(bad)
+        rels = [rel for rel in rels if rel not in unsafe]
+        dirs = confine.ancestors(rels)
+    root = str(ctx.prefix.root)
+    linked: list[str] = []
+    for d in sorted(dirs):
+        if any(d.startswith(x + "/") for x in linked):
+            continue
+        try:
+            st = os.lstat(f"{root}/{d}")
+        except OSError:
+            continue  # (its files are reported missing)
+        if not stat.S_ISDIR(st.st_mode):
+            linked.append(d)
+    for d in linked:
+        under = [rel for rel in rels if rel.startswith(d + "/")]
+        names = sorted({expected[rel][0].name for rel in under})
+        ctx.add("unsafe-path", "error", f"{d} is a symbolic link or a file, and the records of "
+                f"{', '.join(names)} list {len(under)} file(s) under it; they were not read",
+                names, under[:20], hint="something replaced a directory of the environment "
+                "with a link; remove the link and reinstall those packages")
+        bad += under
+    return bad
+
+
+def check_explicit(ctx: Context) -> None:
+    """``conda-meta/envtools/explicit.txt`` (written by install) and the records agree:
+    the same packages, from the same URLs, with the same archive sha256."""
+    from envtools.install import EXPLICIT
+
+    try:
+        text = (ctx.prefix.root / EXPLICIT).read_text()
+    except FileNotFoundError:
+        return
+    except OSError as ex:
+        ctx.add("explicit", "error", f"cannot read {EXPLICIT}: {ex.strerror}",
+                hint="check its permissions")
+        return
+    listed: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "@")):
+            url, _, sha = line.partition("#sha256:")
+            listed[url] = sha
+    hint = ("explicit.txt is written by envtools install from the verified archives; a "
+            "difference means the records or the file were changed since: reinstall")
+    seen: set[str] = set()
+    for r in ctx.prefix.records:
+        url, sha = r.data.get("url"), r.data.get("sha256")
+        if url not in listed:
+            ctx.add("explicit", "error", f"{r.name} {r.version} is installed but "
+                    f"{EXPLICIT} does not list it ({url})", [r.name], hint=hint)
+            continue
+        seen.add(url)
+        if sha != listed[url]:
+            ctx.add("explicit", "error", f"{r.name} {r.version}: its record says archive "
+                    f"sha256 {sha}, {EXPLICIT} says {listed[url] or 'none'}", [r.name],
+                    hint=hint)
+    for url in sorted(set(listed) - seen):
+        ctx.add("explicit", "error", f"{EXPLICIT} lists {url}, which is not installed",
+                hint=hint)
 
 
 def _altered(ctx: Context, r: Record, rel: str) -> None:
@@ -521,7 +605,7 @@ def check_binaries(ctx: Context) -> None:
                         hint=f"reinstall that package for python {pyver[0]}.{pyver[1]}")
 
 
-CHECKS = (check_depends, check_cuda, check_files, check_pip, check_binaries)
+CHECKS = (check_depends, check_cuda, check_files, check_explicit, check_pip, check_binaries)
 
 
 def validate(prefix: str | os.PathLike[str], full: bool = False,
