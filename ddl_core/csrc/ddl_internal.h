@@ -60,9 +60,9 @@ typedef struct {
 /* Seconds from a monotonic clock. */
 double ddl_now(void);
 extern double ddl_timeout_s;
-extern double ddl_spin_s;
+extern double ddl_spin_s; /* DDL_SPIN_US: how long a wait spins before it pauses */
 extern size_t ddl_stream_piece; /* DDL_PIECE: piece size of exchanges between nodes */
-extern int ddl_stream_window;   /* DDL_WINDOW: pieces each way in flight at once */ /* DDL_SPIN_US: how long a wait spins before it pauses */
+extern int ddl_stream_window;   /* DDL_WINDOW: pieces each way in flight at once */
 
 /* Exchange with peers, waiting at most DDL_TIMEOUT. Either side may be absent (peer < 0).
  * The receive is probed first so a message of an unexpected size is reported (as
@@ -182,6 +182,41 @@ ddl_status_t ddl_model_load(ddl_model_t *m, const char *path, const int *dims, i
 double ddl_model_plan(const ddl_model_t *m, const int *dims, int nlevels, size_t bytes,
                       ddl_algo_t forced, ddl_algo_t out[DDL_MAX_LEVELS], int *flat);
 
+/* ---- configuration (config.c) and its agreement across ranks (agree.c) ---------------- */
+
+enum { DDL_NCCL_OFF = 0, DDL_NCCL_AUTO = 1, DDL_NCCL_REQUIRE = 2 };
+
+/* Every DDL_* environment variable libddl reads, parsed (config.c's table says which
+ * must agree across ranks and why). */
+typedef struct {
+    int log_level;           /* DDL_LOG */
+    double timeout_s;        /* DDL_TIMEOUT */
+    double spin_s;           /* DDL_SPIN_US, in seconds; negative: always spin */
+    size_t piece;            /* DDL_PIECE */
+    int window;              /* DDL_WINDOW */
+    size_t fusion_threshold; /* DDL_FUSION_THRESHOLD */
+    double cycle_time_s;     /* DDL_CYCLE_TIME_MS, in seconds */
+    int node_leader;         /* DDL_NODE_LEADER */
+    size_t segment_bytes;    /* DDL_SEGMENT */
+    ddl_algo_t algo;         /* DDL_ALGO */
+    int nlevels;             /* DDL_TOPOLOGY: 0 when unset (detected) */
+    int dims[DDL_MAX_LEVELS];
+    int nccl;           /* DDL_NCCL: DDL_NCCL_OFF / _AUTO / _REQUIRE */
+    int nccl_outer_mpi; /* DDL_NCCL_OUTER=mpi */
+} ddl_config_t;
+
+void ddl_config_defaults(ddl_config_t *cfg);
+/* Read every variable; the first bad one is the error (its name, value, range, default). */
+ddl_status_t ddl_config_read(ddl_config_t *cfg);
+/* "NAME\tvalue in effect\tvalue as set\n" lines of the settings that must agree. */
+size_t ddl_config_agreed(const ddl_config_t *cfg, char *out, size_t n);
+/* Make cfg the one in effect (the globals below and in p2p.c, errors.c, gpu.c). */
+void ddl_config_apply(const ddl_config_t *cfg);
+/* The start of ddl_init, right after MPI_Init: every rank arrived within DDL_TIMEOUT and
+ * the settings that must agree do, or every rank returns the same error (a missing rank,
+ * a bad setting with the ranks that have it, or each differing setting with its values). */
+ddl_status_t ddl_init_agree(const ddl_config_t *cfg, ddl_status_t local, const char *local_error);
+
 /* ---- global state (core.c) ------------------------------------------------------------ */
 
 typedef struct {
@@ -265,8 +300,8 @@ ddl_status_t ddl_nccl_reduce_scatter(const void *send, void *recv, size_t recvco
                                      void *stream);
 ddl_status_t ddl_nccl_group(int start);
 
-/* DDL_NCCL and DDL_NCCL_OUTER, read at init with the other variables. */
-ddl_status_t ddl_gpu_read_env(void);
+/* DDL_NCCL (DDL_NCCL_OFF/_AUTO/_REQUIRE) and DDL_NCCL_OUTER=mpi, as config.c read them. */
+void ddl_gpu_configure(int nccl, int outer_mpi);
 /* Destroy the NCCL communicators and free pinned memory (ddl_finalize). */
 void ddl_gpu_finalize(void);
 
