@@ -296,9 +296,10 @@ static ddl_status_t other_side(const record_t *mine, double timeout, record_t *v
         abandon(&verdict_req);
         MPI_Request_free(&send);
         return ddl_fail(DDL_ERR_TIMEOUT,
-                        "ddl_init: rank 0 did not call ddl_init() within DDL_TIMEOUT (%g s): it "
-                        "died, hung, exited or took another path before ddl_init; set "
-                        "DDL_TIMEOUT higher if it is only slow",
+                        "ddl_init: no answer from rank 0 within DDL_TIMEOUT (%g s): rank 0 did "
+                        "not call ddl_init() (it died, hung, exited or took another path), or "
+                        "it gave up waiting for this rank; set DDL_TIMEOUT higher if a rank is "
+                        "only slow",
                         timeout);
     }
     /* Rank 0 is in ddl_init and answers within its own DDL_TIMEOUT from now at most. */
