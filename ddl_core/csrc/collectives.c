@@ -47,8 +47,10 @@ ddl_status_t ddl_header_verdict(const ddl_header_t *h, const char *coll) {
                         coll, (unsigned long long)h->count_min, (unsigned long long)h->count_max);
     return ddl_fail(DDL_ERR_MISMATCH,
                     "%s called with different arguments on different ranks (the dtype, op, "
-                    "root or the collective itself differ; counts agree): every rank must call "
-                    "the same collectives in the same order with the same arguments",
+                    "root or the collective itself differ, or ddl_set_algorithm / "
+                    "ddl_set_fusion was called on some ranks only; counts agree): every rank "
+                    "must call the same collectives in the same order with the same arguments "
+                    "and settings",
                     coll);
 }
 
