@@ -18,8 +18,18 @@ static uint64_t mix(uint64_t x) { /* splitmix64 finaliser */
     return x ^ (x >> 31);
 }
 
+/* The settings a collective's messages depend on and that can change at run time
+ * (ddl_set_algorithm, ddl_set_fusion) are part of every signature, so ranks that changed
+ * them differently fail with DDL_ERR_MISMATCH at the next call's check instead of
+ * running different algorithms into each other (a hang until DDL_TIMEOUT). */
+void ddl_settings_changed(void) {
+    uint64_t s = mix(((uint64_t)ddl_g.forced_algo << 56) ^ (uint64_t)ddl_g.fusion_threshold);
+    __atomic_store_n(&ddl_g.settings_sig, s, __ATOMIC_RELAXED);
+}
+
 uint64_t ddl_signature(int coll, uint64_t count, int dtype, int op, int root) {
-    uint64_t h = mix((uint64_t)coll * 0x9e3779b97f4a7c15ULL);
+    uint64_t h = mix((uint64_t)coll * 0x9e3779b97f4a7c15ULL ^
+                     __atomic_load_n(&ddl_g.settings_sig, __ATOMIC_RELAXED));
     h = mix(h ^ count);
     h = mix(h ^ ((uint64_t)(uint32_t)dtype << 32 | (uint32_t)op));
     return mix(h ^ (uint64_t)(uint32_t)root);

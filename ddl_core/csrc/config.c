@@ -330,4 +330,5 @@ void ddl_config_apply(const ddl_config_t *cfg) {
     ddl_g.segment_bytes = cfg->segment_bytes;
     ddl_g.forced_algo = cfg->algo;
     ddl_gpu_configure(cfg->nccl, cfg->nccl_outer_mpi);
+    ddl_settings_changed();
 }

@@ -197,6 +197,7 @@ ddl_status_t ddl_set_algorithm(ddl_algo_t algo) {
     if ((int)algo < 0 || algo >= DDL_NUM_ALGOS)
         return ddl_fail(DDL_ERR_INVALID_ARG, "unknown algorithm %d", (int)algo);
     ddl_g.forced_algo = algo;
+    ddl_settings_changed();
     return DDL_SUCCESS;
 }
 
@@ -240,6 +241,7 @@ ddl_status_t ddl_set_fusion(size_t threshold_bytes, double cycle_time_ms) {
                         cycle_time_ms);
     ddl_g.fusion_threshold = threshold_bytes;
     ddl_g.cycle_time_s = cycle_time_ms / 1000.0;
+    ddl_settings_changed();
     return DDL_SUCCESS;
 }
 

@@ -105,6 +105,8 @@ enum { DDL_COLL_ALLREDUCE = 1, DDL_COLL_BROADCAST, DDL_COLL_ALLGATHER,
        DDL_COLL_REDUCE_SCATTER, DDL_COLL_BARRIER, DDL_COLL_NEGOTIATE, DDL_COLL_FUSED };
 
 uint64_t ddl_signature(int coll, uint64_t count, int dtype, int op, int root);
+/* Recompute the run-time settings every signature carries (after they change). */
+void ddl_settings_changed(void);
 void ddl_header_init(ddl_header_t *h, uint64_t sig, uint64_t count);
 void ddl_header_merge(ddl_header_t *into, const ddl_header_t *from);
 /* DDL_ERR_MISMATCH with a message naming what differs, or DDL_SUCCESS. */
@@ -232,6 +234,7 @@ typedef struct {
     double cycle_time_s;
     int node_leader;    /* DDL_NODE_LEADER: one rank per node runs the outer levels */
     size_t segment_bytes; /* DDL_SEGMENT: pipeline segment of the node-leader allreduce */
+    uint64_t settings_sig; /* forced_algo and fusion_threshold, hashed into signatures */
 } ddl_state_t;
 
 extern ddl_state_t ddl_g;

@@ -83,6 +83,11 @@ def test_one_rank_with_a_bad_value_fails_every_rank() -> None:
     assert ok_lines(proc, "one_bad") == 3
 
 
+def test_run_time_settings_changed_on_one_rank_are_a_mismatch_not_a_hang() -> None:
+    proc = run_mpi(2, "config.py", "setters", env={"DDL_TIMEOUT": "5"}, timeout=60)
+    assert ok_lines(proc, "setters") == 2
+
+
 @pytest.mark.parametrize("missing", [0, 2])
 def test_a_rank_that_never_calls_init_is_named(missing: int) -> None:
     proc = run_mpi(3, "config.py", "missing", env={"DDL_TIMEOUT": "3", "MISSING": str(missing)},

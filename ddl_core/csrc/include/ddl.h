@@ -204,7 +204,9 @@ int ddl_gpu_info(char *buf, size_t len);
 
 /* ---- tuning and introspection ---------------------------------------------------- */
 
-/* Force one allreduce algorithm for every level (DDL_ALGO_AUTO restores the model). */
+/* Force one allreduce algorithm for every level (DDL_ALGO_AUTO restores the model). Like
+ * ddl_set_fusion, call it the same way on every rank: the setting is part of every
+ * collective's signature, so ranks that differ fail with DDL_ERR_MISMATCH. */
 ddl_status_t ddl_set_algorithm(ddl_algo_t algo);
 /* Override the cost model's alpha (s) and beta (s/byte) for one level. */
 ddl_status_t ddl_set_level_cost(int level, double alpha, double beta);
@@ -216,7 +218,8 @@ ddl_status_t ddl_plan(size_t bytes, ddl_algo_t algos[DDL_MAX_LEVELS], double *pr
  * and requests that travelled inside a fusion buffer. */
 ddl_status_t ddl_async_stats(uint64_t *batches, uint64_t *fused_buffers,
                              uint64_t *fused_requests);
-/* Fusion settings (bytes, milliseconds). */
+/* Fusion settings (bytes, at most 2^40; milliseconds). The threshold must be the same on
+ * every rank (see ddl_set_algorithm); the cycle time is this rank's own. */
 ddl_status_t ddl_set_fusion(size_t threshold_bytes, double cycle_time_ms);
 
 /* ---- settings ---------------------------------------------------------------------- */

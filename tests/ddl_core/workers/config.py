@@ -11,6 +11,8 @@ Usage: config.py MODE
   missing   rank MISSING (env) never calls ddl.init(): the others raise DDLTimeoutError
             naming it within about DDL_TIMEOUT
   late      rank LATE calls ddl.init() after the others gave up: it times out naming rank 0
+  setters   ddl.set_algorithm / set_fusion on one rank only: the next collective raises
+            MismatchError on every rank, at once; the same settings again work
 Each rank prints "OK MODE ..." when its checks pass.
 """
 
@@ -106,6 +108,29 @@ elif mode == "one_bad":
     os.environ.pop("DDL_SEGMENT", None)
     clean_init_works()
     print("OK one_bad", flush=True)
+
+elif mode == "setters":
+    import numpy as np
+
+    ddl.init()
+    small, large = np.ones(2, np.float32), np.ones(1 << 18, np.float32)
+    changes = [(lambda: ddl.set_algorithm("ring"), lambda: ddl.set_algorithm("auto")),
+               (lambda: ddl.set_fusion(1024, 1.0), lambda: ddl.set_fusion(64 << 20, 1.0))]
+    for change, undo in changes:
+        if r == 1:
+            change()  # on one rank only
+        for x in (small, large):
+            t0 = time.monotonic()
+            try:
+                ddl.allreduce(x)
+                raise AssertionError(f"rank {r}: no MismatchError")
+            except ddl.MismatchError as e:
+                assert "ddl_set_algorithm / ddl_set_fusion" in str(e), e
+            assert time.monotonic() - t0 < timeout
+        if r == 1:
+            undo()
+        assert (ddl.allreduce(large) == n).all()  # the same settings again: it works
+    print("OK setters", flush=True)
 
 elif mode == "missing":
     missing = int(os.environ["MISSING"])
