@@ -116,6 +116,7 @@ static ddl_status_t verdict(const record_t *rec, const int *arrived, int p, doub
         return DDL_ERR_NO_MEMORY;
     }
     char ranks[256], others[256];
+    char(*val)[2][128] = NULL; /* each rank's value of one setting: in effect, as set */
     ddl_status_t st = DDL_SUCCESS;
     out[0] = 0;
     int missing = 0;
@@ -150,20 +151,27 @@ static ddl_status_t verdict(const record_t *rec, const int *arrived, int p, doub
         st = (ddl_status_t)rec[i].status;
         goto done;
     }
-    /* Settings that differ: each one with its values and who holds them. */
+    /* Settings that differ: each one with its values and who holds them. Each rank's
+     * value is looked up once per setting and ranks are grouped by value, so the cost
+     * is P times the number of distinct values, not P squared. */
+    val = malloc((size_t)p * sizeof *val);
+    if (!val) {
+        snprintf(out, n, "ddl_init: no memory to compare %d ranks' settings", p);
+        st = DDL_ERR_NO_MEMORY;
+        goto done;
+    }
     for (const char *line = rec[0].text; *line;) {
         const char *tab = strchr(line, '\t'), *eol = strchr(line, '\n');
         if (!tab || !eol) break;
-        char name[64], canon0[128], show0[128];
+        char name[64];
         snprintf(name, sizeof name, "%.*s", (int)(tab - line), line);
         line = eol + 1;
-        if (!lookup(rec[0].text, name, canon0, show0, sizeof canon0)) continue;
         int differs = 0;
-        char canon[128], show[128];
         for (int i = 0; i < p; i++) {
             mark[i] = -1;
-            if (!lookup(rec[i].text, name, canon, show, sizeof canon)) canon[0] = 0;
-            if (strcmp(canon, canon0)) differs = 1;
+            if (!lookup(rec[i].text, name, val[i][0], val[i][1], sizeof val[i][0]))
+                val[i][0][0] = val[i][1][0] = 0;
+            differs |= strcmp(val[i][0], val[0][0]) != 0;
         }
         if (!differs) continue;
         if (out[0]) append(out, n, "%s%s", "; ", "");
@@ -172,22 +180,24 @@ static ddl_status_t verdict(const record_t *rec, const int *arrived, int p, doub
         int group = 0;
         for (int i = 0; i < p; i++) {
             if (mark[i] >= 0) continue;
-            char ci[128], si[128];
-            if (!lookup(rec[i].text, name, ci, si, sizeof ci)) ci[0] = si[0] = 0;
+            const char *ci = val[i][0], *si = val[i][1];
             int same_text = 1; /* all of the group wrote it the same way */
             for (int j = i; j < p; j++) {
-                char cj[128], sj[128];
-                if (!lookup(rec[j].text, name, cj, sj, sizeof cj)) cj[0] = sj[0] = 0;
-                if (mark[j] < 0 && !strcmp(cj, ci)) {
+                if (mark[j] < 0 && !strcmp(val[j][0], ci)) {
                     mark[j] = group;
-                    same_text &= !strcmp(sj, si);
+                    same_text &= !strcmp(val[j][1], si);
                 }
+            }
+            if (group == 4) { /* enough to see the problem */
+                append(out, n, "%s%s", ", and other values on other ranks", "");
+                break;
             }
             int k = rank_list(mark, p, group, ranks, sizeof ranks);
             snprintf(others, sizeof others, "%s%s %.200s", group ? ", " : "",
                      k > 1 ? "ranks" : "rank", ranks);
             if (same_text && !strcmp(si, "unset"))
-                append(out, n, "%s leave it unset (%s)", others, ci);
+                append(out, n, k > 1 ? "%s leave it unset (%s)" : "%s leaves it unset (%s)",
+                       others, ci);
             else if (same_text)
                 append(out, n, "%s %s", others, "");
             if (same_text && strcmp(si, "unset")) append(out, n, "%s %s", k > 1 ? "have" : "has", si);
@@ -203,6 +213,7 @@ static ddl_status_t verdict(const record_t *rec, const int *arrived, int p, doub
                "the same on every rank; set them the same everywhere, or unset them",
                "");
 done:
+    free(val);
     free(mark);
     return st;
 }

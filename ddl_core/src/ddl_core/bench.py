@@ -230,11 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", help="draw busbw against size to this PNG")
     cmp = ap.add_argument_group("compare (run it without ddlrun: it launches the jobs)")
     cmp.add_argument("--baseline", help="a directory holding another ddl_core build")
-    cmp.add_argument("--rounds", type=int, default=15, help="jobs per build, alternating")
+    cmp.add_argument("--rounds", type=int, default=21, help="jobs per build, alternating")
     cmp.add_argument("--sizes", default="8,1M", help="allreduce sizes, comma-separated")
     cmp.add_argument("-n", "--ranks", type=int, default=2)
     args = ap.parse_args(argv)
     if args.collective == "compare":
+        if args.reps == 5:  # -r's default suits the tables; paired bursts want many more
+            args.reps = 101
         if not args.baseline:
             ap.error("compare needs --baseline DIR")
         from .bench_compare import main as compare_main
