@@ -229,24 +229,30 @@ ddl_status_t ddl_doubling_allgather(const ddl_comm_t *c, void *buf, size_t count
 
 /* ---- MPI's own allreduce --------------------------------------------------------------- */
 
-/* MPI has no 16-bit float types, and Open MPI's vectorised int8/uint8 sum saturates
- * where every other path (and numpy) wraps. Those four dtypes travel as contiguous byte
- * types of their own with user ops that call ddl_reduce, so `mpi` gives the same
- * results as DDL's own algorithms for every dtype. */
-static const ddl_dtype_t own_dtypes[4] = {DDL_FLOAT16, DDL_BFLOAT16, DDL_INT8, DDL_UINT8};
-static MPI_Datatype own_types[4] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL, MPI_DATATYPE_NULL,
-                                    MPI_DATATYPE_NULL};
+/* MPI has no 16-bit float types, Open MPI's vectorised int8/uint8 sum saturates where
+ * every other path (and numpy) wraps, and MPI's own float MAX/MIN neither propagate NaN
+ * nor agree on -0.0 vs +0.0 (nor do its sums on NaN payloads): the result could depend
+ * on the order in which a rank applied them. Those dtypes travel as contiguous byte types
+ * of their own with user ops that call ddl_reduce (commutative bit for bit, reduce.c),
+ * so `mpi` gives the same results as DDL's own algorithms for every dtype, on every rank.
+ * Integers of 32 and 64 bits keep MPI's own ops: they are exact in any order. */
+#define NOWN 6
+static const ddl_dtype_t own_dtypes[NOWN] = {DDL_FLOAT16, DDL_BFLOAT16, DDL_INT8,
+                                             DDL_UINT8,   DDL_FLOAT32,  DDL_FLOAT64};
+static MPI_Datatype own_types[NOWN] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL,
+                                       MPI_DATATYPE_NULL, MPI_DATATYPE_NULL,
+                                       MPI_DATATYPE_NULL, MPI_DATATYPE_NULL};
 static MPI_Op own_ops[DDL_NUM_OPS];
 static int own_ready;
 
 static int own_index(ddl_dtype_t d) {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < NOWN; i++)
         if (own_dtypes[i] == d) return i;
     return -1;
 }
 
 static void own_reduce(void *in, void *inout, int *len, MPI_Datatype *dt, ddl_op_t op) {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < NOWN; i++)
         if (*dt == own_types[i]) ddl_reduce(inout, in, (size_t)*len, own_dtypes[i], op);
 }
 static void own_sum(void *a, void *b, int *n, MPI_Datatype *t) { own_reduce(a, b, n, t, DDL_SUM); }
@@ -256,7 +262,7 @@ static void own_max(void *a, void *b, int *n, MPI_Datatype *t) { own_reduce(a, b
 
 static ddl_status_t own_setup(void) {
     if (own_ready) return DDL_SUCCESS;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < NOWN; i++) {
         MPI_CHECK(MPI_Type_contiguous((int)ddl_dtype_size(own_dtypes[i]), MPI_BYTE, &own_types[i]));
         MPI_CHECK(MPI_Type_commit(&own_types[i]));
     }
@@ -273,8 +279,6 @@ MPI_Datatype ddl_mpi_dtype(ddl_dtype_t dtype) {
     int own = own_index(dtype);
     if (own >= 0) return own_types[own];
     switch (dtype) {
-    case DDL_FLOAT32: return MPI_FLOAT;
-    case DDL_FLOAT64: return MPI_DOUBLE;
     case DDL_INT32: return MPI_INT32_T;
     case DDL_INT64: return MPI_INT64_T;
     default: return MPI_DATATYPE_NULL;

@@ -18,8 +18,22 @@ static uint64_t mix(uint64_t x) { /* splitmix64 finaliser */
     return x ^ (x >> 31);
 }
 
+/* The settings a collective's messages depend on and that can change at run time
+ * (ddl_set_algorithm, ddl_set_fusion) are part of every signature, so ranks that changed
+ * them differently fail with DDL_ERR_MISMATCH at the next call's check instead of
+ * running different algorithms into each other (a hang until DDL_TIMEOUT). */
+void ddl_settings_changed(void) {
+    uint64_t s = mix(((uint64_t)ddl_g.forced_algo << 56) ^ (uint64_t)ddl_g.fusion_threshold);
+    __atomic_store_n(&ddl_g.settings_sig, s, __ATOMIC_RELAXED);
+}
+
 uint64_t ddl_signature(int coll, uint64_t count, int dtype, int op, int root) {
-    uint64_t h = mix((uint64_t)coll * 0x9e3779b97f4a7c15ULL);
+    /* The negotiation of the asynchronous queue does not depend on the run-time settings,
+     * and an idle rank's progress thread joins one whenever a peer starts it, possibly
+     * while the application changes them (ddl_set_fusion) on some ranks first. */
+    uint64_t settings =
+        coll == DDL_COLL_NEGOTIATE ? 0 : __atomic_load_n(&ddl_g.settings_sig, __ATOMIC_RELAXED);
+    uint64_t h = mix((uint64_t)coll * 0x9e3779b97f4a7c15ULL ^ settings);
     h = mix(h ^ count);
     h = mix(h ^ ((uint64_t)(uint32_t)dtype << 32 | (uint32_t)op));
     return mix(h ^ (uint64_t)(uint32_t)root);
@@ -47,8 +61,10 @@ ddl_status_t ddl_header_verdict(const ddl_header_t *h, const char *coll) {
                         coll, (unsigned long long)h->count_min, (unsigned long long)h->count_max);
     return ddl_fail(DDL_ERR_MISMATCH,
                     "%s called with different arguments on different ranks (the dtype, op, "
-                    "root or the collective itself differ; counts agree): every rank must call "
-                    "the same collectives in the same order with the same arguments",
+                    "root or the collective itself differ, or ddl_set_algorithm / "
+                    "ddl_set_fusion was called on some ranks only; counts agree): every rank "
+                    "must call the same collectives in the same order with the same arguments "
+                    "and settings",
                     coll);
 }
 

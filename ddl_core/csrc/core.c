@@ -1,4 +1,5 @@
-/* Life cycle, configuration from the environment, and introspection.
+/* Life cycle and introspection. The environment is read by config.c and checked across
+ * ranks by agree.c before anything else happens.
  *
  * Two contexts are built at init, each with its own duplicated communicators: one for the
  * blocking API (called from the application thread) and one for the progress thread.
@@ -29,68 +30,6 @@ ddl_status_t ddl_require_init(void) {
                         "DDL was finalized: no collective can run after ddl_finalize()");
     return ddl_fail(DDL_ERR_NOT_INITIALIZED,
                     "DDL is not initialized: call ddl_init() (Python: ddl_core.init()) first");
-}
-
-static ddl_status_t env_double(const char *name, double lo, double hi, double *out) {
-    const char *v = getenv(name);
-    if (!v || !*v) return DDL_SUCCESS;
-    char *end;
-    errno = 0;
-    double d = strtod(v, &end);
-    if (errno || *end || d < lo || d > hi)
-        return ddl_fail(DDL_ERR_INVALID_ARG, "%s=%s is not a number in [%g, %g]", name, v, lo, hi);
-    *out = d;
-    return DDL_SUCCESS;
-}
-
-static ddl_status_t parse_algo(const char *v, ddl_algo_t *out) {
-    for (int a = 0; a < DDL_NUM_ALGOS; a++)
-        if (strcmp(v, ddl_algo_name((ddl_algo_t)a)) == 0) {
-            *out = (ddl_algo_t)a;
-            return DDL_SUCCESS;
-        }
-    if (strcmp(v, "rhd") == 0 || strcmp(v, "halving") == 0) {
-        *out = DDL_ALGO_RABENSEIFNER;
-        return DDL_SUCCESS;
-    }
-    return ddl_fail(DDL_ERR_INVALID_ARG,
-                    "DDL_ALGO=%s is not an algorithm; use auto, ring, rabenseifner, recdoubling "
-                    "or mpi",
-                    v);
-}
-
-/* Everything from the environment is read and checked before MPI starts, so a typo in a
- * variable fails fast and identically on every rank. */
-static ddl_status_t read_env(int *dims, int *nlevels) {
-    double level = 0, fusion = 64.0 * 1024 * 1024, cycle = 1.0;
-    DDL_CHECK(env_double("DDL_LOG", 0, 5, &level));
-    ddl_log_level = (int)level;
-    DDL_CHECK(env_double("DDL_TIMEOUT", 0.001, 1e9, &ddl_timeout_s));
-    double spin_us = 200;
-    DDL_CHECK(env_double("DDL_SPIN_US", -1, 1e9, &spin_us));
-    ddl_spin_s = spin_us * 1e-6;
-    double piece = (double)ddl_stream_piece, window = ddl_stream_window;
-    DDL_CHECK(env_double("DDL_PIECE", 0, 1 << 30, &piece));
-    DDL_CHECK(env_double("DDL_WINDOW", 1, 1 << 20, &window));
-    ddl_stream_piece = (size_t)piece;
-    ddl_stream_window = (int)window;
-    DDL_CHECK(env_double("DDL_FUSION_THRESHOLD", 0, 1e12, &fusion));
-    DDL_CHECK(env_double("DDL_CYCLE_TIME_MS", 0, 1e6, &cycle));
-    double leader = 1;
-    DDL_CHECK(env_double("DDL_NODE_LEADER", 0, 1, &leader));
-    ddl_g.node_leader = leader >= 0.5;
-    double segment = 2.0 * 1024 * 1024;
-    DDL_CHECK(env_double("DDL_SEGMENT", 4096, 1 << 30, &segment));
-    ddl_g.segment_bytes = (size_t)segment;
-    ddl_g.fusion_threshold = (size_t)fusion;
-    ddl_g.cycle_time_s = cycle / 1000.0;
-    ddl_g.forced_algo = DDL_ALGO_AUTO;
-    const char *a = getenv("DDL_ALGO");
-    if (a && *a) DDL_CHECK(parse_algo(a, &ddl_g.forced_algo));
-    *nlevels = 0;
-    const char *t = getenv("DDL_TOPOLOGY");
-    if (t && *t) DDL_CHECK(ddl_parse_topology(t, dims, nlevels));
-    return ddl_gpu_read_env();
 }
 
 static ddl_status_t dup_world(ddl_comm_t *c) {
@@ -124,14 +63,56 @@ static int tune_cache_path(char *out, size_t n) {
     return snprintf(out, n, "%s/tune-%s.txt", base, grid) < (int)n;
 }
 
+/* The cost model's figures are rank 0's (its DDL_TUNE_FILE, or its cache for this grid),
+ * sent to every rank: they choose the algorithm of every allreduce, so ranks with
+ * different figures (a per-host cache, a file readable on some hosts only) would choose
+ * differently and send messages the others do not expect. An error reading the file on
+ * rank 0 is every rank's error. */
+static ddl_status_t share_model(void) {
+    struct {
+        int32_t status;
+        char error[768];
+        ddl_model_t model;
+    } m;
+    memset(&m, 0, sizeof m);
+    ddl_model_defaults(&m.model, ddl_g.app.topo.nlevels);
+    if (ddl_g.rank == 0) {
+        const char *tune = getenv("DDL_TUNE_FILE");
+        char cached[1024];
+        ddl_status_t rc = DDL_SUCCESS;
+        if (tune && *tune) {
+            rc = ddl_model_load(&m.model, tune, ddl_g.app.topo.dims, ddl_g.app.topo.nlevels);
+        } else if (tune_cache_path(cached, sizeof cached) && access(cached, R_OK) == 0) {
+            rc = ddl_model_load(&m.model, cached, ddl_g.app.topo.dims, ddl_g.app.topo.nlevels);
+            if (rc == DDL_SUCCESS) ddl_log(1, "cost model from %s", cached);
+        }
+        m.status = (int32_t)rc;
+        if (rc != DDL_SUCCESS) snprintf(m.error, sizeof m.error, "%s", ddl_last_error());
+    }
+    if (ddl_g.size > 1)
+        DDL_CHECK(ddl_broadcast_ctx(&ddl_g.app, &m, sizeof m, DDL_UINT8, 0));
+    if (m.status != DDL_SUCCESS) {
+        m.error[sizeof m.error - 1] = 0;
+        return ddl_fail((ddl_status_t)m.status, "%s%s", ddl_g.rank ? "on rank 0: " : "", m.error);
+    }
+    ddl_g.model = m.model;
+    return DDL_SUCCESS;
+}
+
 ddl_status_t ddl_init(void) {
     if (ddl_g.initialized) return DDL_SUCCESS;
     if (ddl_g.finalized)
         return ddl_fail(DDL_ERR_NOT_INITIALIZED,
                         "DDL cannot be initialized again after ddl_finalize() (MPI allows one "
                         "initialization per process)");
-    int dims[DDL_MAX_LEVELS], nlevels;
-    DDL_CHECK(read_env(dims, &nlevels));
+    /* A bad setting is not returned at once: MPI starts anyway and the agreement below
+     * hands the message to every rank, so a variable set wrong on one host fails the
+     * whole job with its name instead of leaving the other ranks waiting for this one. */
+    ddl_config_t cfg;
+    ddl_status_t local = ddl_config_read(&cfg);
+    char local_error[1024] = "";
+    if (local != DDL_SUCCESS) snprintf(local_error, sizeof local_error, "%s", ddl_last_error());
+    ddl_config_apply(&cfg);
     int inited = 0, fin = 0, provided = 0;
     MPI_CHECK(MPI_Initialized(&inited));
     MPI_CHECK(MPI_Finalized(&fin));
@@ -142,34 +123,25 @@ ddl_status_t ddl_init(void) {
     } else {
         MPI_CHECK(MPI_Query_thread(&provided));
     }
+    DDL_CHECK(ddl_init_agree(&cfg, local, local_error));
     DDL_CHECK(dup_world(&ddl_g.app.world));
     DDL_CHECK(dup_world(&ddl_g.progress.world));
     ddl_g.rank = ddl_g.app.world.rank;
     ddl_g.size = ddl_g.app.world.size;
 
-    MPI_Comm local;
+    MPI_Comm local_comm;
     MPI_CHECK(MPI_Comm_split_type(ddl_g.app.world.comm, MPI_COMM_TYPE_SHARED, ddl_g.rank,
-                                  MPI_INFO_NULL, &local));
-    MPI_CHECK(MPI_Comm_rank(local, &ddl_g.local_rank));
-    MPI_CHECK(MPI_Comm_size(local, &ddl_g.local_size));
-    MPI_CHECK(MPI_Comm_free(&local));
+                                  MPI_INFO_NULL, &local_comm));
+    MPI_CHECK(MPI_Comm_rank(local_comm, &ddl_g.local_rank));
+    MPI_CHECK(MPI_Comm_size(local_comm, &ddl_g.local_size));
+    MPI_CHECK(MPI_Comm_free(&local_comm));
 
-    ddl_status_t rc = ddl_topo_build(&ddl_g.app, ddl_g.app.world.comm, dims, nlevels);
+    ddl_status_t rc = ddl_topo_build(&ddl_g.app, ddl_g.app.world.comm, cfg.dims, cfg.nlevels);
     if (rc == DDL_SUCCESS)
-        rc = ddl_topo_build(&ddl_g.progress, ddl_g.progress.world.comm, dims, nlevels);
+        rc = ddl_topo_build(&ddl_g.progress, ddl_g.progress.world.comm, cfg.dims, cfg.nlevels);
     if (rc != DDL_SUCCESS) return rc;
 
-    ddl_model_defaults(&ddl_g.model, ddl_g.app.topo.nlevels);
-    const char *tune = getenv("DDL_TUNE_FILE");
-    char cached[1024];
-    if (tune && *tune) {
-        DDL_CHECK(ddl_model_load(&ddl_g.model, tune, ddl_g.app.topo.dims, ddl_g.app.topo.nlevels));
-    } else if (tune_cache_path(cached, sizeof cached) && access(cached, R_OK) == 0) {
-        DDL_CHECK(ddl_model_load(&ddl_g.model, cached, ddl_g.app.topo.dims,
-                                 ddl_g.app.topo.nlevels));
-        ddl_log(1, "cost model from %s", cached);
-    }
-
+    DDL_CHECK(share_model());
     ddl_g.model.leader = ddl_g.node_leader;
     ddl_g.model.segment = (double)ddl_g.segment_bytes;
     DDL_CHECK(ddl_liveness_start()); /* liveness.c: a lost peer is reported at once */
@@ -228,12 +200,14 @@ ddl_status_t ddl_set_algorithm(ddl_algo_t algo) {
     if ((int)algo < 0 || algo >= DDL_NUM_ALGOS)
         return ddl_fail(DDL_ERR_INVALID_ARG, "unknown algorithm %d", (int)algo);
     ddl_g.forced_algo = algo;
+    ddl_settings_changed();
     return DDL_SUCCESS;
 }
 
 ddl_status_t ddl_set_level_cost(int level, double alpha, double beta) {
     DDL_CHECK(ddl_require_init());
-    if (level < 0 || level >= ddl_g.app.topo.nlevels || alpha < 0 || beta < 0)
+    if (level < 0 || level >= ddl_g.app.topo.nlevels || !(alpha >= 0 && alpha <= 1e6) ||
+        !(beta >= 0 && beta <= 1e6))
         return ddl_fail(DDL_ERR_INVALID_ARG, "level %d (of %d) alpha %g beta %g", level,
                         ddl_g.app.topo.nlevels, alpha, beta);
     ddl_g.model.alpha[level] = alpha;
@@ -262,10 +236,15 @@ ddl_status_t ddl_plan(size_t bytes, ddl_algo_t algos[DDL_MAX_LEVELS], double *pr
 }
 
 ddl_status_t ddl_set_fusion(size_t threshold_bytes, double cycle_time_ms) {
-    if (cycle_time_ms < 0)
-        return ddl_fail(DDL_ERR_INVALID_ARG, "cycle time %g ms is negative", cycle_time_ms);
+    if (threshold_bytes > ((size_t)1 << 40)) /* DDL_FUSION_THRESHOLD's range */
+        return ddl_fail(DDL_ERR_INVALID_ARG, "fusion threshold %zu bytes is not in [0, %zu]",
+                        threshold_bytes, (size_t)1 << 40);
+    if (!(cycle_time_ms >= 0 && cycle_time_ms <= 1e6)) /* also nan */
+        return ddl_fail(DDL_ERR_INVALID_ARG, "cycle time %g ms is not in [0, 1000000]",
+                        cycle_time_ms);
     ddl_g.fusion_threshold = threshold_bytes;
     ddl_g.cycle_time_s = cycle_time_ms / 1000.0;
+    ddl_settings_changed();
     return DDL_SUCCESS;
 }
 

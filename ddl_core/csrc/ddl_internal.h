@@ -62,9 +62,9 @@ double ddl_now(void);
 extern double ddl_timeout_s;
 /* The calling thread's deadline (ddl_set_thread_timeout), else DDL_TIMEOUT. */
 double ddl_deadline_s(void);
-extern double ddl_spin_s;
+extern double ddl_spin_s; /* DDL_SPIN_US: how long a wait spins before it pauses */
 extern size_t ddl_stream_piece; /* DDL_PIECE: piece size of exchanges between nodes */
-extern int ddl_stream_window;   /* DDL_WINDOW: pieces each way in flight at once */ /* DDL_SPIN_US: how long a wait spins before it pauses */
+extern int ddl_stream_window;   /* DDL_WINDOW: pieces each way in flight at once */
 
 /* Exchange with peers, waiting at most DDL_TIMEOUT. Either side may be absent (peer < 0).
  * The receive is probed first so a message of an unexpected size is reported (as
@@ -111,6 +111,8 @@ enum { DDL_COLL_ALLREDUCE = 1, DDL_COLL_BROADCAST, DDL_COLL_ALLGATHER,
        DDL_COLL_ALLGATHERV };
 
 uint64_t ddl_signature(int coll, uint64_t count, int dtype, int op, int root);
+/* Recompute the run-time settings every signature carries (after they change). */
+void ddl_settings_changed(void);
 void ddl_header_init(ddl_header_t *h, uint64_t sig, uint64_t count);
 void ddl_header_merge(ddl_header_t *into, const ddl_header_t *from);
 /* DDL_ERR_MISMATCH with a message naming what differs, or DDL_SUCCESS. */
@@ -240,6 +242,42 @@ ddl_status_t ddl_model_load(ddl_model_t *m, const char *path, const int *dims, i
 double ddl_model_plan(const ddl_model_t *m, const int *dims, int nlevels, size_t bytes,
                       ddl_algo_t forced, ddl_algo_t out[DDL_MAX_LEVELS], int *flat);
 
+/* ---- configuration (config.c) and its agreement across ranks (agree.c) ---------------- */
+
+enum { DDL_NCCL_OFF = 0, DDL_NCCL_AUTO = 1, DDL_NCCL_REQUIRE = 2 };
+
+/* Every DDL_* environment variable libddl reads, parsed (config.c's table says which
+ * must agree across ranks and why). */
+typedef struct {
+    int log_level;           /* DDL_LOG */
+    double timeout_s;        /* DDL_TIMEOUT */
+    double spin_s;           /* DDL_SPIN_US, in seconds; negative: always spin */
+    size_t piece;            /* DDL_PIECE */
+    int window;              /* DDL_WINDOW */
+    size_t fusion_threshold; /* DDL_FUSION_THRESHOLD */
+    double cycle_time_s;     /* DDL_CYCLE_TIME_MS, in seconds */
+    int node_leader;         /* DDL_NODE_LEADER */
+    size_t segment_bytes;    /* DDL_SEGMENT */
+    ddl_algo_t algo;         /* DDL_ALGO */
+    int nlevels;             /* DDL_TOPOLOGY: 0 when unset (detected) */
+    int dims[DDL_MAX_LEVELS];
+    int nccl;           /* DDL_NCCL: DDL_NCCL_OFF / _AUTO / _REQUIRE */
+    int nccl_outer_mpi; /* DDL_NCCL_OUTER=mpi */
+    int liveness;       /* DDL_LIVENESS: the liveness watcher (liveness.c) on or off */
+} ddl_config_t;
+
+void ddl_config_defaults(ddl_config_t *cfg);
+/* Read every variable; the first bad one is the error (its name, value, range, default). */
+ddl_status_t ddl_config_read(ddl_config_t *cfg);
+/* "NAME\tvalue in effect\tvalue as set\n" lines of the settings that must agree. */
+size_t ddl_config_agreed(const ddl_config_t *cfg, char *out, size_t n);
+/* Make cfg the one in effect (the globals below and in p2p.c, errors.c, gpu.c). */
+void ddl_config_apply(const ddl_config_t *cfg);
+/* The start of ddl_init, right after MPI_Init: every rank arrived within DDL_TIMEOUT and
+ * the settings that must agree do, or every rank returns the same error (a missing rank,
+ * a bad setting with the ranks that have it, or each differing setting with its values). */
+ddl_status_t ddl_init_agree(const ddl_config_t *cfg, ddl_status_t local, const char *local_error);
+
 /* ---- global state (core.c) ------------------------------------------------------------ */
 
 typedef struct {
@@ -251,10 +289,12 @@ typedef struct {
     ddl_ctx_t progress; /* used by the progress thread only */
     ddl_model_t model;
     ddl_algo_t forced_algo;
+    int liveness; /* DDL_LIVENESS (config.c): 0 turns the liveness watcher off */
     size_t fusion_threshold;
     double cycle_time_s;
     int node_leader;    /* DDL_NODE_LEADER: one rank per node runs the outer levels */
     size_t segment_bytes; /* DDL_SEGMENT: pipeline segment of the node-leader allreduce */
+    uint64_t settings_sig; /* forced_algo and fusion_threshold, hashed into signatures */
 } ddl_state_t;
 
 extern ddl_state_t ddl_g;
@@ -332,8 +372,8 @@ ddl_status_t ddl_nccl_reduce_scatter(const void *send, void *recv, size_t recvco
                                      void *stream);
 ddl_status_t ddl_nccl_group(int start);
 
-/* DDL_NCCL and DDL_NCCL_OUTER, read at init with the other variables. */
-ddl_status_t ddl_gpu_read_env(void);
+/* DDL_NCCL (DDL_NCCL_OFF/_AUTO/_REQUIRE) and DDL_NCCL_OUTER=mpi, as config.c read them. */
+void ddl_gpu_configure(int nccl, int outer_mpi);
 /* Destroy the NCCL communicators and free pinned memory (ddl_finalize). */
 void ddl_gpu_finalize(void);
 

@@ -60,33 +60,10 @@ static const char *why_text(int why, char *out, size_t n) {
     return out;
 }
 
-ddl_status_t ddl_gpu_read_env(void) {
-    const char *v = getenv("DDL_NCCL");
-    gs.setting = NCCL_AUTO;
-    if (v && *v) {
-        if (!strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "no") || !strcmp(v, "false"))
-            gs.setting = NCCL_OFF;
-        else if (!strcmp(v, "1") || !strcmp(v, "on") || !strcmp(v, "yes") ||
-                 !strcmp(v, "true") || !strcmp(v, "require"))
-            gs.setting = NCCL_REQUIRE;
-        else if (strcmp(v, "auto") != 0)
-            return ddl_fail(DDL_ERR_INVALID_ARG,
-                            "DDL_NCCL=%s: use auto (NCCL where it can serve, else staging "
-                            "through host memory), 0 (always stage) or 1 (NCCL or fail)",
-                            v);
-    }
-    v = getenv("DDL_NCCL_OUTER");
-    gs.outer_mpi = 0;
-    if (v && *v) {
-        if (!strcmp(v, "mpi"))
-            gs.outer_mpi = 1;
-        else if (strcmp(v, "nccl") != 0)
-            return ddl_fail(DDL_ERR_INVALID_ARG,
-                            "DDL_NCCL_OUTER=%s: use nccl or mpi (the outermost topology level "
-                            "on NCCL, or on MPI through host memory)",
-                            v);
-    }
-    return DDL_SUCCESS;
+void ddl_gpu_configure(int nccl, int outer_mpi) {
+    gs.setting = nccl == DDL_NCCL_OFF ? NCCL_OFF : nccl == DDL_NCCL_REQUIRE ? NCCL_REQUIRE
+                                                                            : NCCL_AUTO;
+    gs.outer_mpi = outer_mpi;
 }
 
 void ddl_gpu_finalize(void) {

@@ -622,19 +622,6 @@ static void teardown(void) {
     L.active = 0;
 }
 
-static ddl_status_t liveness_env(int *on) {
-    const char *v = getenv("DDL_LIVENESS");
-    *on = 1;
-    if (!v || !*v) return DDL_SUCCESS;
-    if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) {
-        *on = v[0] == '1';
-        return DDL_SUCCESS;
-    }
-    return ddl_fail(DDL_ERR_INVALID_ARG,
-                    "DDL_LIVENESS=%s: use 1 (report a lost peer at once, the default) or 0 "
-                    "(only DDL_TIMEOUT notices it)",
-                    v);
-}
 
 static void raise_fd_limit(int need) {
     struct rlimit rl;
@@ -689,7 +676,7 @@ static int alloc_tables(void) {
 
 ddl_status_t ddl_liveness_start(void) {
     int on;
-    DDL_CHECK(liveness_env(&on));
+    on = ddl_g.liveness; /* DDL_LIVENESS, read and agreed on by ddl_init (config.c) */
     ddl_g.app.id = DDL_CTX_APP;
     ddl_g.progress.id = DDL_CTX_PROGRESS;
     L.rank = ddl_g.rank;

@@ -63,6 +63,15 @@ size_t ddl_pipeline_segments(size_t bytes, size_t es, int p0, double segment) {
     return k ? k : 1;
 }
 
+/* A tune file (python -m ddl_core.tune writes it; ddl_core.model reads it the same way):
+ * '#' comments, blank lines, and lines of whitespace-separated words
+ *     topology GRID          the grid it was measured on
+ *     gamma SECONDS_PER_BYTE
+ *     level INDEX ALPHA_SECONDS BETA_SECONDS_PER_BYTE
+ * Other first words are skipped (later versions may add some). Every number follows
+ * ddl_parse_number: finite, figures in [0, 1e6], INDEX an integer in [0, 7]; a known
+ * line with a bad or missing number is an error naming the file and line, rather than a
+ * cost model built on nan. */
 ddl_status_t ddl_model_load(ddl_model_t *m, const char *path, const int *dims, int nlevels) {
     FILE *f = fopen(path, "r");
     if (!f)
@@ -70,23 +79,56 @@ ddl_status_t ddl_model_load(ddl_model_t *m, const char *path, const int *dims, i
                         "cannot read the tuning file %s (DDL_TUNE_FILE): run `ddlrun ... python "
                         "-m ddl_core.tune` to make one, or unset DDL_TUNE_FILE",
                         path);
-    char line[256], topo[128] = "", want[128] = "";
+    char line[512], topo[128] = "", want[128] = "";
     for (int i = 0; i < nlevels; i++)
         snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? "x" : "", dims[i]);
     ddl_model_t tmp = *m;
-    int seen = 0;
-    while (fgets(line, sizeof line, f)) {
-        int l;
-        double a, b, g;
-        if (sscanf(line, "topology %127s", topo) == 1) continue;
-        if (sscanf(line, "gamma %lf", &g) == 1) tmp.gamma = g;
-        if (sscanf(line, "level %d %lf %lf", &l, &a, &b) == 3 && l >= 0 && l < DDL_MAX_LEVELS) {
-            tmp.alpha[l] = a;
-            tmp.beta[l] = b;
-            seen++;
+    int seen = 0, lineno = 0;
+    ddl_status_t rc = DDL_SUCCESS;
+    while (rc == DDL_SUCCESS && fgets(line, sizeof line, f)) {
+        lineno++;
+        char *hash = strchr(line, '#'), *save = NULL, *w[5];
+        if (hash) *hash = 0;
+        int n = 0;
+        for (char *t = strtok_r(line, " \t\r\n", &save); t; t = strtok_r(NULL, " \t\r\n", &save))
+            if (n < 5) w[n++] = t;
+            else n++;
+        if (n == 0) continue;
+        char what[640];
+        int want_n = !strcmp(w[0], "topology") || !strcmp(w[0], "gamma") ? 2
+                     : !strcmp(w[0], "level")                           ? 4
+                                                                        : 0;
+        if (!want_n) continue;
+        if (n != want_n) {
+            rc = ddl_fail(DDL_ERR_INVALID_ARG,
+                          "tuning file %s line %d: '%s' takes %d value(s), not %d: rewrite it "
+                          "with python -m ddl_core.tune",
+                          path, lineno, w[0], want_n - 1, n - 1);
+            break;
+        }
+        double a, b, g, l;
+        if (!strcmp(w[0], "topology")) {
+            snprintf(topo, sizeof topo, "%s", w[1]);
+        } else if (!strcmp(w[0], "gamma")) {
+            snprintf(what, sizeof what, "tuning file %s line %d: gamma", path, lineno);
+            rc = ddl_parse_number(what, w[1], 0, 1e6, 0, &g);
+            if (rc == DDL_SUCCESS) tmp.gamma = g;
+        } else {
+            snprintf(what, sizeof what, "tuning file %s line %d: level", path, lineno);
+            rc = ddl_parse_number(what, w[1], 0, DDL_MAX_LEVELS - 1, 1, &l);
+            snprintf(what, sizeof what, "tuning file %s line %d: alpha", path, lineno);
+            if (rc == DDL_SUCCESS) rc = ddl_parse_number(what, w[2], 0, 1e6, 0, &a);
+            snprintf(what, sizeof what, "tuning file %s line %d: beta", path, lineno);
+            if (rc == DDL_SUCCESS) rc = ddl_parse_number(what, w[3], 0, 1e6, 0, &b);
+            if (rc == DDL_SUCCESS) {
+                tmp.alpha[(int)l] = a;
+                tmp.beta[(int)l] = b;
+                seen++;
+            }
         }
     }
     fclose(f);
+    if (rc != DDL_SUCCESS) return rc;
     if (strcmp(topo, want) != 0) {
         ddl_log(0, "tuning file %s is for topology %s, this job is %s: using defaults", path,
                 topo[0] ? topo : "?", want);

@@ -156,8 +156,9 @@ static ddl_status_t full_exchange(const ddl_reqvec_t *snap, uint64_t ready_unnam
     ddl_status_t st = DDL_SUCCESS;
     if (!lens || !start || !unn || !nnamed || !flag)
         st = ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the negotiation");
-    if (st == DDL_SUCCESS) st = ddl_allgather_ctx_sig(&ddl_g.progress, &mylen, lens, 1,
-                                                      DDL_INT64, 0);
+    if (st == DDL_SUCCESS) st = ddl_allgather_ctx_sig(
+            &ddl_g.progress, &mylen, lens, 1, DDL_INT64,
+            ddl_signature(DDL_COLL_NEGOTIATE, 1, DDL_INT64, 0, 1));
     size_t longest = 0;
     for (int i = 0; st == DDL_SUCCESS && i < p; i++)
         if ((size_t)lens[i] > longest) longest = (size_t)lens[i];
@@ -178,7 +179,8 @@ static ddl_status_t full_exchange(const ddl_reqvec_t *snap, uint64_t ready_unnam
             memcpy(w, snap->v[i]->name, l);
             w += l;
         }
-        st = ddl_allgather_ctx_sig(&ddl_g.progress, blob, all, longest, DDL_UINT8, 0);
+        st = ddl_allgather_ctx_sig(&ddl_g.progress, blob, all, longest, DDL_UINT8,
+                                   ddl_signature(DDL_COLL_NEGOTIATE, longest, DDL_UINT8, 0, 2));
     }
     /* Parse and check every report before using any. */
     for (int r = 0; st == DDL_SUCCESS && r < p; r++) {

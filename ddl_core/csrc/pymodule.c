@@ -631,6 +631,31 @@ static PyObject *py_set_liveness_checks(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* parse_number(name, text, lo, hi, integer) -> float: libddl's number rule (config.c). */
+static PyObject *py_parse_number(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *name, *text;
+    double lo, hi, v = 0;
+    int integer;
+    if (!PyArg_ParseTuple(args, "ssddp", &name, &text, &lo, &hi, &integer)) return NULL;
+    ddl_status_t st = ddl_parse_number(name, text, lo, hi, integer, &v);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    return PyFloat_FromDouble(v);
+}
+
+/* check_setting(name, text) -> float, or None for a name libddl does not read. */
+static PyObject *py_check_setting(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *name, *text;
+    int known = 0;
+    double v = 0;
+    if (!PyArg_ParseTuple(args, "ss", &name, &text)) return NULL;
+    ddl_status_t st = ddl_check_setting(name, text, &known, &v);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    if (!known) Py_RETURN_NONE;
+    return PyFloat_FromDouble(v);
+}
+
 static PyObject *py_version(PyObject *self, PyObject *args) {
     (void)self, (void)args;
     return PyUnicode_FromString(ddl_version_string());
@@ -658,6 +683,8 @@ static PyMethodDef methods[] = {
     {"get_level_cost", py_get_level_cost, METH_VARARGS, NULL},
     {"set_fusion", py_set_fusion, METH_VARARGS, NULL},
     {"version", py_version, METH_NOARGS, NULL},
+    {"parse_number", py_parse_number, METH_VARARGS, NULL},
+    {"check_setting", py_check_setting, METH_VARARGS, NULL},
     {"async_stats", py_async_stats, METH_NOARGS, NULL},
     {"negotiation_stats", py_negotiation_stats, METH_NOARGS, NULL},
     {"set_thread_timeout", py_set_thread_timeout, METH_VARARGS, NULL},

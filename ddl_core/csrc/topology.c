@@ -13,26 +13,30 @@
 
 #include "ddl_internal.h"
 
+/* Digits only, no leading zero, no sign or blank: the rule ddlrun's --topology checks
+ * too (it calls this through ddl_core.settings), so a grid ddlrun accepts is one every
+ * rank accepts. */
 ddl_status_t ddl_parse_topology(const char *text, int *dims, int *nlevels) {
     int n = 0;
+    long long ranks = 1;
     const char *p = text;
     while (*p) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > 1 << 20 || n == DDL_MAX_LEVELS)
+        long v = 0;
+        const char *start = p;
+        while (*p >= '0' && *p <= '9' && v <= 1 << 20) v = v * 10 + (*p++ - '0');
+        if (p == start || *start == '0' || v > 1 << 20 || n == DDL_MAX_LEVELS ||
+            (*p && *p != 'x' && *p != 'X'))
             return ddl_fail(DDL_ERR_INVALID_ARG,
-                            "DDL_TOPOLOGY=%s is not a grid like 4x2 (ranks per node x nodes) "
-                            "or 4x2x2 (x racks), with at most %d levels",
-                            text, DDL_MAX_LEVELS);
+                            "DDL_TOPOLOGY=%.64s is not a grid like 4x2 (ranks per node x "
+                            "nodes) or 4x2x2 (x racks): at most %d levels of 1 to %d ranks",
+                            text, DDL_MAX_LEVELS, 1 << 20);
         dims[n++] = (int)v;
-        p = end;
-        if (*p == 'x' || *p == 'X') {
-            p++;
-            if (!*p) return ddl_fail(DDL_ERR_INVALID_ARG, "DDL_TOPOLOGY=%s ends with 'x'", text);
-        } else if (*p) {
-            return ddl_fail(DDL_ERR_INVALID_ARG,
-                            "DDL_TOPOLOGY=%s: unexpected '%c'; write levels as 4x2x2", text, *p);
-        }
+        ranks *= v;
+        if (ranks > 1 << 30)
+            return ddl_fail(DDL_ERR_INVALID_ARG, "DDL_TOPOLOGY=%.64s describes more than %d "
+                            "ranks", text, 1 << 30);
+        if (*p && !*++p)
+            return ddl_fail(DDL_ERR_INVALID_ARG, "DDL_TOPOLOGY=%.64s ends with 'x'", text);
     }
     if (n == 0) return ddl_fail(DDL_ERR_INVALID_ARG, "DDL_TOPOLOGY is empty");
     *nlevels = n;

@@ -101,9 +101,16 @@ typedef struct ddl_request_s *ddl_request_t;
 
 /* Initialise MPI (MPI_THREAD_MULTIPLE) if nobody has, detect or read the topology, start
  * the progress thread, connect to the liveness watcher on rank 0 (DDL_LIVENESS=0: not).
- * Reads DDL_TOPOLOGY, DDL_ALGO, DDL_TIMEOUT, DDL_TUNE_FILE, DDL_FUSION_THRESHOLD,
- * DDL_CYCLE_TIME_MS, DDL_LOG, DDL_NCCL, DDL_NCCL_OUTER, DDL_LIVENESS. Calling it twice is
- * harmless. */
+ * Reads DDL_TOPOLOGY, DDL_ALGO, DDL_TIMEOUT, DDL_TUNE_FILE,
+ * DDL_FUSION_THRESHOLD, DDL_CYCLE_TIME_MS, DDL_NODE_LEADER, DDL_SEGMENT, DDL_PIECE,
+ * DDL_WINDOW, DDL_SPIN_US, DDL_LOG, DDL_NCCL, DDL_NCCL_OUTER, DDL_LIVENESS (see ddl_check_setting).
+ * Collective and bounded by DDL_TIMEOUT after MPI_Init: every rank must call it; a rank
+ * that does not within DDL_TIMEOUT is named in a DDL_ERR_TIMEOUT on the others. A bad
+ * setting on any rank, or a setting that must agree (DDL_TOPOLOGY, DDL_ALGO,
+ * DDL_NODE_LEADER, DDL_SEGMENT, DDL_PIECE, DDL_FUSION_THRESHOLD, DDL_NCCL,
+ * DDL_NCCL_OUTER, DDL_LIVENESS) differing between ranks, is DDL_ERR_INVALID_ARG on every rank, with the
+ * variable, the values and the ranks. The cost model's figures are rank 0's (its
+ * DDL_TUNE_FILE or tune cache), sent to all. Calling it twice is harmless. */
 ddl_status_t ddl_init(void);
 /* Stop the progress thread (after finishing queued work), tell the other ranks this one
  * finalized (so it is not reported as lost to collectives it took part in), free
@@ -268,7 +275,9 @@ int ddl_gpu_info(char *buf, size_t len);
 
 /* ---- tuning and introspection ---------------------------------------------------- */
 
-/* Force one allreduce algorithm for every level (DDL_ALGO_AUTO restores the model). */
+/* Force one allreduce algorithm for every level (DDL_ALGO_AUTO restores the model). Like
+ * ddl_set_fusion, call it the same way on every rank: the setting is part of every
+ * collective's signature, so ranks that differ fail with DDL_ERR_MISMATCH. */
 ddl_status_t ddl_set_algorithm(ddl_algo_t algo);
 /* Override the cost model's alpha (s) and beta (s/byte) for one level. */
 ddl_status_t ddl_set_level_cost(int level, double alpha, double beta);
@@ -285,8 +294,23 @@ ddl_status_t ddl_async_stats(uint64_t *batches, uint64_t *fused_buffers,
  * on this rank now (submitted, not yet taken into a batch). */
 ddl_status_t ddl_negotiation_stats(uint64_t *cycles, uint64_t *full_cycles, uint64_t *names,
                                    uint64_t *pending);
-/* Fusion settings (bytes, milliseconds). */
+/* Fusion settings (bytes, at most 2^40; milliseconds). The threshold must be the same on
+ * every rank (see ddl_set_algorithm); the cycle time is this rank's own. */
 ddl_status_t ddl_set_fusion(size_t threshold_bytes, double cycle_time_ms);
+
+/* ---- settings ---------------------------------------------------------------------- */
+
+/* The number rule every DDL_* number follows (ddl_init, ddlrun, tune files): decimal,
+ * nothing before or after it (no blanks, no hex, no nan/inf), finite, within [lo, hi];
+ * with `integer` digits only (an optional sign, no point or exponent). An empty text is
+ * an error. DDL_ERR_INVALID_ARG names `name`, the value and the range. Needs no init. */
+ddl_status_t ddl_parse_number(const char *name, const char *text, double lo, double hi,
+                              int integer, double *value);
+/* Check `text` as the value of the environment variable `name` exactly as ddl_init would:
+ * *known = 0 for a name libddl does not read (then nothing is checked); else DDL_SUCCESS
+ * with *value (the number; for DDL_TOPOLOGY the number of ranks it describes; for the
+ * words their code) or DDL_ERR_INVALID_ARG with the message. Needs no init. */
+ddl_status_t ddl_check_setting(const char *name, const char *text, int *known, double *value);
 
 const char *ddl_last_error(void);
 const char *ddl_status_string(ddl_status_t status);

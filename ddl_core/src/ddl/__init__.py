@@ -14,10 +14,10 @@ that off and use `ddl.DistributedOptimizer` or `ddl.DistributedGradientTape` exp
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
+from ddl_core.settings import env_number
 from ddl_core.tensorflow import (
     DistributedGradientTape,
     allgather,
@@ -52,7 +52,7 @@ size = ddl_core.size
 local_rank = ddl_core.local_rank
 local_size = ddl_core.local_size
 
-if os.environ.get("DDL_KERAS_AVERAGE", "1") != "0":
+if env_number("DDL_KERAS_AVERAGE", 0, 1, 1, integer=True):  # libddl's number rule: 0 or 1
     enable_fit_averaging()
 
 

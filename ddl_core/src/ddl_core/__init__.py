@@ -417,7 +417,8 @@ def allgatherv_async(x: Any, *, name: str | None = None, shape: Any = None) -> H
 
 
 def set_algorithm(name: str) -> None:
-    """Force one allreduce algorithm (as DDL_ALGO does); 'auto' restores the cost model."""
+    """Force one allreduce algorithm (as DDL_ALGO does); 'auto' restores the cost model.
+    Call it the same way on every rank: ranks that differ get MismatchError."""
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}: use one of {', '.join(ALGORITHMS)}")
     _ddl.set_algorithm(ALGORITHMS.index(name))
@@ -438,7 +439,8 @@ def async_stats() -> dict[str, int]:
 
 def set_fusion(threshold_bytes: int, cycle_time_ms: float) -> None:
     """Tensor fusion: the fusion buffer's size and how long the progress thread lets
-    requests gather before it negotiates a batch (DDL_FUSION_THRESHOLD, DDL_CYCLE_TIME_MS)."""
+    requests gather before it negotiates a batch (DDL_FUSION_THRESHOLD, DDL_CYCLE_TIME_MS).
+    The threshold must be the same on every rank (ranks that differ get MismatchError)."""
     _ddl.set_fusion(int(threshold_bytes), float(cycle_time_ms))
 
 

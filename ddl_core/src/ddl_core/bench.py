@@ -3,6 +3,8 @@
     ddlrun -n 2 python -m ddl_core.bench allreduce [--json F] [--plot F.png]
     ddlrun -n 2 python -m ddl_core.bench check       # what the mismatch check costs
     ddlrun -n 2 python -m ddl_core.bench liveness    # what the liveness check costs
+    python -m ddl_core.bench compare --baseline DIR   (this build against another: see
+                                                       ddl_core.bench_compare)
 
 For every size, DDL and MPI run on the same buffers, interleaved repetition by
 repetition so machine noise hits both alike; the table shows the median of the
@@ -258,7 +260,7 @@ def liveness_cost(reps: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ddl_core.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("collective", choices=(*COLLECTIVES, "check", "liveness"))
+    ap.add_argument("collective", choices=(*COLLECTIVES, "check", "liveness", "compare"))
     ap.add_argument("-b", "--min-bytes", default="8")
     ap.add_argument("-e", "--max-bytes", default="256M")
     ap.add_argument("-f", "--factor", type=int, default=2, help="size multiplier per step")
@@ -266,7 +268,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-r", "--reps", type=int, default=5, help="repetitions (median is shown)")
     ap.add_argument("--json", help="write the results as JSON")
     ap.add_argument("--plot", help="draw busbw against size to this PNG")
+    cmp = ap.add_argument_group("compare (run it without ddlrun: it launches the jobs)")
+    cmp.add_argument("--baseline", help="a directory holding another ddl_core build")
+    cmp.add_argument("--rounds", type=int, default=21, help="jobs per build, alternating")
+    cmp.add_argument("--sizes", default="8,1M", help="allreduce sizes, comma-separated")
+    cmp.add_argument("-n", "--ranks", type=int, default=2)
     args = ap.parse_args(argv)
+    if args.collective == "compare":
+        if args.reps == 5:  # -r's default suits the tables; paired bursts want many more
+            args.reps = 101
+        if not args.baseline:
+            ap.error("compare needs --baseline DIR")
+        from .bench_compare import main as compare_main
+
+        return compare_main(args)
     ddl.init()
     if args.collective == "check":
         check_cost(args.reps)

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import _ddl
+from .settings import check, env_number
+
 if TYPE_CHECKING:
     from .cluster import Cluster
     from .slurmalloc import Allocation
@@ -59,6 +62,7 @@ class Plan:
     racks: int | None = None  # hosts are grouped into this many racks, consecutively
     cluster: Cluster | None = None  # an emulated cluster (ddl_core.cluster)
     allocation: Allocation | None = None  # the Slurm allocation ddlrun runs in
+    oversubscribe: bool = False  # more ranks than the hosts' slots: spread them evenly
     # (host, ranks) in rank order, decided by place(); None: leave it to the launcher
     placement: list[tuple[str, int]] | None = None
 
@@ -99,9 +103,12 @@ def parse_hostfile(path: str) -> list[Host]:
 
 
 def parse_topology(text: str) -> str:
-    if not re.fullmatch(r"[1-9]\d*(x[1-9]\d*)*", text.lower()):
-        raise LaunchError(f"--topology {text!r}: write levels innermost first, as in 4x2 "
-                          "(4 ranks per node x 2 nodes)")
+    """--topology checked by libddl's own DDL_TOPOLOGY rule (what every rank will read)."""
+    try:
+        check("DDL_TOPOLOGY", text)
+    except _ddl.InvalidArgumentError as e:
+        raise LaunchError(f"--topology {text!r}: {e}; write levels innermost first, as in 4x2 "
+                          "(4 ranks per node x 2 nodes)") from None
     return text.lower()
 
 
@@ -264,10 +271,14 @@ def place(plan: Plan, gpus: dict[str, int] | None = None) -> list[tuple[str, int
         raise LaunchError(f"--accelerators {plan.accelerators}: at least 1 rank per host")
     total = sum(per)
     np_ = plan.np or total
+    if np_ > total and plan.oversubscribe:
+        per = [max(p, -(-np_ // len(hosts))) for p in per]
+        total = sum(per)
     if np_ > total:
         raise LaunchError(f"-n {np_} ranks, but the hosts hold {total} "
                           f"({', '.join(f'{h.name}:{p}' for h, p in zip(hosts, per, strict=True))})"
-                          ": raise --accelerators or the slots, or lower -n")
+                          ": raise --accelerators or the slots, lower -n, or add "
+                          "--oversubscribe")
     out, left = [], np_
     for h, p in zip(hosts, per, strict=True):
         if left <= 0:
@@ -376,7 +387,8 @@ def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
             cmd += ["--host", ",".join(f"{h}:{n}" for h, n in placement)]
             shared = plan.cluster is not None
             local = {h: cores for h, _ in placement if is_local(h)}
-            over_local = any(n > cores for h, n in placement if h in local)
+            over_local = plan.oversubscribe or any(n > cores for h, n in placement
+                                                   if h in local)
             rf = _stash("rankfile", rankfile_text(placement, cores if shared else None, local))
             cmd += ["--map-by", f"rankfile:file={rf}" +
                     (":OVERSUBSCRIBE" if shared or over_local else "")]
@@ -502,7 +514,9 @@ def build_jsrun(plan: Plan, environ: dict[str, str]) -> list[str]:
         raise LaunchError("jsrun runs on the hosts of the LSF allocation; -H/--hostfile "
                           "cannot choose them: ask LSF for hosts (bsub -m ...) instead, or "
                           "use --launcher mpirun")
-    per = plan.accelerators or int(environ.get("DDL_GPUS_PER_HOST", "0")) or local_gpus() or 1
+    per = (plan.accelerators or int(env_number("DDL_GPUS_PER_HOST", 0, 1 << 20, 0, integer=True,
+                                               environ=environ))
+           or local_gpus() or 1)
     cmd = ["jsrun", "--rs_per_host", "1", "--tasks_per_rs", str(per), "--cpu_per_rs",
            "ALL_CPUS", "--launch_distribution", "packed", "--bind", "rs"]
     if plan.np:

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import settings
+
 GAMMA_DEFAULT = 1.0 / 8e9
+MAX_LEVELS = 8  # DDL_MAX_LEVELS
 
 
 @dataclass
@@ -58,19 +60,34 @@ class Fabric:
 
     @classmethod
     def from_tune_file(cls, path: str | Path) -> Fabric:
-        """alpha/beta per level as `python -m ddl_core.tune` measured them."""
-        text = Path(path).read_text()
-        topo = re.search(r"^topology (\S+)", text, re.M)
-        dims = [int(d) for d in topo.group(1).split("x")] if topo else []
-        g = re.search(r"^gamma (\S+)", text, re.M)
-        levels = []
-        for m in re.finditer(r"^level (\d+) (\S+) (\S+)", text, re.M):
-            i = int(m.group(1))
-            levels.append(Level(f"tuned level {i}", dims[i] if i < len(dims) else 0,
-                                float(m.group(2)), float(m.group(3))))
-        if not levels:
+        """alpha/beta per level as `python -m ddl_core.tune` measured them, read line by
+        line as libddl's ddl_model_load reads them (model.c), with its number rule: the
+        same file gives the same figures, or the same error naming the file and line."""
+        topo, gamma, found = "", GAMMA_DEFAULT, {}
+        arity = {"topology": 1, "gamma": 1, "level": 3}
+        for no, raw in enumerate(Path(path).read_text().splitlines(), 1):
+            w = raw.split("#", 1)[0].split()
+            if not w or w[0] not in arity:
+                continue
+            if len(w) - 1 != arity[w[0]]:
+                raise ValueError(f"tuning file {path} line {no}: '{w[0]}' takes {arity[w[0]]} "
+                                 f"value(s), not {len(w) - 1}: rewrite it with python -m "
+                                 "ddl_core.tune")
+            where = f"tuning file {path} line {no}"
+            if w[0] == "topology":
+                topo = w[1]
+            elif w[0] == "gamma":
+                gamma = settings.number(f"{where}: gamma", w[1], 0, 1e6)
+            else:
+                i = int(settings.number(f"{where}: level", w[1], 0, MAX_LEVELS - 1, integer=True))
+                found[i] = (settings.number(f"{where}: alpha", w[2], 0, 1e6),
+                            settings.number(f"{where}: beta", w[3], 0, 1e6))
+        if not found:
             raise ValueError(f"{path}: no 'level' lines; write it with python -m ddl_core.tune")
-        return cls(levels, float(g.group(1)) if g else GAMMA_DEFAULT, [f"measured: {path}"])
+        dims = [int(d) for d in topo.lower().split("x")] if topo else []
+        levels = [Level(f"tuned level {i}", dims[i] if i < len(dims) else 0, a, b)
+                  for i, (a, b) in sorted(found.items())]
+        return cls(levels, gamma, [f"measured: {path}"])
 
 
 def ceil_log2(p: int) -> int:
@@ -367,7 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", help="write a PNG")
     args = ap.parse_args(argv)
     if args.tune_file:
-        fab = Fabric.from_tune_file(args.tune_file)
+        try:
+            fab = Fabric.from_tune_file(args.tune_file)
+        except (OSError, ValueError) as e:  # unreadable, or a bad line: one clear error
+            ap.error(str(e))
         if args.nodes_per_rack:
             last = fab.levels[-1]
             fab.levels[-1] = Level(last.name, args.nodes_per_rack, last.alpha, last.beta)

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from .exitreport import ENV as EXIT_ENV
 from .exitreport import Collector, job_status
+from .launchcheck import check_plan, count_type
 from .launcher import (
     LAUNCHERS,
     Host,
@@ -74,14 +75,16 @@ GRACE_S = 10.0
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="ddlrun", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", "-np", dest="np", type=int, help="number of ranks (default: ranks "
-                    "per host x hosts, else 1)")
+    ap.add_argument("-n", "-np", dest="np", type=count_type("-n"), help="number of ranks "
+                    "(default: ranks per host x hosts, else 1)")
     ap.add_argument("-H", "--hosts", help="host[:slots],... to run on")
     ap.add_argument("--hostfile", help="a file of 'host slots=N' lines")
-    ap.add_argument("--accelerators", type=int, help="ranks per host (default: the GPUs found "
-                    "on each host, else its slots)")
-    ap.add_argument("--racks", type=int, help="group the hosts, in order, into this many racks "
-                    "of equal size: a third topology level")
+    ap.add_argument("--accelerators", type=count_type("--accelerators"), help="ranks per host "
+                    "(default: the GPUs found on each host, else its slots)")
+    ap.add_argument("--racks", type=count_type("--racks"), help="group the hosts, in order, "
+                    "into this many racks of equal size: a third topology level")
+    ap.add_argument("--oversubscribe", action="store_true",
+                    help="allow more ranks than the hosts' slots (spread evenly over the hosts)")
     ap.add_argument("--topology", help="the rank grid, innermost first, e.g. 4x2 (4 per node x "
                     "2 nodes) or 4x2x2 (x 2 racks); sets DDL_TOPOLOGY")
     ap.add_argument("--launcher", default="auto", choices=LAUNCHERS,
@@ -131,7 +134,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     return Plan(command=command, np=args.np, hosts=hosts, hostfile=args.hostfile,
                 topology=parse_topology(args.topology) if args.topology else None,
                 forward=args.forward, extra=shlex.split(args.mpi_args),
-                accelerators=args.accelerators, racks=args.racks, cluster=cluster)
+                accelerators=args.accelerators, racks=args.racks, cluster=cluster,
+                oversubscribe=args.oversubscribe)
 
 
 def use_allocation(plan: Plan, launcher: str, environ: dict[str, str]) -> None:
@@ -190,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"{launcher}): add --launcher mpirun")
         use_allocation(plan, launcher, environ)
         resolve(plan, launcher, check=not (args.no_host_check or args.dry_run))
+        check_plan(plan, launcher, environ)
         if not args.no_tf_config and launcher != "jsrun":
             add_tf_config(plan, environ)
         if launcher == "mpirun":
