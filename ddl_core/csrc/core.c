@@ -89,8 +89,13 @@ static ddl_status_t share_model(void) {
         m.status = (int32_t)rc;
         if (rc != DDL_SUCCESS) snprintf(m.error, sizeof m.error, "%s", ddl_last_error());
     }
-    if (ddl_g.size > 1)
+    if (ddl_g.size > 1) {
+        /* Part of init, not one of the application's collectives: its numbering (what
+         * a lost rank's message names, "allreduce #2") starts after it. */
         DDL_CHECK(ddl_broadcast_ctx(&ddl_g.app, &m, sizeof m, DDL_UINT8, 0));
+        __atomic_store_n(&ddl_g.app.seq, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&ddl_g.app.reached, 0, __ATOMIC_RELAXED);
+    }
     if (m.status != DDL_SUCCESS) {
         m.error[sizeof m.error - 1] = 0;
         return ddl_fail((ddl_status_t)m.status, "%s%s", ddl_g.rank ? "on rank 0: " : "", m.error);
@@ -123,7 +128,13 @@ ddl_status_t ddl_init(void) {
     } else {
         MPI_CHECK(MPI_Query_thread(&provided));
     }
-    DDL_CHECK(ddl_init_agree(&cfg, local, local_error));
+    ddl_status_t agreed = ddl_init_agree(&cfg, local, local_error);
+    if (agreed != DDL_SUCCESS) {
+        /* A bad or differing setting is every rank's verdict, so MPI_Finalize at exit
+         * meets every rank; after a timeout a rank is missing and it would wait for it. */
+        if (agreed == DDL_ERR_INVALID_ARG) ddl_finalize_mpi_at_exit();
+        return agreed;
+    }
     DDL_CHECK(dup_world(&ddl_g.app.world));
     DDL_CHECK(dup_world(&ddl_g.progress.world));
     ddl_g.rank = ddl_g.app.world.rank;

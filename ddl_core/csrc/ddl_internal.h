@@ -211,6 +211,10 @@ int ddl_liveness_broken(void);
  * timeout, nor when ddl_finalize_at_exit left it to the exit hook (status 0 only; exit.c). */
 int ddl_may_finalize_mpi(void);
 ddl_status_t ddl_finalize_at_exit(void);
+/* After an init that failed the same way on every rank (the settings agreement): MPI,
+ * started by DDL, is finalized at exit with status 0, so a script that catches the error
+ * and ends normally is not reported by the launcher as having exited improperly. */
+void ddl_finalize_mpi_at_exit(void);
 /* "0-3,7": a sorted list of ranks for messages. */
 void ddl_format_ranks(char *out, size_t n, const int *ranks, int count);
 

@@ -55,12 +55,22 @@ int ddl_may_finalize_mpi(void) {
     return !mpi_finalize_deferred;
 }
 
-ddl_status_t ddl_finalize_at_exit(void) {
+static int hook(void) {
     static int hooked;
     if (!hooked) {
         init_pid = getpid();
         hooked = on_exit(exit_hook, NULL) == 0;
     }
+    return hooked;
+}
+
+void ddl_finalize_mpi_at_exit(void) {
+    if (!ddl_g.we_initialized_mpi) return;
+    mpi_finalize_deferred = hook();
+}
+
+ddl_status_t ddl_finalize_at_exit(void) {
+    int hooked = hook();
     mpi_finalize_deferred = hooked;
     bye_deferred = hooked && ddl_g.we_initialized_mpi;
     if (bye_deferred) ddl_liveness_defer_bye();

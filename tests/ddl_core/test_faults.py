@@ -156,8 +156,13 @@ def test_ranks_that_finish_at_different_times_are_not_failures() -> None:
 
 
 def test_bad_ddl_liveness_value_is_refused() -> None:
+    """ddlrun refuses it before starting anything; under a bare mpirun every rank's init
+    raises, naming the variable."""
     proc = _ddlrun(2, sys.executable, str(WORKERS / "liveness.py"), "badenv",
                    env={"DDL_LIVENESS": "maybe"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "DDL_LIVENESS=maybe" in proc.stderr and "OK badenv" not in proc.stdout
+    proc = run_mpi(2, "liveness.py", "badenv", env={"DDL_LIVENESS": "maybe"})
     assert proc.stdout.count("OK badenv") == 2, proc.stdout + proc.stderr
 
 

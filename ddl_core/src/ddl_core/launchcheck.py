@@ -72,7 +72,7 @@ def check_plan(plan: Plan, launcher: str, environ: Mapping[str, str]) -> None:
             raise LaunchError(f"{e} (from {origin})") from None
     grid = settings.get("DDL_TOPOLOGY")
     ranks = launched_ranks(plan, launcher)
-    if grid is None or ranks is None:
+    if not grid or ranks is None:  # set but empty: unset, as libddl reads it
         return
     want = int(check("DDL_TOPOLOGY", grid) or 0)
     if want != ranks:

@@ -2,6 +2,7 @@
 identical on every rank and equal to one process trained on the concatenated batches;
 ddl_core.torch.SyncBatchNorm under DDP equals BatchNorm on the concatenated batch."""
 
+import gc
 import sys
 
 import ddl_core.torch as ddl_torch
@@ -50,4 +51,10 @@ def gather(t):
 
 check_same_and_close(model, ref, rank, size, gather)
 print(f"OK {mode}", flush=True)
+# The process group goes with its last reference, DDP's: its gloo worker threads are then
+# joined here rather than left to drop tensors during interpreter shutdown, which aborts
+# the process ("terminate called without an active exception": a torch race, pytorch
+# issue 190489, that any gloo script ending right after a collective can hit).
+del ddp, opt
+gc.collect()
 dist.destroy_process_group()
