@@ -64,8 +64,9 @@ def _cmd_clone(a: argparse.Namespace) -> int:
     """Clone SRC to DEST quickly and exactly, then optionally --add packages.
 
     Package files are linked from SRC's package cache when it is readable (reflink, or a
-    hardlink to a cache file nobody may write, never as root), else copied from SRC; prefixes
-    are relocated; pip-installed files are carried over. Built beside DEST and renamed
+    hardlink to a cache file nobody may write, never as root; for a user who does not own
+    the cache, a symlink to a cache file they cannot change), else copied from SRC;
+    prefixes are relocated; pip-installed files are carried over. Built beside DEST and renamed
     into place: on failure or Ctrl-C nothing is left at DEST.
     """
     from envtools.clone import clone
@@ -139,9 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let --add change the versions of already installed packages")
     p.add_argument("--channel", action="append",
                    help="channel for --add [default: the channels the env came from]")
-    p.add_argument("--link-mode", choices=("auto", "reflink", "copy"), default="auto",
+    p.add_argument("--link-mode", choices=("auto", "reflink", "symlink", "copy"),
+                   default="auto",
                    help="auto: reflink, else hardlink to read-only cache files when not root, "
-                   "else copy")
+                   "else (the cache is not yours and hardlinks are refused) symlink to them, "
+                   "else copy; symlink: symlinks where safe, copies elsewhere")
     p.add_argument("--no-cache", action="store_true",
                    help="ignore the package cache: copy from SRC and relocate")
     _virtual_opt(p)

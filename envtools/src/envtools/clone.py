@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envtools import linking, placement, record_index
+from envtools import cachelinks, linking, placement, record_index
 from envtools.errors import EnvtoolsError
 from envtools.hashing import STAT_CACHE, load_stat_cache, stat_key, store_stat_part
 from envtools.placement import Ctx, Item
@@ -32,6 +32,9 @@ from envtools.tempdirs import atomic_dir
 from envtools.untracked import untracked
 
 _SITE_RE = re.compile(r"^lib/python\d+\.\d+/site-packages/")
+#: --link-mode values: auto (reflink, else hardlink, else symlink to a cache the user
+#: cannot change, else copy), or one method where possible (copy otherwise)
+LINK_MODES = ("auto", "reflink", "symlink", "copy")
 
 
 @dataclass
@@ -272,9 +275,9 @@ def clone(
 ) -> CloneReport:
     """Clone SRC to DEST (see module docstring); returns what was done."""
     t0 = time.monotonic()
-    if link_mode not in ("auto", "reflink", "copy"):
+    if link_mode not in LINK_MODES:
         raise EnvtoolsError(
-            f"unknown --link-mode {link_mode!r}", "use auto, reflink or copy"
+            f"unknown --link-mode {link_mode!r}", f"use one of {', '.join(LINK_MODES)}"
         )
     srcp = Path(os.path.abspath(src))
     destp = Path(os.path.abspath(dest))
@@ -301,8 +304,17 @@ def clone(
         report.timings["plan"] = time.monotonic() - t0
         if cache and link_mode == "auto":
             ctx.reflink_ok = placement.probe_reflink(next(iter(cache.values())), tmp)
+        elif link_mode == "symlink":
+            ctx.reflink_ok = False
+        if cache and ctx.links_expected() and ctx.reflink_ok is not True and (
+                link_mode == "symlink"
+                or not cachelinks.probe_hardlink(next(iter(cache.values())), tmp)):
+            _plan_symlinks(ctx, link_mode, prefix.records, cache, groups)
         meta = tmp / "conda-meta"
         (tmp / STAT_CACHE).mkdir(parents=True)  # (placement writes its parts there)
+
+        # conda's link type for packages placed from the cache
+        link_type = cachelinks.LINK_SOFTLINK if ctx.symlinks else cachelinks.LINK_HARDLINK
 
         def write_package_record(key: int, rewritten: dict[str, tuple[str, int]]) -> None:
             """conda-meta: the same record, pointing at its new link source (this runs in
@@ -310,11 +322,27 @@ def clone(
             rec = prefix.records[key]
             cdir = cache.get(rec.name)
             epd = str(cdir) if cdir else ""
-            link = {"source": str(cdir) if cdir else str(srcp), "type": 1 if cdir else 3}
-            if not rewritten and rec.extracted_package_dir == epd and rec.link == link:
-                # unchanged (linked from the same cache): copy its bytes, unparsed
-                linking.copy(str(rec.path), str(meta / f"{rec.dist}.json"), 0o644)
-                return
+            link = {"source": str(cdir) if cdir else str(srcp),
+                    "type": link_type if cdir else cachelinks.LINK_COPY}
+            if not rewritten and rec.extracted_package_dir == epd:
+                if rec.link == link:
+                    # unchanged (linked from the same cache): copy its bytes, unparsed
+                    linking.copy(str(rec.path), str(meta / f"{rec.dist}.json"), 0o644)
+                    return
+                old = rec.link if isinstance(rec.link, dict) else {}
+                if old.get("source") == link["source"] and isinstance(old.get("type"), int):
+                    with open(rec.path, "rb") as fh:  # only the link type differs
+                        data = cachelinks.relinked_record(fh.read(), link["source"],
+                                                          old["type"], link["type"])
+                    if data is not None:
+                        fd = os.open(meta / f"{rec.dist}.json",
+                                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                     | os.O_CLOEXEC, 0o644)
+                        try:
+                            linking.write_all(fd, data)
+                        finally:
+                            os.close(fd)
+                        return
             data = rec.data  # ours to change: SRC's are not used after this
             data["extracted_package_dir"] = epd
             data["link"] = link
@@ -412,6 +440,27 @@ def _plan(
 #: installer (see _plan). A file the cache lacks after all is taken from SRC when
 #: placing it (placement.place_or_fall_back).
 _IN_ARCHIVE = frozenset({"hardlink", "softlink", "directory", None})
+
+
+def _plan_symlinks(ctx: Ctx, link_mode: str, records: list[Record], cache: dict[str, Path],
+                   groups: list[tuple[int, list[Item]]]) -> None:
+    """Hardlinks are refused (protected_hardlinks: the cache is not ours): link to the
+    cache files we may not change, in package directories only root (``auto``) or
+    anyone but us (``symlink``) can change, where a link is transparent (cachelinks.py)."""
+    ctx.symlinks, ctx.hardlink_ok = True, False
+    ctx.link_owner = 0 if link_mode == "auto" else None
+    trusted: dict[Path, bool] = {}
+    keys = []
+    for key, _items in groups:
+        cdir = cache.get(records[key].name)
+        if cdir is not None:
+            if cdir not in trusted:
+                trusted[cdir] = cachelinks.trusted_dir(cdir, ctx.link_owner, ctx.euid)
+            if trusted[cdir]:
+                keys.append(key)
+    ctx.symlink_keys = frozenset(keys)
+    ctx.relocating = frozenset(str(cache[records[key].name]) for key, items in groups
+                               if records[key].name in cache and any(it[3] for it in items))
 
 
 def cache_root_of(cache: dict[str, Path]) -> Path | None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from envtools import linking
+from envtools import cachelinks, linking
 from envtools.errors import EnvtoolsError
 from envtools.hashing import stat_key, store_stat_part
 from envtools.relocate import relocate_pieces
@@ -35,6 +35,8 @@ _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # (Linux)
 
 # how a file was placed, for the report and conda-meta "link.type"
 REFLINK, HARDLINK, COPY, RELOCATED, SYMLINK = "reflink", "hardlink", "copy", "relocated", "symlink"
+#: a plain package file placed as a symlink to the cache (SYMLINK is a package's own link)
+CACHE_SYMLINK = "symlink to the cache"
 
 #: one tracked file: (rel, source, path_type, placeholder, file_mode, from_cache, sha256,
 #: size in bytes as recorded, 0 if not)
@@ -55,12 +57,24 @@ class Ctx:
     link_mode: str
     reflink_ok: bool | None = None
     hardlink_ok: bool = True
+    #: place plain cache files as symlinks (hardlinks refused: see cachelinks.py) ...
+    symlinks: bool = False
+    #: ... for these packages (their keys: a cache directory that only trusted owners
+    #: can change, cachelinks.trusted_dir), to files of this owner (None: any but us)
+    symlink_keys: frozenset[int] = frozenset()
+    link_owner: int | None = 0
+    #: the cache directories of packages that relocate files (cachelinks.stays_real)
+    relocating: frozenset[str] = frozenset()
+    #: (per unit while placing: symlinks are the method for this package's files)
+    unit_symlinks: bool = False
 
-    def hardlinks_expected(self) -> bool:
-        """Will cache files be hardlinked: not root (root never hardlinks), ``auto``
-        mode, and reflinks not known to work. Each file is still checked by
-        ``linking.hardlink_is_safe``; this is the method, for costs and the fast loop."""
-        return self.euid != 0 and self.link_mode == "auto" and self.reflink_ok is not True
+    def links_expected(self) -> bool:
+        """Will cache files be linked (hard or symbolic) rather than copied: not root
+        (root never links), ``auto`` or ``symlink`` mode, and reflinks not known to work.
+        Each file is still checked (``linking.hardlink_is_safe``,
+        ``cachelinks.symlink_is_safe``); this is the method, for costs and the fast loop."""
+        return (self.euid != 0 and self.link_mode in ("auto", "symlink")
+                and self.reflink_ok is not True)
 
 
 #: filesystems where each metadata operation is a network round trip: many in flight
@@ -136,6 +150,16 @@ def link_or_copy(ctx: Ctx, src: str, dst: str, st: os.stat_result) -> str:
                 ctx.hardlink_ok = False  # protected_hardlinks, other filesystem...
             else:
                 raise
+    if (ctx.unit_symlinks and cachelinks.symlink_is_safe(st, ctx.euid, ctx.link_owner)
+            and not cachelinks.stays_real(dst[len(str(ctx.dest_tmp)) + 1:], src, st,
+                                          ctx.src_root, ctx.relocating)):
+        try:
+            os.symlink(src, dst)
+            return CACHE_SYMLINK
+        except OSError as e:
+            if e.errno not in cachelinks.SYMLINK_GIVE_UP:
+                raise
+            ctx.symlinks = ctx.unit_symlinks = False
     linking.copy(src, dst, linking.writable_mode(st.st_mode))
     return COPY
 
@@ -196,7 +220,7 @@ def place(ctx: Ctx, item: Item) -> Placed:
         return rel, RELOCATED, h.hexdigest(), key
     st = os.stat(source)
     how = link_or_copy(ctx, source, dst, st)
-    if how == HARDLINK:
+    if how in (HARDLINK, CACHE_SYMLINK):  # (the new entry is, or leads to, that inode)
         return rel, how, sha, stat_key(st)
     return rel, how, sha, stat_key(os.stat(dst))
 
@@ -275,7 +299,8 @@ DIR_COST, NEW_FILE_COST, BYTES_PER_COST = 4, 4, 2048
 
 
 def item_cost(item: Item, hardlinks: bool) -> int:
-    """The cost of placing one item (see DIR_COST), its directories aside."""
+    """The cost of placing one item (see DIR_COST), its directories aside; ``hardlinks``:
+    cache files are linked (hard or symbolic links: about the same cost)."""
     _rel, _source, path_type, placeholder, _fm, from_cache, _sha, size = item
     if path_type == "directory":
         return DIR_COST
@@ -341,20 +366,23 @@ def place_chunks(
 
     A chunk creates every directory its files need before its files: another process
     may be creating a shared parent at the same moment, so an existing one is fine.
-    Plain cache files go through a tight hardlink loop when hardlinks are the method (no
-    reflink, not root): the same rule as :func:`link_or_copy`
-    (``linking.hardlink_is_safe``) without its other per-file calls.
+    Plain cache files go through a tight loop when links are the method (no reflink, not
+    root): the same rules as :func:`link_or_copy` (``linking.hardlink_is_safe``, or
+    ``cachelinks.symlink_is_safe`` and not ``cachelinks.stays_real``) without its other
+    per-file calls.
     """
     base = str(ctx.dest_tmp) + "/"
-    # the fast loop: hardlinks are the method, and not root (hardlinks_expected), so a
-    # file is safe to link when it has no write bit (linking.hardlink_is_safe)
-    fast = ctx.hardlinks_expected() and ctx.reflink_ok is False  # (no reflink to try first)
+    # the fast loop: links are the method, and not root (links_expected), so a file is
+    # safe to hardlink when it has no write bit (linking.hardlink_is_safe), and to
+    # symlink when it is also not ours (cachelinks.symlink_is_safe)
+    fast = ctx.links_expected() and ctx.reflink_ok is False  # (no reflink to try first)
+    euid, owner, exec_bits = ctx.euid, ctx.link_owner, cachelinks.EXEC_BITS
     write_bits = linking.WRITE_BITS
     counts: dict[str, int] = {}
     rewritten: dict[str, tuple[str, int]] = {}
     known: dict[str, tuple] = {}  # rel -> (size, mtime_ns, ino[, sha256]): hashing.py
-    link, stat_ = os.link, os.stat
-    n = links = 0
+    link, symlink, stat_ = os.link, os.symlink, os.stat
+    n = links = syms = 0
     while len(claimed := os.read(queue, 2)) == 2:
         units = chunks[int.from_bytes(claimed, "little")]
         for d in _dirs_of([it for u in units for it in u.items]):
@@ -364,21 +392,37 @@ def place_chunks(
                 pass
         for unit in units:
             unit_rewritten: dict[str, tuple[str, int]] = {}
+            symlinks = ctx.unit_symlinks = ctx.symlinks and unit.key in ctx.symlink_keys
             for item in unit.items:
                 rel, source, path_type, placeholder, _fm, from_cache, sha, _size = item
                 if (fast and from_cache and not placeholder and path_type == "hardlink"
-                        and ctx.hardlink_ok):
+                        and (ctx.hardlink_ok or symlinks)):
                     try:
                         st = stat_(source)
-                        if not st.st_mode & write_bits:
+                        linked = False
+                        if st.st_mode & write_bits:
+                            pass
+                        elif not symlinks:
                             link(source, base + rel)
                             links += 1
+                            linked = True
+                        elif (st.st_uid != euid and (owner is None or st.st_uid == owner)
+                              and not rel.endswith(".pth")) and not (
+                                st.st_mode & exec_bits and cachelinks.stays_real(
+                                    rel, source, st, ctx.src_root, ctx.relocating)):
+                            symlink(source, base + rel)
+                            syms += 1
+                            linked = True
+                        # (otherwise writable, ours or a program: place() decides)
+                        if linked:
                             if sha:  # (it holds the package's sha256: left out)
                                 known[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
                             continue
                     except OSError as e:
-                        if e.errno in linking.LINK_GIVE_UP:
+                        if e.errno in linking.LINK_GIVE_UP and not symlinks:
                             ctx.hardlink_ok = False
+                        elif symlinks and e.errno in cachelinks.SYMLINK_GIVE_UP:
+                            ctx.symlinks = ctx.unit_symlinks = symlinks = False
                 rel, how, sha, key = place_or_fall_back(ctx, item)
                 counts[how] = counts.get(how, 0) + 1
                 if how == RELOCATED:
@@ -392,6 +436,8 @@ def place_chunks(
             advance(len(unit.items))
     if links:
         counts[HARDLINK] = counts.get(HARDLINK, 0) + links
+    if syms:
+        counts[CACHE_SYMLINK] = counts.get(CACHE_SYMLINK, 0) + syms
     store_stat_part(ctx.dest_tmp, part, known)
     return Outcome(counts, rewritten, n)
 
@@ -423,7 +469,7 @@ def place_all(
         n_workers = min(n_workers, total // 512)  # a fork and its page faults cost ~ 1 ms
     n_workers = max(1, min(n_workers, total))
     chunks = split_units(groups, max(1, min(n_workers * CHUNKS_PER_WORKER, total, MAX_CHUNKS)),
-                         ctx.hardlinks_expected())
+                         ctx.links_expected())
     order = sorted(range(len(chunks)), key=lambda i: -sum(u.cost for u in chunks[i]))
     queue, w = os.pipe()  # (filled and closed before any fork: readers see its end)
     try:

@@ -75,6 +75,9 @@ class Context:
     #: rel path -> owning conda record names (more than one means clobbered)
     owners: dict[str, list[Record]] = field(default_factory=dict)
     pip_owned: dict[str, str] = field(default_factory=dict)
+    #: package files (recorded as files) that are symlinks here: a non-owner's clone
+    #: links the package cache (cachelinks.py); rel -> the file it leads to
+    linked: dict[str, str] = field(default_factory=dict)
 
     def add(self, check: str, severity: str, message: str, packages=(), paths=(), hint=""):
         self.findings.append(Finding(check, severity, message, list(packages), list(paths),
@@ -229,8 +232,26 @@ def check_files(ctx: Context) -> None:
                     hint="check the file's permissions")
             continue
         pt = e.get("path_type", "hardlink")
-        if pt in ("softlink", "directory") or stat.S_ISLNK(st.st_mode):
+        if pt in ("softlink", "directory"):
             continue
+        if stat.S_ISLNK(st.st_mode):
+            # a file placed as a symlink to the package cache (a non-owner's clone): what
+            # counts is the content read through it, wherever it points
+            target = os.readlink(fp)
+            try:
+                st = os.stat(fp)
+            except OSError as ex:
+                ctx.add("missing-file", "error",
+                        f"{rel} of {r.name} {r.version} is a symlink to {target}, which "
+                        f"cannot be read ({ex.strerror})", [r.name], [rel],
+                        hint="the package cache this env links to is gone or unreadable: "
+                        "clone the environment again from its source (--link-mode copy "
+                        "gives a clone that does not depend on the cache)")
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                _altered(ctx, r, rel)
+                continue
+            ctx.linked[rel] = os.path.realpath(fp)
         sha = e.get("sha256_in_prefix") or e.get("sha256")
         if not sha:
             continue
@@ -449,12 +470,19 @@ def check_binaries(ctx: Context) -> None:
         return ["(untracked)"]
 
     elves: dict[str, elf.ElfInfo] = {}
-    for fp in _elf_candidates(root):
-        if os.path.islink(fp):
+    # a package file linked to the cache is checked where it is used: a library's
+    # $ORIGIN is the directory it is opened in (the link's); a program's, its real one
+    linked = {os.path.join(root, rel) for rel, real in ctx.linked.items()
+              if ".so" in os.path.basename(rel) or os.access(real, os.X_OK)}
+    real_dir: dict[str, str] = {}
+    for fp in dict.fromkeys([*_elf_candidates(root), *sorted(linked)]):
+        if os.path.islink(fp) and fp not in linked:
             continue
         info = elf.read_elf(fp)
         if info is not None:
             elves[fp] = info
+            if fp in linked and elf.is_program(fp):
+                real_dir[fp] = os.path.dirname(os.path.realpath(fp))
     ctx.checked["elf_files"] = len(elves)
     envlib = str(root / "lib")
     resolved_system: dict[str, set[str]] = defaultdict(set)
@@ -465,7 +493,7 @@ def check_binaries(ctx: Context) -> None:
                     f"{rel} is built for {info.machine_name}, not {ctx.subdir}", owner_of(fp),
                     [rel], hint="install the package built for this platform")
             continue
-        origin = os.path.dirname(fp)
+        origin = real_dir.get(fp) or os.path.dirname(fp)
         search = [p.replace("$ORIGIN", origin).replace("${ORIGIN}", origin)
                   for p in (info.runpath or info.rpath)]
         for lib in info.needed:
