@@ -63,13 +63,41 @@ def run_as(user: asuser.User, *argv, check: bool = True, env: dict | None = None
 
 
 def content_digest(root: Path, cache: Path) -> dict[str, str]:
-    """tree_digest, reading files that are links to the package cache: their content
-    counts (the packages' own links are kept as links)."""
-    out = tree_digest(root)
-    for rel, v in out.items():
-        if v.startswith(f"link:{cache}/"):
-            out[rel] = hashlib.sha256((root / rel).read_bytes()).hexdigest()
+    """tree_digest, reading through links to the package cache (whole directories and
+    single files): what counts is their content; a package's own links stay links."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        rel_dir = os.path.relpath(dirpath, root)
+        if rel_dir.split(os.sep)[0] == "conda-meta":
+            continue
+        for name in [*dirnames, *filenames]:
+            p = os.path.join(dirpath, name)
+            rel = os.path.normpath(os.path.join(rel_dir, name))
+            if os.path.islink(p) and not os.readlink(p).startswith(f"{cache}/"):
+                out[rel] = "link:" + os.readlink(p)
+                if name in dirnames:
+                    dirnames.remove(name)
+            elif name in filenames:
+                out[rel] = hashlib.sha256(open(p, "rb").read()).hexdigest()
     return out
+
+
+def cache_links(root: Path, cache: Path) -> dict[str, str]:
+    """The clone's files that are symlinks to the cache: {rel: target}."""
+    out = {}
+    for d, _dirs, files in os.walk(root):
+        for n in files:
+            p = os.path.join(d, n)
+            if os.path.islink(p) and os.readlink(p).startswith(f"{cache}/"):
+                out[os.path.relpath(p, root)] = os.readlink(p)
+    return out
+
+
+def linked_dirs(root: Path) -> dict[str, str]:
+    """The clone's directory links: {rel: target}."""
+    return {os.path.relpath(os.path.join(d, n), root): os.readlink(os.path.join(d, n))
+            for d, dirnames, _f in os.walk(root) for n in dirnames
+            if os.path.islink(os.path.join(d, n))}
 
 
 def site_state(shared) -> dict[str, tuple]:
@@ -104,27 +132,34 @@ def check_runs_as(user: asuser.User, prefix: Path) -> None:
 def test_nonowner_clone_links_the_cache_runs_and_validates(shared):
     dest = shared.user.home / "mine"
     p = clone_as(shared.user, shared.env, dest)
-    assert "symlink to the cache" in p.stderr and "hardlink" not in p.stderr
+    assert "linked directories" in p.stderr and "symlinks to the cache" in p.stderr
+    assert "hardlink" not in p.stderr
     cache = {d.name.rsplit("-", 2)[0]: d for d in shared.cache.iterdir() if d.is_dir()}
     site = next(dest.glob("lib/python*/site-packages"))
-    # plain package files: symlinks to the root-owned cache file, nothing else
-    for rel, pkg in (("include/demo.h", "libdemo"), ("share/demo-meta/README", "demo-meta"),
+    sp = site.relative_to(dest)
+    # whole directories one package owns, that need no file of the clone's own: one link
+    dirs = linked_dirs(dest)
+    assert dirs == {"share/demo-meta": f"{cache['demo-meta']}/share/demo-meta",
+                    "share/cuda-version": f"{cache['cuda-version']}/share/cuda-version",
+                    f"{sp}/demo_py-2.0.0.dist-info":
+                    f"{cache['demo-py']}/{sp}/demo_py-2.0.0.dist-info"}
+    for target in dirs.values():
+        assert Path(target).stat().st_uid == 0
+    # other plain package files: a symlink each, to the root-owned cache file
+    for rel, pkg in (("include/demo.h", "libdemo"),
                      (str(next(site.glob("demo_py/_ext.*.so")).relative_to(dest)), "demo-py"),
-                     (str((site / "demo_noarch/__init__.py").relative_to(dest)),
-                      "demo-noarch")):
-        f = dest / rel
+                     (f"{sp}/demo_noarch/__init__.py", "demo-noarch")):  # (no .pyc: python
+        f = dest / rel  # would compile it on every import in a linked directory)
         assert f.is_symlink(), rel
         target = Path(os.readlink(f))
         assert target.is_relative_to(cache[pkg]) and target.stat().st_uid == 0, rel
     # real files: relocated ones, the installer's entry point, and a program whose
     # package relocates (run through a link, its $ORIGIN would be the cache's)
     for rel in ("bin/demo", "lib/libdemo.so.1", "share/demo/config.txt", "bin/demo-noarch",
-                str((site / "demo_py/__init__.py").relative_to(dest))):
+                f"{sp}/demo_py/__init__.py"):
         assert not (dest / rel).is_symlink() and (dest / rel).stat().st_uid == shared.user.uid
-    # every directory is the user's own (pip, conda, editors may add and remove entries)
-    for dirpath, dirnames, _files in os.walk(dest):
-        for d in dirnames:
-            assert not os.path.islink(os.path.join(dirpath, d)), d
+    # every other directory is the user's own (pip, conda, editors add and remove there)
+    for dirpath, _dirs, _files in os.walk(dest):
         assert os.stat(dirpath).st_uid == shared.user.uid
     check_runs_as(shared.user, dest)
     rec = json.loads(next((dest / "conda-meta").glob("demo-meta-*.json")).read_text())
@@ -133,9 +168,42 @@ def test_nonowner_clone_links_the_cache_runs_and_validates(shared):
                             dest, "--json").stdout)
     assert doc["exit_status"] == 0, doc["findings"]
     assert doc["checked"]["hashed"] == 0  # the stat cache vouched for every linked file
+    linked = [f for f in doc["findings"] if f["check"] == "linked-directories"]
+    assert linked[0]["packages"] == ["cuda-version", "demo-meta", "demo-py"]
+    assert f"envtools detach {dest}" in linked[0]["hint"]
     full = json.loads(run_envtools("validate", "--full", "--json", dest).stdout)
     assert full["exit_status"] == 0 and full["checked"]["elf_files"] == \
         doc["checked"]["elf_files"] >= 3  # the linked extension is checked too
+
+
+def test_per_file_mode_and_detach_leave_no_directory_link(shared):
+    """--link-mode symlink: a symlink per file, no directory links; envtools detach
+    turns a clone's directory links into that, and nothing else changes."""
+    per_file = shared.user.home / "per-file"
+    clone_as(shared.user, "--link-mode", "symlink", shared.env, per_file)
+    assert linked_dirs(per_file) == {}
+    assert Path(os.readlink(per_file / "share" / "demo-meta" / "README")).stat().st_uid == 0
+    detached = shared.user.home / "detached"
+    clone_as(shared.user, shared.env, detached)
+    p = run_as(shared.user, *shared.user.python, "-m", "envtools", "detach", detached,
+               "demo-meta")
+    assert "detached 1 directories of 1 packages: demo-meta" in p.stderr
+    assert "share/demo-meta" not in linked_dirs(detached) and len(linked_dirs(detached)) == 2
+    run_as(shared.user, *shared.user.python, "-m", "envtools", "detach", detached)
+    assert linked_dirs(detached) == {}
+    # the same entries, and each file that is a link leads to the same cache file
+    assert content_digest(detached, shared.cache).keys() == \
+        content_digest(per_file, shared.cache).keys()
+    assert cache_links(detached, shared.cache) == cache_links(per_file, shared.cache)
+    for prefix in (per_file, detached):
+        doc = json.loads(run_as(shared.user, *shared.user.python, "-m", "envtools", "validate",
+                                prefix, "--json").stdout)
+        assert doc["exit_status"] == 0 and doc["checked"]["hashed"] == 0, doc["findings"]
+        assert not [f for f in doc["findings"] if f["check"] == "linked-directories"]
+        check_runs_as(shared.user, prefix)
+    p = run_as(shared.user, *shared.user.python, "-m", "envtools", "detach", detached, "nope",
+               check=False)
+    assert p.returncode == 2 and "no package named nope" in p.stderr
 
 
 def test_nonowner_clone_has_the_bytes_of_an_install_at_dest(shared):
@@ -143,8 +211,7 @@ def test_nonowner_clone_has_the_bytes_of_an_install_at_dest(shared):
     dest = shared.user.home / "same" / "env"
     clone_as(shared.user, shared.env, dest)
     cloned = content_digest(dest, shared.cache)
-    assert any(v != w for v, w in zip(cloned.values(), tree_digest(dest).values(),
-                                      strict=True))  # (it does link)
+    assert cloned != tree_digest(dest)  # (it does link)
     _rmtree(dest)
     run_envtools("install", "--channel", shared.channel, "--prefix", dest, "demo-meta",
                  "demo-noarch")
@@ -155,78 +222,123 @@ def test_nonowner_clone_has_the_bytes_of_an_install_at_dest(shared):
 
 
 def test_nothing_the_user_does_in_the_clone_reaches_the_site_env(shared):
-    """Writing into a linked file fails; replacing files, pip install, pip upgrade and
-    pip uninstall of a conda package whose files are links, and rm -rf all work, and
-    leave every file of the site env and its cache as it was."""
+    """Writing into a linked file or directory fails; replacing files, pip install, and
+    (after envtools detach) pip upgrade and pip uninstall of a conda package whose files
+    are links, and rm -rf all work; the site env and its cache stay as they were."""
     before = site_state(shared)
     dest = shared.user.home / "work"
     clone_as(shared.user, shared.env, dest)
     user = shared.user
-    header = dest / "include" / "demo.h"
-    assert run_as(user, "sh", "-c", f"echo x >> {header}", check=False).returncode != 0
-    assert run_as(user, "chmod", "u+w", header, check=False).returncode != 0
-    assert run_as(user, "truncate", "-s", "0", header, check=False).returncode != 0
+    header, readme = dest / "include" / "demo.h", dest / "share" / "demo-meta" / "README"
+    for f in (header, readme):
+        assert run_as(user, "sh", "-c", f"echo x >> {f}", check=False).returncode != 0
+        assert run_as(user, "chmod", "u+w", f, check=False).returncode != 0
+        assert run_as(user, "truncate", "-s", "0", f, check=False).returncode != 0
+    assert run_as(user, "touch", readme.parent / "new", check=False).returncode != 0
     run_as(user, "sh", "-c", f"rm {header} && echo mine > {header}")  # replacing is fine
     assert header.read_text() == "mine\n" and not header.is_symlink()
 
+    pip = pip_as(shared)
     wheels = shared.root / "wheels"  # (where the user can read them)
-    wheels.mkdir()
+    wheels.mkdir(exist_ok=True)
     new = make_wheel(wheels, "hello-tool", "1.0", {"hello_tool/__init__.py": "X = 1\n"})
     upgrade = make_wheel(wheels, "demo-py", "3.0.0", {"demo_py/__init__.py": "V = 3\n"})
-    pip = [dest / "bin" / "python", "-m", "pip", "--disable-pip-version-check",
-           "--no-cache-dir", "--no-input"]
-    pip_only = shared.root / "pip-only"  # the clone's python runs this pip, and sees
-    pip_only.mkdir()  # no other distribution than the clone's
-    (pip_only / "pip").symlink_to(Path(pip_module.__file__).parent)
-    env = {"PYTHONPATH": str(pip_only)}
-    run_as(user, *pip, "install", "--no-deps", "--no-index", new, env=env)
+    run_as(user, *pip(dest), "install", "--no-deps", "--no-index", new)
     site = next(dest.glob("lib/python*/site-packages"))
     ext = next(site.glob("demo_py/_ext.*.so"))
     assert ext.is_symlink()
     # pip replaces the conda package: it removes its files (links) and writes its own
-    p = run_as(user, *pip, "install", "--no-deps", "--no-index", "--upgrade", upgrade, env=env)
+    run_as(user, *user.python, "-m", "envtools", "detach", dest, "demo-py")
+    p = run_as(user, *pip(dest), "install", "--no-deps", "--no-index", "--upgrade", upgrade)
     assert "Successfully uninstalled demo-py-2.0.0" in p.stdout, p.stdout
     assert not ext.exists() and not ext.is_symlink()
+    assert sorted(x.name for x in site.glob("demo_py*")) == ["demo_py", "demo_py-3.0.0.dist-info"]
     out = run_as(user, dest / "bin" / "python", "-c",
                  "import demo_py, hello_tool; print(demo_py.V)").stdout
     assert out.strip() == "3"
-    run_as(user, *pip, "uninstall", "--yes", "demo-py", env=env)
+    run_as(user, *pip(dest), "uninstall", "--yes", "demo-py")
     assert not (site / "demo_py").exists()
-    run_as(user, "rm", "-rf", dest / "share" / "demo-meta", dest / "lib" / "libdemo.so.1")
+    run_as(user, "rm", "-rf", readme.parent, dest / "lib" / "libdemo.so.1")
     assert site_state(shared) == before
     # and the clone itself goes away like any directory of the user's
     run_as(user, "rm", "-rf", dest)
     assert site_state(shared) == before
 
 
+def pip_as(shared):
+    """The pip command for a clone: the clone's python running pip, seeing no other
+    distribution than the clone's."""
+    pip_only = shared.root / "pip-only"
+    if not pip_only.exists():
+        pip_only.mkdir()
+        (pip_only / "pip").symlink_to(Path(pip_module.__file__).parent)
+
+    def cmd(prefix: Path) -> list:
+        return ["env", f"PYTHONPATH={pip_only}", prefix / "bin" / "python", "-m", "pip",
+                "--disable-pip-version-check", "--no-cache-dir", "--no-input"]
+    return cmd
+
+
+def test_pip_cannot_change_a_linked_package_nor_the_site(shared):
+    """Before envtools detach, pip cannot remove a package whose directories are links
+    (they are the site's): whatever it reports, the site env and its cache are unchanged,
+    and validate shows what is left (the clone's python here is venv-like: pip skips the
+    files it may not remove; a conda env's python stops with Permission denied)."""
+    before = site_state(shared)
+    dest = shared.user.home / "linked-pip"
+    clone_as(shared.user, shared.env, dest)
+    (shared.root / "wheels").mkdir(exist_ok=True)
+    upgrade = make_wheel(shared.root / "wheels", "demo-py", "3.0.0",
+                         {"demo_py/__init__.py": "V = 3\n"})
+    run_as(shared.user, *pip_as(shared)(dest), "install", "--no-deps", "--no-index",
+           "--upgrade", upgrade, check=False)
+    assert site_state(shared) == before
+    site = next(dest.glob("lib/python*/site-packages"))
+    assert (site / "demo_py-2.0.0.dist-info").is_symlink()  # (not removed: the site's)
+    doc = json.loads(run_as(shared.user, *shared.user.python, "-m", "envtools", "validate",
+                            dest, "--json", check=False).stdout)
+    assert doc["exit_status"] == 1  # (two demo-py: the conda one is still there)
+
+
 def test_validate_reads_through_the_links(shared):
-    """A cache file changed after the clone is reported by the clone's validate, and a
-    cache that is gone is named in the finding (the clone needs it)."""
+    """A cache file changed after the clone is reported by the clone's validate (in a
+    linked directory and as a linked file), and a cache that is gone is named in the
+    finding (the clone needs it)."""
     dest = shared.user.home / "checked"
     clone_as(shared.user, shared.env, dest)
     validate = [*shared.user.python, "-m", "envtools", "validate", "--json", dest]
-    readme = Path(os.readlink(dest / "share" / "demo-meta" / "README"))
-    original = readme.read_bytes()
-    os.chmod(readme, 0o644)
-    try:
-        readme.write_bytes(b"changed by someone\n")
-        doc = json.loads(run_as(shared.user, *validate, check=False).stdout)
-        assert doc["exit_status"] == 1
-        assert [f["paths"] for f in doc["findings"] if f["check"] == "altered-file"] == [
-            ["share/demo-meta/README"]]
-    finally:
-        readme.write_bytes(original)
-        os.chmod(readme, 0o444)
+    site = next(dest.glob("lib/python*/site-packages"))
+    ext = next(site.glob("demo_py/_ext.*.so"))
+    changed = {"share/demo-meta/README": dest / "share/demo-meta/README",
+               "include/demo.h": dest / "include/demo.h"}
+    for rel, f in changed.items():
+        real = Path(os.path.realpath(f))
+        assert real.is_relative_to(shared.cache), rel
+        original = real.read_bytes()
+        os.chmod(real, 0o644)
+        try:
+            real.write_bytes(b"changed by someone\n")
+            doc = json.loads(run_as(shared.user, *validate, check=False).stdout)
+            assert doc["exit_status"] == 1
+            assert [f["paths"] for f in doc["findings"] if f["check"] == "altered-file"] == [
+                [rel]]
+        finally:
+            real.write_bytes(original)
+            os.chmod(real, 0o444)
     assert json.loads(run_as(shared.user, *validate).stdout)["exit_status"] == 0
-    pkg = readme.parents[2]
-    os.rename(pkg, pkg.with_name(pkg.name + ".gone"))
+    for pkg in (Path(os.path.realpath(changed["share/demo-meta/README"])).parents[2],
+                Path(os.path.realpath(ext)).parents[4]):
+        os.rename(pkg, pkg.with_name(pkg.name + ".gone"))
     try:
         doc = json.loads(run_as(shared.user, *validate, check=False).stdout)
-        missing = [f for f in doc["findings"] if f["check"] == "missing-file"]
-        assert missing and "package cache" in missing[0]["hint"]
-        assert "share/demo-meta/README" in missing[0]["paths"]
+        missing = {p: f for f in doc["findings"] if f["check"] == "missing-file"
+                   for p in f["paths"]}
+        for rel in ("share/demo-meta/README", str(ext.relative_to(dest)),
+                    f"{site.relative_to(dest)}/demo_py-2.0.0.dist-info/RECORD"):
+            assert "package cache" in missing[rel]["hint"], rel
     finally:
-        os.rename(pkg.with_name(pkg.name + ".gone"), pkg)
+        for pkg in shared.cache.glob("*.gone"):
+            os.rename(pkg, pkg.with_name(pkg.name[:-5]))
 
 
 def test_another_users_cache_is_copied_unless_trusted(shared):
@@ -245,9 +357,9 @@ def test_another_users_cache_is_copied_unless_trusted(shared):
                                          "demo-meta"))
     assert p.returncode == 0, p.stderr
     p = clone_as(shared.user, theirs, shared.user.home / "copied")
-    assert "symlink to the cache" not in p.stderr and "copy" in p.stderr
+    assert "symlinks to the cache" not in p.stderr and "copy" in p.stderr
     p = clone_as(shared.user, "--link-mode", "symlink", theirs, shared.user.home / "trusted")
-    assert "symlink to the cache" in p.stderr
+    assert "symlinks to the cache" in p.stderr and "linked directories" not in p.stderr
     check_runs_as_minimal = run_as(shared.user, shared.user.home / "trusted" / "bin" / "demo")
     assert check_runs_as_minimal.stdout.splitlines()[1] == \
         f"prefix={shared.user.home / 'trusted'}"
@@ -307,3 +419,33 @@ def test_a_records_link_type_is_changed_in_place():
     assert cachelinks.relinked_record(pretty, "/c/other", 1, 2) is None
     moved = json.dumps({"link": rec["link"], "name": "x"}).encode()  # not the last field
     assert cachelinks.relinked_record(moved, "/c/x-1-0", 1, 2) is None
+
+
+def test_which_directories_become_links():
+    """Only a directory one package owns wholly, that needs no file of the clone's own,
+    whose every .py has its .pyc, and that nobody commonly adds to."""
+    from envtools.clone import _IN_ARCHIVE
+    from envtools.layers import plan
+
+    sp = "lib/python3.11/site-packages"
+
+    def items(*rels, placeholder=None):
+        return [(r, "/c/" + r, "hardlink", placeholder, None, True, None, 1) for r in rels]
+
+    groups = [
+        (0, items(f"{sp}/good/__init__.py", f"{sp}/good/__pycache__/__init__.cpython-311.pyc",
+                  f"{sp}/good/data/x.bin", f"{sp}/good-1.0.dist-info/RECORD")),
+        (1, items(f"{sp}/nopyc/__init__.py")),  # (python would compile it on every import)
+        (2, items(f"{sp}/ns/part/__init__.py", f"{sp}/ns/part/__pycache__/__init__.c.pyc")),
+        (3, items(f"{sp}/shared/__init__.py", f"{sp}/shared/__pycache__/__init__.c.pyc",
+                  "share/man/man1/tool.1", "share/tool/a", "etc/tool/conf", "bin/tool")),
+        (4, items(f"{sp}/shared/extra.py", f"{sp}/shared/__pycache__/extra.c.pyc")),
+        (5, items("share/reloc/a") + items("share/reloc/b", placeholder="/ph")),
+        (6, items("share/pinned/a", "include/lib6/x.h")),
+        (7, items("share/untrusted/a")),
+    ]
+    chosen = plan(groups, linkable=range(7), untracked=["share/pinned/user-file"],
+                  in_archive=_IN_ARCHIVE)
+    assert chosen == {f"{sp}/good": 0, f"{sp}/good-1.0.dist-info": 0,
+                      f"{sp}/ns/part": 2,  # (the namespace package ns itself: not a link)
+                      "share/tool": 3, "include/lib6": 6}

@@ -115,14 +115,14 @@ def runs_from_cache(rel: str, pkg: str, src_root: str) -> bool:
     path in both trees, so it is the package's own; anything else is found the same way
     from both places (absolute paths, the system's directories) or not at all.
     """
-    prog = elf.read_elf(os.path.join(pkg, rel))
+    prog = _read_elf(os.path.join(pkg, rel))
     if prog is None:
         return False
     inherited = prog.rpath if not prog.runpath else []
     todo, seen = [rel], {rel}
     while todo:
         r = todo.pop()
-        infos = [elf.read_elf(os.path.join(root, r)) for root in (src_root, pkg)]
+        infos = [_read_elf(os.path.join(root, r)) for root in (src_root, pkg)]
         if infos[0] is None or infos[1] is None:
             return False
         for lib in infos[1].needed:
@@ -134,6 +134,17 @@ def runs_from_cache(rel: str, pkg: str, src_root: str) -> bool:
                 seen.add(hits[1])
                 todo.append(hits[1])
     return True
+
+
+_ELF: dict[str, elf.ElfInfo | None] = {}
+
+
+def _read_elf(path: str) -> elf.ElfInfo | None:
+    """elf.read_elf, once per path and process: the programs of one package share
+    their libraries (torch's test programs all load libtorch)."""
+    if path not in _ELF:
+        _ELF[path] = elf.read_elf(path)
+    return _ELF[path]
 
 
 def _via_origin(root: str, rel: str, info: elf.ElfInfo, lib: str,

@@ -65,8 +65,9 @@ def _cmd_clone(a: argparse.Namespace) -> int:
 
     Package files are linked from SRC's package cache when it is readable (reflink, or a
     hardlink to a cache file nobody may write, never as root; for a user who does not own
-    the cache, a symlink to a cache file they cannot change), else copied from SRC;
-    prefixes are relocated; pip-installed files are carried over. Built beside DEST and renamed
+    a root-owned cache, a symlink to each directory or file of it they cannot change:
+    see `envtools detach` before pip or conda change such a package), else copied from
+    SRC; prefixes are relocated; pip-installed files are carried over. Built beside DEST and renamed
     into place: on failure or Ctrl-C nothing is left at DEST.
     """
     from envtools.clone import clone
@@ -76,6 +77,26 @@ def _cmd_clone(a: argparse.Namespace) -> int:
         link_mode=a.link_mode, use_cache=not a.no_cache, virtual_overrides=a.virtual,
     )
     report.print()
+    return 0
+
+
+def _cmd_detach(a: argparse.Namespace) -> int:
+    """Give packages of a clone directories of their own, so pip and conda can change them.
+
+    A user's clone of a site env links whole directories of packages to the site's
+    read-only package cache (one link for thousands of files). pip and conda cannot
+    uninstall or upgrade such a package in place (pip stops with "Permission denied" on
+    a path in the cache, and changes nothing). This replaces each such link of the named
+    packages (all, if none is named) by a real directory holding a symlink per file:
+    nothing is copied, and the site env is not changed. `envtools validate` lists the
+    linked packages (check linked-directories).
+    """
+    from envtools.layers import detach
+
+    done = detach(a.prefix, a.package or [])
+    pkgs = sorted({p for p, _d in done})
+    info(f"detached {len(done)} directories of {len(pkgs)} packages"
+         + (f": {', '.join(pkgs)}" if pkgs else " (none were linked)"))
     return 0
 
 
@@ -143,11 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--link-mode", choices=("auto", "reflink", "symlink", "copy"),
                    default="auto",
                    help="auto: reflink, else hardlink to read-only cache files when not root, "
-                   "else (the cache is not yours and hardlinks are refused) symlink to them, "
-                   "else copy; symlink: symlinks where safe, copies elsewhere")
+                   "else (a root-owned cache, hardlinks refused) link whole directories and "
+                   "files to it, else copy; symlink: a symlink per file (no directory links: "
+                   "pip and conda can change every package), to a cache of any owner")
     p.add_argument("--no-cache", action="store_true",
                    help="ignore the package cache: copy from SRC and relocate")
     _virtual_opt(p)
+
+    p = _subcommand(sub, "detach", _cmd_detach)
+    p.add_argument("prefix", type=Path, help="your clone")
+    p.add_argument("package", nargs="*", help="package names [default: all]")
 
     p = _subcommand(sub, "module", _cmd_module)
     p.add_argument("prefix", type=Path, help="the environment to publish")

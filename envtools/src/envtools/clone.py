@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envtools import cachelinks, linking, placement, record_index
+from envtools import cachelinks, layers, linking, placement, record_index
 from envtools.errors import EnvtoolsError
 from envtools.hashing import STAT_CACHE, load_stat_cache, stat_key, store_stat_part
 from envtools.placement import Ctx, Item
@@ -306,10 +306,15 @@ def clone(
             ctx.reflink_ok = placement.probe_reflink(next(iter(cache.values())), tmp)
         elif link_mode == "symlink":
             ctx.reflink_ok = False
+        # untracked files: pip installs and anything else users put there
+        files, empty = untracked(srcp, lambda: {f[0] for r in prefix.records
+                                                for f in r.plan_fields()})
         if cache and ctx.links_expected() and ctx.reflink_ok is not True and (
                 link_mode == "symlink"
                 or not cachelinks.probe_hardlink(next(iter(cache.values())), tmp)):
             _plan_symlinks(ctx, link_mode, prefix.records, cache, groups)
+            if link_mode == "auto" and not add:  # (--add: rattler may remove any file)
+                groups = _plan_layers(ctx, prefix.records, cache, groups, files)
         meta = tmp / "conda-meta"
         (tmp / STAT_CACHE).mkdir(parents=True)  # (placement writes its parts there)
 
@@ -368,9 +373,6 @@ def clone(
         report.placed = placed.counts
         report.timings["files and records"] = time.monotonic() - t0
 
-        # untracked files: pip installs and anything else users put there
-        files, empty = untracked(srcp, lambda: {f[0] for r in prefix.records
-                                                for f in r.plan_fields()})
         rewritten: set[str] = set()
         with task("copying untracked files", len(files)) as advance:
             for rel in files:
@@ -461,6 +463,46 @@ def _plan_symlinks(ctx: Ctx, link_mode: str, records: list[Record], cache: dict[
     ctx.symlink_keys = frozenset(keys)
     ctx.relocating = frozenset(str(cache[records[key].name]) for key, items in groups
                                if records[key].name in cache and any(it[3] for it in items))
+
+
+def _plan_layers(ctx: Ctx, records: list[Record], cache: dict[str, Path],
+                 groups: list[tuple[int, list[Item]]],
+                 untracked_files: list[str]) -> list[tuple[int, list[Item]]]:
+    """Directories that one package owns wholly become one link each (layers.py): each
+    is one item, its files kept in ``ctx.layers`` in case it must be placed file by file."""
+    chosen = layers.plan(groups, ctx.symlink_keys, untracked_files, _IN_ARCHIVE)
+    if not chosen:
+        return groups
+    under: dict[str, str | None] = {}  # dir -> the chosen directory holding it, if any
+
+    def layer_of(d: str) -> str | None:
+        hit = under.get(d, "")
+        if hit != "":
+            return hit
+        hit = d if d in chosen else (layer_of(d.rpartition("/")[0]) if d else None)
+        under[d] = hit
+        return hit
+
+    ctx.layers = {}
+    out = []
+    for key, items in groups:
+        keep: list[Item] = []
+        r = records[key]
+        for it in items:
+            d = layer_of(it[0].rpartition("/")[0])
+            if d is None:
+                keep.append(it)
+                continue
+            subs = ctx.layers.get(d)
+            if subs is None:
+                subs = ctx.layers[d] = []
+                target = f"{cache[r.name]}/{_cache_rel(r, d)}"
+                keep.append((d, target, layers.LAYER, None, None, True, None, 0))
+            subs.append(it)
+        out.append((key, [(it[0], it[1], it[2], None, None, True, None,
+                           len(ctx.layers[it[0]])) if it[2] == layers.LAYER else it
+                          for it in keep]))
+    return out
 
 
 def cache_root_of(cache: dict[str, Path]) -> Path | None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from envtools import cachelinks, linking
+from envtools import cachelinks, layers, linking
 from envtools.errors import EnvtoolsError
 from envtools.hashing import stat_key, store_stat_part
 from envtools.relocate import relocate_pieces
@@ -36,7 +36,9 @@ _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # (Linux)
 # how a file was placed, for the report and conda-meta "link.type"
 REFLINK, HARDLINK, COPY, RELOCATED, SYMLINK = "reflink", "hardlink", "copy", "relocated", "symlink"
 #: a plain package file placed as a symlink to the cache (SYMLINK is a package's own link)
-CACHE_SYMLINK = "symlink to the cache"
+CACHE_SYMLINK = "symlinks to the cache"
+#: a directory placed as one link to the cache (layers.py), and the files in them
+LINKED_DIR, IN_LINKED_DIR = "linked directories", "files in linked directories"
 
 #: one tracked file: (rel, source, path_type, placeholder, file_mode, from_cache, sha256,
 #: size in bytes as recorded, 0 if not)
@@ -67,6 +69,8 @@ class Ctx:
     relocating: frozenset[str] = frozenset()
     #: (per unit while placing: symlinks are the method for this package's files)
     unit_symlinks: bool = False
+    #: directories placed as one link (layers.py): dir -> the items under it
+    layers: dict[str, list] | None = None
 
     def links_expected(self) -> bool:
         """Will cache files be linked (hard or symbolic) rather than copied: not root
@@ -237,6 +241,22 @@ def place_or_fall_back(ctx: Ctx, item: Item) -> Placed:
         raise
 
 
+def place_layer(ctx: Ctx, item: Item) -> dict[str, tuple] | None:
+    """Link a whole directory to the cache (layers.py) once :func:`layers.verify` says
+    its cache copy is what the plan says; returns the stat cache entries of its files.
+    None: place its files one by one (their directories are made here)."""
+    rel, source = item[0], item[1]
+    subs = ctx.layers[rel] if ctx.layers else []
+    entries = layers.verify(source, subs, rel, ctx.src_root, ctx.relocating)
+    if entries is not None:
+        os.symlink(source, os.path.join(ctx.dest_tmp, rel))
+        return entries
+    base = str(ctx.dest_tmp) + "/"
+    for d in [rel, *_dirs_of(subs)]:
+        os.makedirs(base + d, exist_ok=True)
+    return None
+
+
 def probe_reflink(pkg_dir: Path, tmp: Path) -> bool | None:
     """Can this cache reflink into DEST's filesystem? Tried once, on a cache file."""
     probe = tmp / ".envtools-reflink-probe"
@@ -306,6 +326,8 @@ def item_cost(item: Item, hardlinks: bool) -> int:
         return DIR_COST
     if path_type == "softlink":
         return NEW_FILE_COST
+    if path_type == layers.LAYER:  # (size: its file count; each is looked at once)
+        return NEW_FILE_COST + size // 4
     if placeholder or not from_cache or not hardlinks:
         return NEW_FILE_COST + (size or 0) // BYTES_PER_COST  # (a reflink copies no data,
     return 1  # but is rare enough not to be told apart)
@@ -423,12 +445,23 @@ def place_chunks(
                             ctx.hardlink_ok = False
                         elif symlinks and e.errno in cachelinks.SYMLINK_GIVE_UP:
                             ctx.symlinks = ctx.unit_symlinks = symlinks = False
-                rel, how, sha, key = place_or_fall_back(ctx, item)
-                counts[how] = counts.get(how, 0) + 1
-                if how == RELOCATED:
-                    unit_rewritten[rel] = (sha, key[0])
-                if sha and key:
-                    known[rel] = (*key, sha)
+                if path_type == layers.LAYER:
+                    entries = place_layer(ctx, item)
+                    if entries is not None:
+                        known.update(entries)
+                        counts[LINKED_DIR] = counts.get(LINKED_DIR, 0) + 1
+                        counts[IN_LINKED_DIR] = counts.get(IN_LINKED_DIR, 0) + _size
+                        continue
+                    subs = ctx.layers[rel] if ctx.layers else []  # (placed one by one)
+                else:
+                    subs = [item]
+                for sub in subs:
+                    rel, how, sha, key = place_or_fall_back(ctx, sub)
+                    counts[how] = counts.get(how, 0) + 1
+                    if how == RELOCATED:
+                        unit_rewritten[rel] = (sha, key[0])
+                    if sha and key:
+                        known[rel] = (*key, sha)
             rewritten.update(unit_rewritten)
             if unit.writes_record:
                 on_unit(unit.key, unit_rewritten)

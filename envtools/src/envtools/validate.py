@@ -22,8 +22,8 @@ JSON output (``--json``), schema version 1::
     }
 
 Checks (the ``check`` field): depends, constrains, missing-file, altered-file,
-clobbered-file, pip-duplicate, pip-requires, pip-overwrote, editable-install, elf-arch,
-elf-unresolved, duplicate-library, python-abi, cuda-driver.
+clobbered-file, pip-duplicate, pip-requires, pip-overwrote, editable-install,
+linked-directories, elf-arch, elf-unresolved, duplicate-library, python-abi, cuda-driver.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import rattler
 
-from envtools import elf, virtual
+from envtools import elf, layers, virtual
 from envtools.errors import EnvtoolsError
 from envtools.hashing import hash_many, load_stat_cache, stat_key
 from envtools.prefix_records import Prefix, Record
@@ -223,6 +223,12 @@ def check_files(ctx: Context) -> None:
         try:
             st = os.lstat(fp)
         except FileNotFoundError:
+            gone = _dangling_link(root, rel)
+            if gone:  # (a clone's directory link to a package cache that is gone)
+                ctx.add("missing-file", "error",
+                        f"{rel} of {r.name} {r.version} is missing: {gone[0]} is a link to "
+                        f"{gone[1]}, which is gone", [r.name], [rel], hint=_CACHE_GONE)
+                continue
             ctx.add("missing-file", "error", f"{rel} of {r.name} {r.version} is missing",
                     [r.name], [rel], hint=f"reinstall {r.name} (clone the env again, or "
                     f"restore the file)")
@@ -237,16 +243,13 @@ def check_files(ctx: Context) -> None:
         if stat.S_ISLNK(st.st_mode):
             # a file placed as a symlink to the package cache (a non-owner's clone): what
             # counts is the content read through it, wherever it points
-            target = os.readlink(fp)
             try:
                 st = os.stat(fp)
             except OSError as ex:
                 ctx.add("missing-file", "error",
-                        f"{rel} of {r.name} {r.version} is a symlink to {target}, which "
-                        f"cannot be read ({ex.strerror})", [r.name], [rel],
-                        hint="the package cache this env links to is gone or unreadable: "
-                        "clone the environment again from its source (--link-mode copy "
-                        "gives a clone that does not depend on the cache)")
+                        f"{rel} of {r.name} {r.version} is a symlink to {os.readlink(fp)}, "
+                        f"which cannot be read ({ex.strerror})", [r.name], [rel],
+                        hint=_CACHE_GONE)
                 continue
             if not stat.S_ISREG(st.st_mode):
                 _altered(ctx, r, rel)
@@ -274,6 +277,22 @@ def check_files(ctx: Context) -> None:
             _altered(ctx, expected[rel][0], rel)
     ctx.checked["files"] = len(expected)
     ctx.checked["hashed"] = len(to_hash)
+
+
+_CACHE_GONE = ("the package cache this env links to is gone or unreadable: clone the "
+               "environment again from its source (--link-mode copy gives a clone that "
+               "does not depend on the cache)")
+
+
+def _dangling_link(root: Path, rel: str) -> tuple[str, str] | None:
+    """The directory link on the way to ``rel`` whose target is gone, if any."""
+    d = rel.rpartition("/")[0]
+    while d:
+        p = os.path.join(root, d)
+        if os.path.islink(p) and not os.path.exists(p):
+            return d, os.readlink(p)
+        d = d.rpartition("/")[0]
+    return None
 
 
 def _altered(ctx: Context, r: Record, rel: str) -> None:
@@ -418,6 +437,21 @@ def check_pip(ctx: Context) -> None:
                     if not (f.check == "altered-file" and set(f.paths) <= pip_over)]
     from envtools.clone import find_editables
 
+    linked = layers.layer_links(root)
+    if linked:
+        by_pkg: dict[str, list[str]] = {}
+        caches = [(r.extracted_package_dir + "/", r.name) for r in ctx.prefix.records
+                  if r.extracted_package_dir]
+        for d, target in linked.items():
+            owner = next((name for c, name in caches if target.startswith(c)), "?")
+            by_pkg.setdefault(owner, []).append(d)
+        names = sorted(by_pkg)
+        ctx.add("linked-directories", "info",
+                f"{len(linked)} directories of {len(names)} packages are links to the site's "
+                f"package cache (read-only): {', '.join(names[:12])}"
+                + (" ..." if len(names) > 12 else ""), names, sorted(linked)[:50],
+                hint=f"pip and conda cannot remove or replace these packages' files; first "
+                f"run: envtools detach {root} PACKAGE")
     for e in find_editables(root):
         ctx.add("editable-install", "info", f"editable install: {e}",
                 hint="it runs code from outside the env; clones share that source directory")
@@ -426,7 +460,11 @@ def check_pip(ctx: Context) -> None:
 # ---------------------------------------------------------------- binaries
 def _elf_candidates(root: Path) -> list[str]:
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    tops = [str(root)]
+    # a clone's directory links to the package cache (layers.py) are walked too, by the
+    # clone's path: a library there is opened at that path (its $ORIGIN is the clone's)
+    tops += [os.path.join(root, d) for d in layers.layer_links(root)]
+    for dirpath, dirnames, filenames in (w for top in tops for w in os.walk(top)):
         if dirpath == str(root):
             dirnames[:] = [d for d in dirnames if d not in ("conda-meta", "include", "share",
                                                             "man", "doc")]
