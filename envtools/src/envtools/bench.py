@@ -30,9 +30,10 @@ fast against ``cp -a`` as it is.
   least a clone that links its files can cost;
 * a **non-owner**: a real uid other than the cache's owner (as root, one without an
   account, through ``setpriv``: see asuser.py), cloning the root-owned env as users of a
-  site do (symlinks to the cache, cachelinks.py), and with ``--link-mode copy`` (what
-  such users got before), against ``cp -a``, ``cp -as`` (a symlink per file: the least
-  a clone that symlinks its files can cost) and ``cp -al`` by the same user (refused by
+  site do (directories and files linked to the cache: layers.py, cachelinks.py), with
+  ``--link-mode symlink`` (a symlink per file) and with ``--link-mode copy`` (what such
+  users got before), against ``cp -a``, ``cp -as`` (a symlink per file: the least a
+  clone that symlinks every file can cost) and ``cp -al`` by the same user (refused by
   the kernel under ``fs.protected_hardlinks=1``), and ``validate`` of that user's clone.
 
 By default it generates an environment of ``--files`` files in ``--packages`` packages
@@ -207,11 +208,12 @@ def _time(cmd: list[str], env: dict | None = None) -> float:
 
 
 def _findings(cmd: list[str], env: dict | None = None) -> tuple[int, set[tuple]]:
-    """``validate --json``'s exit status and its findings, for comparing two envs."""
+    """``validate --json``'s exit status and its errors and warnings, for comparing two
+    envs (a clone's notes say more: which directories are links to the cache)."""
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     doc = json.loads(p.stdout)
     return doc["exit_status"], {(f["check"], f["severity"], tuple(f["paths"]))
-                                for f in doc.get("findings", [])}
+                                for f in doc.get("findings", []) if f["severity"] != "info"}
 
 
 def _non_owner(work: Path, src: Path, cache: str | None) -> tuple[asuser.User | None, str]:
@@ -237,6 +239,9 @@ t = time.perf_counter()
 asyncio.run(rattler.install(recs, target_prefix=dest, cache_dir=cache, show_progress=False))
 print(time.perf_counter() - t)
 '''
+
+
+NON_OWNER_CLONE = "envtools clone (cache, non-owner: linked directories and files)"
 
 
 def _sysctl(name: str) -> str:
@@ -351,19 +356,21 @@ def main(argv: list[str] | None = None) -> int:
         env = user.env
         timed("cp -a (non-owner)", user.cmd("cp", "-a", src, ud), ud, env)
         clone = user.envtools("clone", src, ud)
-        timed("envtools clone (cache, non-owner: symlinks)", clone, None, env)
+        timed(NON_OWNER_CLONE, clone, None, env)
         if first:  # (untimed) does it validate as cleanly as the env it was cloned from?
             mine = _findings(user.envtools("validate", "--json", ud), env)
             site = _findings(user.envtools("validate", "--json", src), env)
             extra, gone = mine[1] - site[1], site[1] - mine[1]
             notes.append(f"validate of the non-owner's clone: exit status {mine[0]} (the "
-                         f"env's own: {site[0]}), {len(mine[1])} findings: "
+                         f"env's own: {site[0]}), {len(mine[1])} errors and warnings: "
                          + ("the same as the env's" if not extra and not gone else
                             f"{len(extra)} not in the env's, {len(gone)} of the env's "
                             f"missing: {sorted(extra)[:3]} {sorted(gone)[:3]}"))
         timed("envtools validate (the non-owner's clone)", user.envtools("validate", ud),
               None, env)
         set_aside(ud)
+        timed("envtools clone (cache, non-owner, --link-mode symlink: a symlink per file)",
+              user.envtools("clone", "--link-mode", "symlink", src, ud), ud, env)
         timed("envtools clone (cache, non-owner, --link-mode copy)",
               user.envtools("clone", "--link-mode", "copy", src, ud), ud, env)
         timed("(cp -as: a symlink per file, non-owner)", user.cmd("cp", "-as", src, ud), ud,
@@ -466,11 +473,14 @@ def main(argv: list[str] | None = None) -> int:
                      f"cp -a; the clone takes {c / floor:.2f}x its time)")
     if user is not None:
         ucpa = med["cp -a (non-owner)"]
-        key = "envtools clone (cache, non-owner: symlinks)"
-        c = med[key]
-        lines.append(f"non-owner clone (uid {user.uid}, symlinks to the root-owned cache): "
-                     f"{ucpa / c:.1f}x faster than cp -a by the same user (target >= 10x; "
-                     f"{rounds('cp -a (non-owner)', key)})")
+        c = med[NON_OWNER_CLONE]
+        lines.append(f"non-owner clone (uid {user.uid}; directories and files linked to the "
+                     f"root-owned cache): {ucpa / c:.1f}x faster than cp -a by the same user "
+                     f"(target >= 10x; {rounds('cp -a (non-owner)', NON_OWNER_CLONE)})")
+        per_file = med["envtools clone (cache, non-owner, --link-mode symlink: a symlink per "
+                       "file)"]
+        lines.append(f"non-owner clone with a symlink per file (--link-mode symlink): "
+                     f"{ucpa / per_file:.1f}x faster than cp -a by the same user")
         ccopy = med["envtools clone (cache, non-owner, --link-mode copy)"]
         lines.append(f"non-owner clone with copies (--link-mode copy, what non-owners got "
                      f"before): {ucpa / ccopy:.1f}x faster than cp -a by the same user")

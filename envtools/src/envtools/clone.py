@@ -315,6 +315,7 @@ def clone(
             _plan_symlinks(ctx, link_mode, prefix.records, cache, groups)
             if link_mode == "auto" and not add:  # (--add: rattler may remove any file)
                 groups = _plan_layers(ctx, prefix.records, cache, groups, files)
+            report.timings["links planned"] = time.monotonic() - t0
         meta = tmp / "conda-meta"
         (tmp / STAT_CACHE).mkdir(parents=True)  # (placement writes its parts there)
 
