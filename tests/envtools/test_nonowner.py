@@ -132,24 +132,17 @@ def check_runs_as(user: asuser.User, prefix: Path) -> None:
 def test_nonowner_clone_links_the_cache_runs_and_validates(shared):
     dest = shared.user.home / "mine"
     p = clone_as(shared.user, shared.env, dest)
-    assert "linked directories" in p.stderr and "symlinks to the cache" in p.stderr
-    assert "hardlink" not in p.stderr
+    assert "symlinks to the cache" in p.stderr and "hardlink" not in p.stderr
+    assert "linked directories" not in p.stderr
     cache = {d.name.rsplit("-", 2)[0]: d for d in shared.cache.iterdir() if d.is_dir()}
     site = next(dest.glob("lib/python*/site-packages"))
     sp = site.relative_to(dest)
-    # whole directories one package owns, that need no file of the clone's own: one link
-    dirs = linked_dirs(dest)
-    assert dirs == {"share/demo-meta": f"{cache['demo-meta']}/share/demo-meta",
-                    "share/cuda-version": f"{cache['cuda-version']}/share/cuda-version",
-                    f"{sp}/demo_py-2.0.0.dist-info":
-                    f"{cache['demo-py']}/{sp}/demo_py-2.0.0.dist-info"}
-    for target in dirs.values():
-        assert Path(target).stat().st_uid == 0
-    # other plain package files: a symlink each, to the root-owned cache file
-    for rel, pkg in (("include/demo.h", "libdemo"),
+    # plain package files: a symlink each, to the root-owned cache file
+    for rel, pkg in (("include/demo.h", "libdemo"), ("share/demo-meta/README", "demo-meta"),
                      (str(next(site.glob("demo_py/_ext.*.so")).relative_to(dest)), "demo-py"),
-                     (f"{sp}/demo_noarch/__init__.py", "demo-noarch")):  # (no .pyc: python
-        f = dest / rel  # would compile it on every import in a linked directory)
+                     (f"{sp}/demo_py-2.0.0.dist-info/RECORD", "demo-py"),
+                     (f"{sp}/demo_noarch/__init__.py", "demo-noarch")):
+        f = dest / rel
         assert f.is_symlink(), rel
         target = Path(os.readlink(f))
         assert target.is_relative_to(cache[pkg]) and target.stat().st_uid == 0, rel
@@ -158,7 +151,8 @@ def test_nonowner_clone_links_the_cache_runs_and_validates(shared):
     for rel in ("bin/demo", "lib/libdemo.so.1", "share/demo/config.txt", "bin/demo-noarch",
                 f"{sp}/demo_py/__init__.py"):
         assert not (dest / rel).is_symlink() and (dest / rel).stat().st_uid == shared.user.uid
-    # every other directory is the user's own (pip, conda, editors add and remove there)
+    # every directory is the user's own (pip, conda, editors add and remove there)
+    assert linked_dirs(dest) == {}
     for dirpath, _dirs, _files in os.walk(dest):
         assert os.stat(dirpath).st_uid == shared.user.uid
     check_runs_as(shared.user, dest)
@@ -168,48 +162,63 @@ def test_nonowner_clone_links_the_cache_runs_and_validates(shared):
                             dest, "--json").stdout)
     assert doc["exit_status"] == 0, doc["findings"]
     assert doc["checked"]["hashed"] == 0  # the stat cache vouched for every linked file
-    linked = [f for f in doc["findings"] if f["check"] == "linked-directories"]
-    assert linked[0]["packages"] == ["cuda-version", "demo-meta", "demo-py"]
-    assert f"envtools detach {dest}" in linked[0]["hint"]
+    assert not [f for f in doc["findings"] if f["check"] == "linked-directories"]
     full = json.loads(run_envtools("validate", "--full", "--json", dest).stdout)
     assert full["exit_status"] == 0 and full["checked"]["elf_files"] == \
         doc["checked"]["elf_files"] >= 3  # the linked extension is checked too
 
 
-def test_per_file_mode_and_detach_leave_no_directory_link(shared):
-    """--link-mode symlink: a symlink per file, no directory links; envtools detach
-    turns a clone's directory links into that, and nothing else changes."""
-    per_file = shared.user.home / "per-file"
-    clone_as(shared.user, "--link-mode", "symlink", shared.env, per_file)
-    assert linked_dirs(per_file) == {}
-    assert Path(os.readlink(per_file / "share" / "demo-meta" / "README")).stat().st_uid == 0
-    detached = shared.user.home / "detached"
-    clone_as(shared.user, shared.env, detached)
-    p = run_as(shared.user, *shared.user.python, "-m", "envtools", "detach", detached,
+def test_linked_directories_and_detach(shared):
+    """--link-mode dirs: one link for each directory one package owns wholly and that
+    needs no file of the clone's own; envtools detach turns such links into a symlink per
+    file, what the default clone has."""
+    dest = shared.user.home / "dirs"
+    p = clone_as(shared.user, "--link-mode", "dirs", shared.env, dest)
+    assert "linked directories" in p.stderr
+    cache = {d.name.rsplit("-", 2)[0]: d for d in shared.cache.iterdir() if d.is_dir()}
+    sp = next(dest.glob("lib/python*/site-packages")).relative_to(dest)
+    dirs = linked_dirs(dest)
+    assert dirs == {"share/demo-meta": f"{cache['demo-meta']}/share/demo-meta",
+                    "share/cuda-version": f"{cache['cuda-version']}/share/cuda-version",
+                    f"{sp}/demo_py-2.0.0.dist-info":
+                    f"{cache['demo-py']}/{sp}/demo_py-2.0.0.dist-info"}
+    # (demo_py/ holds a relocated file, demo_noarch/ has no .pyc, include/ is shared)
+    for target in dirs.values():
+        assert Path(target).stat().st_uid == 0
+    check_runs_as(shared.user, dest)
+    doc = json.loads(run_as(shared.user, *shared.user.python, "-m", "envtools", "validate",
+                            dest, "--json").stdout)
+    assert doc["exit_status"] == 0 and doc["checked"]["hashed"] == 0, doc["findings"]
+    linked = [f for f in doc["findings"] if f["check"] == "linked-directories"]
+    assert linked[0]["packages"] == ["cuda-version", "demo-meta", "demo-py"]
+    assert f"envtools detach {dest}" in linked[0]["hint"]
+    p = run_as(shared.user, *shared.user.python, "-m", "envtools", "detach", dest,
                "demo-meta")
     assert "detached 1 directories of 1 packages: demo-meta" in p.stderr
-    assert "share/demo-meta" not in linked_dirs(detached) and len(linked_dirs(detached)) == 2
-    run_as(shared.user, *shared.user.python, "-m", "envtools", "detach", detached)
-    assert linked_dirs(detached) == {}
+    assert "share/demo-meta" not in linked_dirs(dest) and len(linked_dirs(dest)) == 2
+    run_as(shared.user, *shared.user.python, "-m", "envtools", "detach", dest)
+    assert linked_dirs(dest) == {}
+    per_file = shared.user.home / "per-file"
+    clone_as(shared.user, shared.env, per_file)
     # the same entries, and each file that is a link leads to the same cache file
-    assert content_digest(detached, shared.cache).keys() == \
+    assert content_digest(dest, shared.cache).keys() == \
         content_digest(per_file, shared.cache).keys()
-    assert cache_links(detached, shared.cache) == cache_links(per_file, shared.cache)
-    for prefix in (per_file, detached):
-        doc = json.loads(run_as(shared.user, *shared.user.python, "-m", "envtools", "validate",
-                                prefix, "--json").stdout)
-        assert doc["exit_status"] == 0 and doc["checked"]["hashed"] == 0, doc["findings"]
-        assert not [f for f in doc["findings"] if f["check"] == "linked-directories"]
-        check_runs_as(shared.user, prefix)
-    p = run_as(shared.user, *shared.user.python, "-m", "envtools", "detach", detached, "nope",
+    assert cache_links(dest, shared.cache) == cache_links(per_file, shared.cache)
+    doc = json.loads(run_as(shared.user, *shared.user.python, "-m", "envtools", "validate",
+                            dest, "--json").stdout)
+    assert doc["exit_status"] == 0 and doc["checked"]["hashed"] == 0, doc["findings"]
+    assert not [f for f in doc["findings"] if f["check"] == "linked-directories"]
+    check_runs_as(shared.user, dest)
+    p = run_as(shared.user, *shared.user.python, "-m", "envtools", "detach", dest, "nope",
                check=False)
     assert p.returncode == 2 and "no package named nope" in p.stderr
 
 
-def test_nonowner_clone_has_the_bytes_of_an_install_at_dest(shared):
+@pytest.mark.parametrize("mode", ["auto", "dirs"])
+def test_nonowner_clone_has_the_bytes_of_an_install_at_dest(shared, mode):
     """Read through its links, the clone is what installing the packages there gives."""
     dest = shared.user.home / "same" / "env"
-    clone_as(shared.user, shared.env, dest)
+    clone_as(shared.user, "--link-mode", mode, shared.env, dest)
     cloned = content_digest(dest, shared.cache)
     assert cloned != tree_digest(dest)  # (it does link)
     _rmtree(dest)
@@ -222,15 +231,18 @@ def test_nonowner_clone_has_the_bytes_of_an_install_at_dest(shared):
 
 
 def test_nothing_the_user_does_in_the_clone_reaches_the_site_env(shared):
-    """Writing into a linked file or directory fails; replacing files, pip install, and
-    (after envtools detach) pip upgrade and pip uninstall of a conda package whose files
-    are links, and rm -rf all work; the site env and its cache stay as they were."""
+    """Writing into a linked file or directory fails; replacing files, pip install, pip
+    upgrade and pip uninstall of a conda package whose files are links (for linked
+    directories: after envtools detach), and rm -rf all work; the site env and its cache
+    stay as they were, byte for byte, mode and inode."""
     before = site_state(shared)
-    dest = shared.user.home / "work"
-    clone_as(shared.user, shared.env, dest)
     user = shared.user
-    header, readme = dest / "include" / "demo.h", dest / "share" / "demo-meta" / "README"
-    for f in (header, readme):
+    dest, dirs = user.home / "work", user.home / "work-dirs"
+    clone_as(user, shared.env, dest)
+    clone_as(user, "--link-mode", "dirs", shared.env, dirs)
+    header, readme = dest / "include" / "demo.h", dirs / "share" / "demo-meta" / "README"
+    assert readme.parent.is_symlink()
+    for f in (header, dest / "share" / "demo-meta" / "README", readme):
         assert run_as(user, "sh", "-c", f"echo x >> {f}", check=False).returncode != 0
         assert run_as(user, "chmod", "u+w", f, check=False).returncode != 0
         assert run_as(user, "truncate", "-s", "0", f, check=False).returncode != 0
@@ -243,25 +255,29 @@ def test_nothing_the_user_does_in_the_clone_reaches_the_site_env(shared):
     wheels.mkdir(exist_ok=True)
     new = make_wheel(wheels, "hello-tool", "1.0", {"hello_tool/__init__.py": "X = 1\n"})
     upgrade = make_wheel(wheels, "demo-py", "3.0.0", {"demo_py/__init__.py": "V = 3\n"})
-    run_as(user, *pip(dest), "install", "--no-deps", "--no-index", new)
-    site = next(dest.glob("lib/python*/site-packages"))
-    ext = next(site.glob("demo_py/_ext.*.so"))
-    assert ext.is_symlink()
-    # pip replaces the conda package: it removes its files (links) and writes its own
-    run_as(user, *user.python, "-m", "envtools", "detach", dest, "demo-py")
-    p = run_as(user, *pip(dest), "install", "--no-deps", "--no-index", "--upgrade", upgrade)
-    assert "Successfully uninstalled demo-py-2.0.0" in p.stdout, p.stdout
-    assert not ext.exists() and not ext.is_symlink()
-    assert sorted(x.name for x in site.glob("demo_py*")) == ["demo_py", "demo_py-3.0.0.dist-info"]
-    out = run_as(user, dest / "bin" / "python", "-c",
-                 "import demo_py, hello_tool; print(demo_py.V)").stdout
-    assert out.strip() == "3"
-    run_as(user, *pip(dest), "uninstall", "--yes", "demo-py")
-    assert not (site / "demo_py").exists()
-    run_as(user, "rm", "-rf", readme.parent, dest / "lib" / "libdemo.so.1")
+    run_as(user, *user.python, "-m", "envtools", "detach", dirs, "demo-py")
+    for prefix in (dest, dirs):
+        run_as(user, *pip(prefix), "install", "--no-deps", "--no-index", new)
+        site = next(prefix.glob("lib/python*/site-packages"))
+        ext = next(site.glob("demo_py/_ext.*.so"))
+        assert ext.is_symlink()
+        # pip replaces the conda package: it removes its files (links), writes its own
+        p = run_as(user, *pip(prefix), "install", "--no-deps", "--no-index", "--upgrade",
+                   upgrade)
+        assert "Successfully uninstalled demo-py-2.0.0" in p.stdout, p.stdout
+        assert not ext.exists() and not ext.is_symlink()
+        assert sorted(x.name for x in site.glob("demo_py*")) == [
+            "demo_py", "demo_py-3.0.0.dist-info"]
+        out = run_as(user, prefix / "bin" / "python", "-c",
+                     "import demo_py, hello_tool; print(demo_py.V)").stdout
+        assert out.strip() == "3"
+        run_as(user, *pip(prefix), "uninstall", "--yes", "demo-py")
+        assert not (site / "demo_py").exists()
+        run_as(user, "rm", "-rf", prefix / "share" / "demo-meta",
+               prefix / "lib" / "libdemo.so.1")
     assert site_state(shared) == before
-    # and the clone itself goes away like any directory of the user's
-    run_as(user, "rm", "-rf", dest)
+    # and the clones go away like any directory of the user's
+    run_as(user, "rm", "-rf", dest, dirs)
     assert site_state(shared) == before
 
 
@@ -286,7 +302,7 @@ def test_pip_cannot_change_a_linked_package_nor_the_site(shared):
     files it may not remove; a conda env's python stops with Permission denied)."""
     before = site_state(shared)
     dest = shared.user.home / "linked-pip"
-    clone_as(shared.user, shared.env, dest)
+    clone_as(shared.user, "--link-mode", "dirs", shared.env, dest)
     (shared.root / "wheels").mkdir(exist_ok=True)
     upgrade = make_wheel(shared.root / "wheels", "demo-py", "3.0.0",
                          {"demo_py/__init__.py": "V = 3\n"})
@@ -300,12 +316,13 @@ def test_pip_cannot_change_a_linked_package_nor_the_site(shared):
     assert doc["exit_status"] == 1  # (two demo-py: the conda one is still there)
 
 
-def test_validate_reads_through_the_links(shared):
-    """A cache file changed after the clone is reported by the clone's validate (in a
-    linked directory and as a linked file), and a cache that is gone is named in the
+@pytest.mark.parametrize("mode", ["auto", "dirs"])
+def test_validate_reads_through_the_links(shared, mode):
+    """A cache file changed after the clone is reported by the clone's validate (through
+    a linked file, or a linked directory), and a cache that is gone is named in the
     finding (the clone needs it)."""
-    dest = shared.user.home / "checked"
-    clone_as(shared.user, shared.env, dest)
+    dest = shared.user.home / f"checked-{mode}"
+    clone_as(shared.user, "--link-mode", mode, shared.env, dest)
     validate = [*shared.user.python, "-m", "envtools", "validate", "--json", dest]
     site = next(dest.glob("lib/python*/site-packages"))
     ext = next(site.glob("demo_py/_ext.*.so"))
@@ -449,3 +466,23 @@ def test_which_directories_become_links():
     assert chosen == {f"{sp}/good": 0, f"{sp}/good-1.0.dist-info": 0,
                       f"{sp}/ns/part": 2,  # (the namespace package ns itself: not a link)
                       "share/tool": 3, "include/lib6": 6}
+
+
+def test_a_library_that_climbs_out_of_its_directory_is_not_behind_a_link(tmp_path):
+    """The kernel resolves `..` after following a directory link: a library whose RUNPATH
+    is $ORIGIN/.. would search the cache, not the clone, so its directory stays real."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    from envtools.layers import verify
+
+    layer = tmp_path / "cache" / "pkg" / "lib" / "sub"
+    layer.mkdir(parents=True)
+    (tmp_path / "x.c").write_text("int x(void){return 1;}\n")
+    items = [("lib/sub/libx.so", str(layer / "libx.so"), "hardlink", None, None, True, None, 1)]
+    for runpath, linkable in (("$ORIGIN", True), ("$ORIGIN/../other", False)):
+        (layer / "libx.so").unlink(missing_ok=True)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", layer / "libx.so", tmp_path / "x.c",
+                        f"-Wl,-rpath,{runpath}", "-Wl,--enable-new-dtags"], check=True)
+        os.chmod(layer / "libx.so", 0o555)
+        got = verify(str(layer), items, "lib/sub", str(tmp_path / "env"), frozenset())
+        assert (got is not None) == linkable, runpath

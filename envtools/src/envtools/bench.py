@@ -30,9 +30,9 @@ fast against ``cp -a`` as it is.
   least a clone that links its files can cost;
 * a **non-owner**: a real uid other than the cache's owner (as root, one without an
   account, through ``setpriv``: see asuser.py), cloning the root-owned env as users of a
-  site do (directories and files linked to the cache: layers.py, cachelinks.py), with
-  ``--link-mode symlink`` (a symlink per file) and with ``--link-mode copy`` (what such
-  users got before), against ``cp -a``, ``cp -as`` (a symlink per file: the least a
+  site do (a symlink per file to the cache: cachelinks.py), with ``--link-mode dirs``
+  (whole directories linked: layers.py) and with ``--link-mode copy`` (what such users
+  got before), against ``cp -a``, ``cp -as`` (a symlink per file: the least a
   clone that symlinks every file can cost) and ``cp -al`` by the same user (refused by
   the kernel under ``fs.protected_hardlinks=1``), and ``validate`` of that user's clone.
 
@@ -241,7 +241,8 @@ print(time.perf_counter() - t)
 '''
 
 
-NON_OWNER_CLONE = "envtools clone (cache, non-owner: linked directories and files)"
+NON_OWNER_CLONE = "envtools clone (cache, non-owner: a symlink per file)"
+NON_OWNER_DIRS = "envtools clone (cache, non-owner, --link-mode dirs: linked directories)"
 
 
 def _sysctl(name: str) -> str:
@@ -369,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         timed("envtools validate (the non-owner's clone)", user.envtools("validate", ud),
               None, env)
         set_aside(ud)
-        timed("envtools clone (cache, non-owner, --link-mode symlink: a symlink per file)",
-              user.envtools("clone", "--link-mode", "symlink", src, ud), ud, env)
+        timed(NON_OWNER_DIRS, user.envtools("clone", "--link-mode", "dirs", src, ud), ud,
+              env)
         timed("envtools clone (cache, non-owner, --link-mode copy)",
               user.envtools("clone", "--link-mode", "copy", src, ud), ud, env)
         timed("(cp -as: a symlink per file, non-owner)", user.cmd("cp", "-as", src, ud), ud,
@@ -474,13 +475,13 @@ def main(argv: list[str] | None = None) -> int:
     if user is not None:
         ucpa = med["cp -a (non-owner)"]
         c = med[NON_OWNER_CLONE]
-        lines.append(f"non-owner clone (uid {user.uid}; directories and files linked to the "
-                     f"root-owned cache): {ucpa / c:.1f}x faster than cp -a by the same user "
-                     f"(target >= 10x; {rounds('cp -a (non-owner)', NON_OWNER_CLONE)})")
-        per_file = med["envtools clone (cache, non-owner, --link-mode symlink: a symlink per "
-                       "file)"]
-        lines.append(f"non-owner clone with a symlink per file (--link-mode symlink): "
-                     f"{ucpa / per_file:.1f}x faster than cp -a by the same user")
+        lines.append(f"non-owner clone (uid {user.uid}; a symlink per file to the root-owned "
+                     f"cache): {ucpa / c:.1f}x faster than cp -a by the same user (target >= "
+                     f"10x; {rounds('cp -a (non-owner)', NON_OWNER_CLONE)})")
+        dirs = med[NON_OWNER_DIRS]
+        lines.append(f"non-owner clone with linked directories (--link-mode dirs): "
+                     f"{ucpa / dirs:.1f}x faster than cp -a by the same user ("
+                     f"{rounds('cp -a (non-owner)', NON_OWNER_DIRS)})")
         ccopy = med["envtools clone (cache, non-owner, --link-mode copy)"]
         lines.append(f"non-owner clone with copies (--link-mode copy, what non-owners got "
                      f"before): {ucpa / ccopy:.1f}x faster than cp -a by the same user")

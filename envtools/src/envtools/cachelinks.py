@@ -151,7 +151,7 @@ def _via_origin(root: str, rel: str, info: elf.ElfInfo, lib: str,
                 inherited: list[str]) -> str | None:
     """Where (relative to ``root``) the loader finds ``lib`` for ``rel`` through a
     ``$ORIGIN`` entry, or None if an absolute entry comes first or none has it."""
-    origin = posixpath.dirname(rel)
+    origin = posixpath.dirname(rel) or "."
     for path in [*(info.runpath or info.rpath), *inherited]:
         if "$ORIGIN" not in path and "${ORIGIN}" not in path:
             if os.path.isfile(os.path.join(path, lib)):

@@ -65,9 +65,9 @@ def _cmd_clone(a: argparse.Namespace) -> int:
 
     Package files are linked from SRC's package cache when it is readable (reflink, or a
     hardlink to a cache file nobody may write, never as root; for a user who does not own
-    a root-owned cache, a symlink to each directory or file of it they cannot change:
-    see `envtools detach` before pip or conda change such a package), else copied from
-    SRC; prefixes are relocated; pip-installed files are carried over. Built beside DEST and renamed
+    a root-owned cache, a symlink to each file of it, or with --link-mode dirs to whole
+    directories, they cannot change), else copied from SRC; prefixes are relocated;
+    pip-installed files are carried over. Built beside DEST and renamed
     into place: on failure or Ctrl-C nothing is left at DEST.
     """
     from envtools.clone import clone
@@ -83,8 +83,8 @@ def _cmd_clone(a: argparse.Namespace) -> int:
 def _cmd_detach(a: argparse.Namespace) -> int:
     """Give packages of a clone directories of their own, so pip and conda can change them.
 
-    A user's clone of a site env links whole directories of packages to the site's
-    read-only package cache (one link for thousands of files). pip and conda cannot
+    A user's clone made with --link-mode dirs links whole directories of packages to the
+    site's read-only package cache (one link for thousands of files). pip and conda cannot
     uninstall or upgrade such a package in place (pip stops with "Permission denied" on
     a path in the cache, and changes nothing). This replaces each such link of the named
     packages (all, if none is named) by a real directory holding a symlink per file:
@@ -161,12 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let --add change the versions of already installed packages")
     p.add_argument("--channel", action="append",
                    help="channel for --add [default: the channels the env came from]")
-    p.add_argument("--link-mode", choices=("auto", "reflink", "symlink", "copy"),
+    p.add_argument("--link-mode", choices=("auto", "dirs", "reflink", "symlink", "copy"),
                    default="auto",
                    help="auto: reflink, else hardlink to read-only cache files when not root, "
-                   "else (a root-owned cache, hardlinks refused) link whole directories and "
-                   "files to it, else copy; symlink: a symlink per file (no directory links: "
-                   "pip and conda can change every package), to a cache of any owner")
+                   "else (a root-owned cache, hardlinks refused) a symlink per file to it, "
+                   "else copy; dirs: as auto, and one link for each directory a package owns "
+                   "wholly (fastest; pip/conda need `envtools detach` before they change such "
+                   "a package); symlink: a symlink per file, also to a cache another user owns")
     p.add_argument("--no-cache", action="store_true",
                    help="ignore the package cache: copy from SRC and relocate")
     _virtual_opt(p)

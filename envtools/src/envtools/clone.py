@@ -32,9 +32,10 @@ from envtools.tempdirs import atomic_dir
 from envtools.untracked import untracked
 
 _SITE_RE = re.compile(r"^lib/python\d+\.\d+/site-packages/")
-#: --link-mode values: auto (reflink, else hardlink, else symlink to a cache the user
-#: cannot change, else copy), or one method where possible (copy otherwise)
-LINK_MODES = ("auto", "reflink", "symlink", "copy")
+#: --link-mode values: auto (reflink, else hardlink, else a symlink per file to a cache
+#: only root can change, else copy), dirs (auto, linking whole directories where a
+#: package owns them: layers.py), or one method where possible (copy otherwise)
+LINK_MODES = ("auto", "dirs", "reflink", "symlink", "copy")
 
 
 @dataclass
@@ -302,7 +303,7 @@ def clone(
         groups = _plan(prefix.records, cache, srcp, old_prefix)
         report.timings["load"] = load_s
         report.timings["plan"] = time.monotonic() - t0
-        if cache and link_mode == "auto":
+        if cache and link_mode in ("auto", "dirs"):
             ctx.reflink_ok = placement.probe_reflink(next(iter(cache.values())), tmp)
         elif link_mode == "symlink":
             ctx.reflink_ok = False
@@ -313,7 +314,7 @@ def clone(
                 link_mode == "symlink"
                 or not cachelinks.probe_hardlink(next(iter(cache.values())), tmp)):
             _plan_symlinks(ctx, link_mode, prefix.records, cache, groups)
-            if link_mode == "auto" and not add:  # (--add: rattler may remove any file)
+            if link_mode == "dirs" and not add:  # (--add: rattler may remove any file)
                 groups = _plan_layers(ctx, prefix.records, cache, groups, files)
             report.timings["links planned"] = time.monotonic() - t0
         meta = tmp / "conda-meta"
@@ -448,10 +449,10 @@ _IN_ARCHIVE = frozenset({"hardlink", "softlink", "directory", None})
 def _plan_symlinks(ctx: Ctx, link_mode: str, records: list[Record], cache: dict[str, Path],
                    groups: list[tuple[int, list[Item]]]) -> None:
     """Hardlinks are refused (protected_hardlinks: the cache is not ours): link to the
-    cache files we may not change, in package directories only root (``auto``) or
-    anyone but us (``symlink``) can change, where a link is transparent (cachelinks.py)."""
+    cache files we may not change, in package directories only root (``auto``, ``dirs``)
+    or anyone but us (``symlink``) can change, where a link is transparent (cachelinks.py)."""
     ctx.symlinks, ctx.hardlink_ok = True, False
-    ctx.link_owner = 0 if link_mode == "auto" else None
+    ctx.link_owner = None if link_mode == "symlink" else 0
     trusted: dict[Path, bool] = {}
     keys = []
     for key, _items in groups:

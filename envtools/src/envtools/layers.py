@@ -21,7 +21,12 @@ What a directory link costs the user, and so where there is none:
 * everything in it is read from the cache: so no file in it may need to be the clone's
   own (relocated, made by the installer, an ELF program that would not run the same from
   the cache, a ``.pth``), no other package and no untracked file may live in it, and its
-  package's symlinks must stay inside it.
+  package's symlinks must stay inside it;
+* ``..`` from inside it is resolved by the kernel after following the link, so it leads
+  into the package's cache directory, not the clone: no library in it may search
+  ``$ORIGIN/..`` out of it (checked), and code that opens ``dirname(__file__)/../x``
+  without normalising the path finds its own package's cache directory (not checked:
+  the reason this is ``--link-mode dirs``, not the default).
 
 Each directory link is checked when it is placed, by the process that places it: the
 cache directory must hold exactly the package's files there (a scandir of the cache), none
@@ -33,12 +38,13 @@ clone's stat cache entries for its files.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from envtools import cachelinks
+from envtools import cachelinks, elf
 
 #: the path type of a layer item (a directory link) in a placement plan
 LAYER = "layer"
@@ -210,12 +216,31 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
                             f"{rel_dir}/{name}", os.path.join(cache_dir, name), st,
                             src_root, relocating):
                         return None
+                    if (".so" in entry.name or st.st_mode & cachelinks.EXEC_BITS) and \
+                            _origin_escapes(os.path.join(cache_dir, name), name):
+                        return None
                     found[name] = (st.st_size, st.st_mtime_ns, st.st_ino)
         finally:
             os.close(fd)
     if len(found) + len(found_links) != len(want):  # (something is missing)
         return None
     return {f"{rel_dir}/{n}": v for n, v in found.items()}
+
+
+def _origin_escapes(path: str, name: str) -> bool:
+    """Does this ELF file's RUNPATH/RPATH climb out of the linked directory through
+    ``$ORIGIN/..``? The kernel resolves ``..`` after following the directory link, so
+    the loader would search the package's cache directory, not the clone's."""
+    info = elf.read_elf(path)
+    if info is None:
+        return False
+    here = posixpath.dirname(name) or "."
+    for entry in info.runpath + info.rpath:
+        if "$ORIGIN" in entry or "${ORIGIN}" in entry:
+            d = posixpath.normpath(entry.replace("${ORIGIN}", here).replace("$ORIGIN", here))
+            if d == ".." or d.startswith("../"):
+                return True
+    return False
 
 
 def layer_links(prefix: Path) -> dict[str, str]:

@@ -77,7 +77,7 @@ class Ctx:
         (root never links), ``auto`` or ``symlink`` mode, and reflinks not known to work.
         Each file is still checked (``linking.hardlink_is_safe``,
         ``cachelinks.symlink_is_safe``); this is the method, for costs and the fast loop."""
-        return (self.euid != 0 and self.link_mode in ("auto", "symlink")
+        return (self.euid != 0 and self.link_mode in ("auto", "dirs", "symlink")
                 and self.reflink_ok is not True)
 
 
@@ -127,7 +127,7 @@ def workers(dest: str | os.PathLike[str]) -> int:
 
 def link_or_copy(ctx: Ctx, src: str, dst: str, st: os.stat_result) -> str:
     """Place an unmodified package file from the cache, the safest fast way available."""
-    if ctx.link_mode in ("auto", "reflink") and ctx.reflink_ok is not False:
+    if ctx.link_mode in ("auto", "dirs", "reflink") and ctx.reflink_ok is not False:
         try:
             linking.reflink(src, dst, linking.writable_mode(st.st_mode))
             ctx.reflink_ok = True
@@ -142,7 +142,7 @@ def link_or_copy(ctx: Ctx, src: str, dst: str, st: os.stat_result) -> str:
             if e.errno in linking.LINK_GIVE_UP or e.errno == errno.ENOTSUP:
                 ctx.reflink_ok = False
     if (
-        ctx.link_mode == "auto"
+        ctx.link_mode in ("auto", "dirs")
         and ctx.hardlink_ok
         and linking.hardlink_is_safe(st, ctx.euid)
     ):
