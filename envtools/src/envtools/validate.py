@@ -39,7 +39,7 @@ from pathlib import Path
 
 import rattler
 
-from envtools import elf, layers, virtual
+from envtools import elf, virtual
 from envtools.errors import EnvtoolsError
 from envtools.hashing import hash_many, load_stat_cache, stat_key
 from envtools.prefix_records import Prefix, Record
@@ -75,9 +75,6 @@ class Context:
     #: rel path -> owning conda record names (more than one means clobbered)
     owners: dict[str, list[Record]] = field(default_factory=dict)
     pip_owned: dict[str, str] = field(default_factory=dict)
-    #: package files (recorded as files) that are symlinks here: a non-owner's clone
-    #: links the package cache (cachelinks.py); rel -> the file it leads to
-    linked: dict[str, str] = field(default_factory=dict)
 
     def add(self, check: str, severity: str, message: str, packages=(), paths=(), hint=""):
         self.findings.append(Finding(check, severity, message, list(packages), list(paths),
@@ -220,9 +217,17 @@ def check_files(ctx: Context) -> None:
     want: dict[str, str] = {}
     for rel, (r, e) in expected.items():
         fp = os.path.join(root, rel)
+        pt = e.get("path_type", "hardlink")
         try:
-            st = os.lstat(fp)
+            # a package file may be a symlink to the package cache (a non-owner's clone):
+            # what counts is the content read through it, wherever it points
+            st = os.lstat(fp) if pt in ("softlink", "directory") else os.stat(fp)
         except FileNotFoundError:
+            if os.path.islink(fp):
+                ctx.add("missing-file", "error",
+                        f"{rel} of {r.name} {r.version} is a symlink to {os.readlink(fp)}, "
+                        "which is gone", [r.name], [rel], hint=_CACHE_GONE)
+                continue
             gone = _dangling_link(root, rel)
             if gone:  # (a clone's directory link to a package cache that is gone)
                 ctx.add("missing-file", "error",
@@ -237,24 +242,11 @@ def check_files(ctx: Context) -> None:
             ctx.add("missing-file", "error", f"cannot read {rel}: {ex.strerror}", [r.name], [rel],
                     hint="check the file's permissions")
             continue
-        pt = e.get("path_type", "hardlink")
         if pt in ("softlink", "directory"):
             continue
-        if stat.S_ISLNK(st.st_mode):
-            # a file placed as a symlink to the package cache (a non-owner's clone): what
-            # counts is the content read through it, wherever it points
-            try:
-                st = os.stat(fp)
-            except OSError as ex:
-                ctx.add("missing-file", "error",
-                        f"{rel} of {r.name} {r.version} is a symlink to {os.readlink(fp)}, "
-                        f"which cannot be read ({ex.strerror})", [r.name], [rel],
-                        hint=_CACHE_GONE)
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                _altered(ctx, r, rel)
-                continue
-            ctx.linked[rel] = os.path.realpath(fp)
+        if not stat.S_ISREG(st.st_mode):
+            _altered(ctx, r, rel)
+            continue
         sha = e.get("sha256_in_prefix") or e.get("sha256")
         if not sha:
             continue
@@ -437,50 +429,63 @@ def check_pip(ctx: Context) -> None:
                     if not (f.check == "altered-file" and set(f.paths) <= pip_over)]
     from envtools.clone import find_editables
 
-    linked = layers.layer_links(root)
-    if linked:
-        by_pkg: dict[str, list[str]] = {}
-        caches = [(r.extracted_package_dir + "/", r.name) for r in ctx.prefix.records
-                  if r.extracted_package_dir]
-        for d, target in linked.items():
-            owner = next((name for c, name in caches if target.startswith(c)), "?")
-            by_pkg.setdefault(owner, []).append(d)
-        names = sorted(by_pkg)
-        ctx.add("linked-directories", "info",
-                f"{len(linked)} directories of {len(names)} packages are links to the site's "
-                f"package cache (read-only): {', '.join(names[:12])}"
-                + (" ..." if len(names) > 12 else ""), names, sorted(linked)[:50],
-                hint=f"pip and conda cannot remove or replace these packages' files; first "
-                f"run: envtools detach {root} PACKAGE")
     for e in find_editables(root):
         ctx.add("editable-install", "info", f"editable install: {e}",
                 hint="it runs code from outside the env; clones share that source directory")
 
 
 # ---------------------------------------------------------------- binaries
-def _elf_candidates(root: Path) -> list[str]:
-    out = []
-    tops = [str(root)]
-    # a clone's directory links to the package cache (layers.py) are walked too, by the
-    # clone's path: a library there is opened at that path (its $ORIGIN is the clone's)
-    tops += [os.path.join(root, d) for d in layers.layer_links(root)]
-    for dirpath, dirnames, filenames in (w for top in tops for w in os.walk(top)):
-        if dirpath == str(root):
-            dirnames[:] = [d for d in dirnames if d not in ("conda-meta", "include", "share",
-                                                            "man", "doc")]
-        for f in filenames:
-            fp = os.path.join(dirpath, f)
-            if ".so" in f:
-                out.append(fp)
-                continue
-            try:
-                st = os.lstat(fp)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode) and st.st_mode & 0o111 and not f.endswith(
-                (".py", ".sh", ".txt")
-            ):
-                out.append(fp)
+#: top-level directories with no ELF files worth checking (their links are still found)
+_NO_ELF = ("include", "share", "man", "doc")
+
+
+def _elf_candidates(root: Path, linked_dirs: dict[str, str]) -> list[str]:
+    """Files that may be ELF objects (``.so`` in the name, or executable). A clone's links
+    to the package cache count as the files they lead to, and its directory links
+    (layers.py) are walked by the clone's path, where a library in one is opened (its
+    $ORIGIN is the clone's); ``linked_dirs`` gets them ({rel: target}). The package's own
+    links inside the env are left out: their targets are checked."""
+    out: list[str] = []
+    roots = str(root)
+    stack = [(roots, False)]
+    while stack:
+        dirpath, quiet = stack.pop()
+        try:
+            it = os.scandir(dirpath)
+        except OSError:
+            continue
+        with it:
+            for entry in it:
+                fp = entry.path
+                top = dirpath == roots
+                if top and entry.name == "conda-meta":
+                    continue
+                skip = quiet or (top and entry.name in _NO_ELF)
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append((fp, skip))
+                        continue
+                    if entry.is_symlink():
+                        target = os.readlink(fp)
+                        if not target.startswith("/") or target.startswith(roots + "/"):
+                            continue  # (a package's own link)
+                        st = os.stat(fp)
+                        if stat.S_ISDIR(st.st_mode):
+                            linked_dirs[os.path.relpath(fp, roots)] = target
+                            stack.append((fp, skip))
+                            continue
+                    elif skip or ".so" in entry.name:
+                        st = None
+                    else:
+                        st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if skip:
+                    continue
+                if ".so" in entry.name or (
+                        st is not None and stat.S_ISREG(st.st_mode) and st.st_mode & 0o111
+                        and not entry.name.endswith((".py", ".sh", ".txt"))):
+                    out.append(fp)
     return out
 
 
@@ -509,19 +514,33 @@ def check_binaries(ctx: Context) -> None:
 
     elves: dict[str, elf.ElfInfo] = {}
     # a package file linked to the cache is checked where it is used: a library's
-    # $ORIGIN is the directory it is opened in (the link's); a program's, its real one
-    linked = {os.path.join(root, rel) for rel, real in ctx.linked.items()
-              if ".so" in os.path.basename(rel) or os.access(real, os.X_OK)}
+    # $ORIGIN is the directory it is opened in (the link's); a program's, its real one.
+    # (A package's own links inside the env are checked at their targets.)
     real_dir: dict[str, str] = {}
-    for fp in dict.fromkeys([*_elf_candidates(root), *sorted(linked)]):
-        if os.path.islink(fp) and fp not in linked:
-            continue
+    linked_dirs: dict[str, str] = {}
+    for fp in _elf_candidates(root, linked_dirs):
+        linked = os.path.islink(fp)
         info = elf.read_elf(fp)
         if info is not None:
             elves[fp] = info
-            if fp in linked and elf.is_program(fp):
+            if linked and elf.is_program(fp):
                 real_dir[fp] = os.path.dirname(os.path.realpath(fp))
     ctx.checked["elf_files"] = len(elves)
+    linked = linked_dirs
+    if linked:
+        by_pkg: dict[str, list[str]] = {}
+        caches = [(r.extracted_package_dir + "/", r.name) for r in ctx.prefix.records
+                  if r.extracted_package_dir]
+        for d, target in linked.items():
+            owner = next((name for c, name in caches if target.startswith(c)), "?")
+            by_pkg.setdefault(owner, []).append(d)
+        names = sorted(by_pkg)
+        ctx.add("linked-directories", "info",
+                f"{len(linked)} directories of {len(names)} packages are links to the site's "
+                f"package cache (read-only): {', '.join(names[:12])}"
+                + (" ..." if len(names) > 12 else ""), names, sorted(linked)[:50],
+                hint=f"pip and conda cannot remove or replace these packages' files; first "
+                f"run: envtools detach {root} PACKAGE")
     envlib = str(root / "lib")
     resolved_system: dict[str, set[str]] = defaultdict(set)
     for fp, info in elves.items():
