@@ -36,7 +36,7 @@ void ddl_block_range(size_t count, int parts, int i, size_t *lo, size_t *hi) {
 
 /* ---- recursive doubling with a header: the latency path and the mismatch check ---- */
 
-enum { TAG_RD = 101, TAG_RING_RS = 102, TAG_RING_AG = 103, TAG_HALVE = 104, TAG_DOUBLE = 105 };
+enum { TAG_RD = DDL_TAG_RD, TAG_RING_RS = 102, TAG_RING_AG = 103, TAG_HALVE = 104, TAG_DOUBLE = 105 };
 
 /* Combine a peer's packed [header|data] into ours. A peer whose message had another size
  * already disagrees in its header's signature; its data is then not touched. */

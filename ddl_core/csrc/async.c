@@ -1,147 +1,114 @@
-/* Asynchronous collectives: a queue, a progress thread, negotiation and tensor fusion.
+/* Asynchronous collectives: the queue, submission, and the progress thread.
  *
- * Requests are executed by one progress thread in submission order on the progress
- * context's own communicators, so communication overlaps the application's computation.
- * Fusion must group the same requests on every rank, and what is queued when the thread
- * wakes depends on timing, so each cycle starts with a negotiation (as Horovod's
- * coordinator does): a checked recursive doubling of the number of queued requests with
- * op min; the first `min` requests, which every rank has, form the batch. Consecutive
- * allreduces of one dtype and op in the batch are packed into one fusion buffer of at most
- * DDL_FUSION_THRESHOLD bytes, reduced once and unpacked. Element-wise reduction makes the
- * fused result identical to separate calls whenever the sum is exact (integers, or
- * floats on two ranks); with more ranks a float sum may round differently because a
- * different algorithm or block boundary changes the order of the additions, as with
- * Horovod and NCCL fusion. */
+ * Requests are executed by one progress thread on the progress context's own
+ * communicators, so communication overlaps the application's computation. Each cycle the
+ * thread takes what this rank has queued, agrees with the other ranks on what runs
+ * (negotiate.c: unnamed requests by order, named ones by name, as Horovod does) and runs
+ * that batch (batch.c: fusion; a mismatch fails the request that differs on every rank
+ * and leaves nothing queued).
+ *
+ * A rank with requests queued negotiates every cycle time (DDL_CYCLE_TIME_MS), which lets
+ * requests submitted close together join one batch. A progress thread with nothing
+ * queued sleeps, looking now and then (20 us to 50 ms apart) whether a peer has started a
+ * negotiation (its first message is waiting), and joins it with nothing: so ranks waiting
+ * for a request an idle rank never submitted hear of it after DDL_TIMEOUT, rather than
+ * waiting for an answer that never comes. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "ddl_internal.h"
+#include "async_internal.h"
 
-enum { REQ_ALLREDUCE, REQ_BROADCAST, REQ_ALLGATHER, REQ_REDUCE_SCATTER };
+const char *const ddl_kind_name[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
+                                     "allgatherv"};
+const char *const ddl_kind_word[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
+                                     "allgather"};
+static const int KIND_COLL[] = {DDL_COLL_ALLREDUCE, DDL_COLL_BROADCAST, DDL_COLL_ALLGATHER,
+                                DDL_COLL_REDUCE_SCATTER, DDL_COLL_ALLGATHERV};
 
-struct ddl_request_s {
-    int kind;
-    const void *send;
-    void *recv;
-    size_t count;
-    ddl_dtype_t dtype;
-    ddl_op_t op;
-    int root;
-    int done; /* written under q.lock, read atomically */
-    ddl_status_t status;
-    char error[512];
-    struct ddl_request_s *next;
-};
+#define MAX_DIMS 32         /* longest shape a request may carry */
+#define MAX_NAME 1024       /* longest name, in bytes */
+#define IDLE_MAX_S 0.05     /* longest pause between an idle thread's looks at its peers */
+
+/* ---- the queue ------------------------------------------------------------------------- */
 
 static struct {
     pthread_mutex_t lock;
-    pthread_cond_t work;  /* the progress thread waits here */
-    pthread_cond_t done;  /* waiters on requests wait here */
+    pthread_cond_t work; /* the progress thread waits here */
+    pthread_cond_t done; /* waiters on requests wait here */
     struct ddl_request_s *head, *tail;
-    size_t queued;
-    size_t queued_bytes;
-    double first_arrival;
+    size_t pending;
+    size_t fresh;        /* submitted since the progress thread last looked */
+    size_t fresh_bytes;
+    double first_fresh;
+    uint64_t unnamed_seq;
+    ddl_namemap_t inflight;  /* names of the requests submitted and not yet complete */
     int stop;
     int running;
     pthread_t thread;
-} q = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-       NULL, NULL, 0, 0, 0.0, 0, 0, 0};
+} q = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL,
+       0, 0, 0, 0.0, 0, {NULL, 0, 0}, 0, 0, 0};
 
-static uint64_t stat_batches, stat_fused_buffers, stat_fused_requests;
+static uint64_t stat_batches, stat_cycles;
+uint64_t ddl_stat_fused_buffers, ddl_stat_fused_requests, ddl_stat_full_cycles, ddl_stat_names;
 
 ddl_status_t ddl_async_stats(uint64_t *batches, uint64_t *fused_buffers,
                              uint64_t *fused_requests) {
     DDL_CHECK(ddl_require_init());
     *batches = __atomic_load_n(&stat_batches, __ATOMIC_RELAXED);
-    *fused_buffers = __atomic_load_n(&stat_fused_buffers, __ATOMIC_RELAXED);
-    *fused_requests = __atomic_load_n(&stat_fused_requests, __ATOMIC_RELAXED);
+    *fused_buffers = __atomic_load_n(&ddl_stat_fused_buffers, __ATOMIC_RELAXED);
+    *fused_requests = __atomic_load_n(&ddl_stat_fused_requests, __ATOMIC_RELAXED);
     return DDL_SUCCESS;
 }
 
-static size_t req_bytes(const struct ddl_request_s *r) {
-    return r->count * ddl_dtype_size(r->dtype);
+ddl_status_t ddl_negotiation_stats(uint64_t *cycles, uint64_t *full_cycles, uint64_t *names,
+                                   uint64_t *pending) {
+    DDL_CHECK(ddl_require_init());
+    if (!cycles || !full_cycles || !names || !pending)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_negotiation_stats: NULL argument");
+    *cycles = __atomic_load_n(&stat_cycles, __ATOMIC_RELAXED);
+    *full_cycles = __atomic_load_n(&ddl_stat_full_cycles, __ATOMIC_RELAXED);
+    *names = __atomic_load_n(&ddl_stat_names, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&q.lock);
+    *pending = q.pending;
+    pthread_mutex_unlock(&q.lock);
+    return DDL_SUCCESS;
 }
 
-static void complete(struct ddl_request_s *r, ddl_status_t st) {
+/* Finish a request with `st`; `msg` (or this thread's last error) explains a failure. */
+void ddl_req_finish(struct ddl_request_s *r, ddl_status_t st, const char *msg) {
     pthread_mutex_lock(&q.lock);
     r->status = st;
-    if (st != DDL_SUCCESS) snprintf(r->error, sizeof r->error, "%s", ddl_last_error());
+    if (st != DDL_SUCCESS) snprintf(r->error, sizeof r->error, "%s", msg ? msg : ddl_last_error());
+    if (r->name) {
+        ddl_nm_entry_t *e = ddl_nm_find(&q.inflight, r->name, r->hash);
+        if (e && e->val == (size_t)(uintptr_t)r) ddl_nm_del(&q.inflight, e);
+    }
     __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&q.done);
     pthread_mutex_unlock(&q.lock);
 }
 
-static ddl_status_t run_one(struct ddl_request_s *r) {
-    ddl_ctx_t *ctx = &ddl_g.progress;
-    switch (r->kind) {
-    case REQ_ALLREDUCE:
-        return ddl_allreduce_ctx(ctx, r->send, r->recv, r->count, r->dtype, r->op,
-                                 ddl_signature(DDL_COLL_ALLREDUCE, r->count, r->dtype, r->op, 0));
-    case REQ_BROADCAST: return ddl_broadcast_ctx(ctx, r->recv, r->count, r->dtype, r->root);
-    case REQ_ALLGATHER: return ddl_allgather_ctx(ctx, r->send, r->recv, r->count, r->dtype);
-    case REQ_REDUCE_SCATTER:
-        return ddl_reduce_scatter_ctx(ctx, r->send, r->recv, r->count, r->dtype, r->op);
-    default: return ddl_fail(DDL_ERR_INTERNAL, "unknown request kind %d", r->kind);
-    }
+static void complete(struct ddl_request_s *r, ddl_status_t st) { ddl_req_finish(r, st, NULL); }
+
+/* Take a request out of the pending list (under q.lock). */
+static void unlink_locked(struct ddl_request_s *r) {
+    if (r->prev) r->prev->next = r->next; else q.head = r->next;
+    if (r->next) r->next->prev = r->prev; else q.tail = r->prev;
+    r->prev = r->next = NULL;
+    q.pending--;
 }
 
-/* Run requests [first, first+n) of a batch as one fused allreduce. */
-static void run_fused(struct ddl_request_s **reqs, size_t n) {
-    size_t es = ddl_dtype_size(reqs[0]->dtype), total = 0;
-    uint64_t sig = ddl_signature(DDL_COLL_FUSED, n, reqs[0]->dtype, reqs[0]->op, 0);
-    for (size_t i = 0; i < n; i++) {
-        total += reqs[i]->count;
-        sig = ddl_signature(DDL_COLL_FUSED, reqs[i]->count, 0, 0, (int)(sig & 0x7fffffff)) ^ sig;
-    }
-    __atomic_add_fetch(&stat_fused_buffers, 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&stat_fused_requests, n, __ATOMIC_RELAXED);
-    char *buf = ddl_scratch(4, total * es);
-    ddl_status_t st = DDL_SUCCESS;
-    if (!buf) st = ddl_fail(DDL_ERR_NO_MEMORY, "no memory for a %zu-byte fusion buffer", total * es);
-    if (st == DDL_SUCCESS) {
-        size_t off = 0;
-        for (size_t i = 0; i < n; i++) {
-            const void *src = reqs[i]->send == DDL_IN_PLACE ? reqs[i]->recv : reqs[i]->send;
-            memcpy(buf + off, src, req_bytes(reqs[i]));
-            off += req_bytes(reqs[i]);
-        }
-        st = ddl_allreduce_ctx(&ddl_g.progress, buf, buf, total, reqs[0]->dtype, reqs[0]->op, sig);
-        if (st == DDL_SUCCESS) {
-            off = 0;
-            for (size_t i = 0; i < n; i++) {
-                memcpy(reqs[i]->recv, buf + off, req_bytes(reqs[i]));
-                off += req_bytes(reqs[i]);
-            }
-        }
-    }
-    for (size_t i = 0; i < n; i++) complete(reqs[i], st);
-}
-
-static int fusable(const struct ddl_request_s *a, const struct ddl_request_s *b) {
-    return a->kind == REQ_ALLREDUCE && b->kind == REQ_ALLREDUCE && a->dtype == b->dtype &&
-           a->op == b->op;
-}
-
-static void run_batch(struct ddl_request_s **reqs, size_t n) {
-    for (size_t i = 0; i < n;) {
-        struct ddl_request_s *r = reqs[i];
-        size_t j = i + 1, bytes = req_bytes(r);
-        if (r->kind == REQ_ALLREDUCE && bytes < ddl_g.fusion_threshold) {
-            while (j < n && fusable(r, reqs[j]) &&
-                   bytes + req_bytes(reqs[j]) <= ddl_g.fusion_threshold) {
-                bytes += req_bytes(reqs[j]);
-                j++;
-            }
-        }
-        if (j - i > 1)
-            run_fused(reqs + i, j - i);
-        else
-            complete(r, run_one(r));
-        i = j;
-    }
+/* How a request describes itself in messages: "allreduce 'grad.fc1'" or "unnamed
+ * allreduce #3". */
+void ddl_req_describe(const struct ddl_request_s *r, char *out, size_t n) {
+    if (r->name)
+        snprintf(out, n, "%s '%.200s'", ddl_kind_word[r->kind], r->name);
+    else
+        snprintf(out, n, "unnamed %s #%llu (unnamed requests are matched by submission order)",
+                 ddl_kind_word[r->kind], (unsigned long long)r->seq + 1);
 }
 
 static void sleep_until(double t) {
@@ -151,59 +118,112 @@ static void sleep_until(double t) {
     nanosleep(&ts, NULL);
 }
 
+/* Whether a peer has started a negotiation this rank has not joined: its first message
+ * (a recursive-doubling step, or the doorbell of a folded pair) is waiting here. Only
+ * called while this rank has nothing running on the progress communicators, so any such
+ * message belongs to a new negotiation. */
+static int peer_negotiating(void) {
+    const ddl_comm_t *c = &ddl_g.progress.world;
+    int tags[2] = {DDL_TAG_RD, DDL_TAG_BELL};
+    for (int i = 0; i < 2; i++) {
+        int flag = 0;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, tags[i], c->comm, &flag, MPI_STATUS_IGNORE) ==
+                MPI_SUCCESS && flag)
+            return 1;
+    }
+    return 0;
+}
+
 static void *progress_main(void *arg) {
     (void)arg;
-    struct ddl_request_s **batch = NULL;
-    size_t cap = 0;
+    ddl_reqvec_t snap = {0}, batch = {0}, stalled = {0};
+    double last_cycle = 0;
+    int more = 0; /* agreed: after the last negotiation some rank still had requests queued */
     for (;;) {
         pthread_mutex_lock(&q.lock);
-        while (!q.stop && q.queued == 0) pthread_cond_wait(&q.work, &q.lock);
-        if (q.queued == 0 && q.stop) {
+        /* Idle: sleep until a request arrives, looking now and then whether a peer has
+         * started a negotiation (its first message is waiting here), which happens when
+         * it waits for a request this rank has not submitted: joining it (with nothing)
+         * lets that rank learn, after DDL_TIMEOUT at the latest, what this one never
+         * submitted, instead of waiting for an answer that never comes. Looks come every
+         * 1 ms at first, every 20 us when the last negotiation left requests queued
+         * somewhere (a peer is likely to start the next one soon), and twice as far apart
+         * each time, up to IDLE_MAX_S. Only ranks with requests queued start negotiations,
+         * so an idle rank costs the others nothing and spends next to no CPU. */
+        int joining = 0;
+        double interval = more ? 20e-6 : 1e-3;
+        while (!q.stop && q.pending == 0) {
+            if (ddl_g.size == 1) {
+                pthread_cond_wait(&q.work, &q.lock);
+                continue;
+            }
+            double until = ddl_now() + interval;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + interval;
+            ts.tv_sec = (time_t)t;
+            ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+            pthread_cond_timedwait(&q.work, &q.lock, &ts);
+            if (q.pending || q.stop || ddl_now() < until) continue;
+            pthread_mutex_unlock(&q.lock);
+            joining = peer_negotiating();
+            pthread_mutex_lock(&q.lock);
+            if (joining) break;
+            interval = interval * 2 < IDLE_MAX_S ? interval * 2 : IDLE_MAX_S;
+        }
+        if (q.pending == 0 && !joining) { /* stopping */
             pthread_mutex_unlock(&q.lock);
             break;
         }
-        double start = q.first_arrival;
-        int full = q.queued_bytes >= ddl_g.fusion_threshold;
+        /* Give requests submitted close together the cycle time to join the batch; when
+         * only requests other ranks have not submitted yet are left, look again a cycle
+         * time after the last look. */
+        double wake = (q.fresh ? q.first_fresh : last_cycle) + ddl_g.cycle_time_s;
+        int full = joining || (q.fresh && q.fresh_bytes >= ddl_g.fusion_threshold);
         pthread_mutex_unlock(&q.lock);
-        /* Give requests submitted close together the cycle time to join the batch. */
-        if (!full) sleep_until(start + ddl_g.cycle_time_s);
+        if (!full) sleep_until(wake);
 
         pthread_mutex_lock(&q.lock);
-        int64_t mine = (int64_t)q.queued;
+        snap.n = 0;
+        int oom = 0;
+        for (struct ddl_request_s *r = q.head; r; r = r->next) oom |= ddl_reqvec_push(&snap, r);
+        q.fresh = 0;
+        q.fresh_bytes = 0;
         pthread_mutex_unlock(&q.lock);
-        ddl_header_t h;
-        ddl_header_init(&h, ddl_signature(DDL_COLL_NEGOTIATE, 1, DDL_INT64, DDL_MIN, 0), 1);
-        int64_t agreed = mine;
-        ddl_status_t st = ddl_rd_allreduce_checked(&ddl_g.progress.world, &h, &agreed, 1,
-                                                   DDL_INT64, DDL_MIN);
-        if (st == DDL_SUCCESS) st = ddl_header_verdict(&h, "asynchronous negotiation");
-        if (st == DDL_SUCCESS && agreed <= 0) continue; /* a rank left before us */
-
-        size_t n = st == DDL_SUCCESS ? (size_t)agreed : (size_t)mine;
-        if (n > cap) {
-            struct ddl_request_s **nb = realloc(batch, n * sizeof *nb);
-            if (!nb) abort();
-            batch = nb;
-            cap = n;
-        }
-        pthread_mutex_lock(&q.lock);
-        for (size_t i = 0; i < n; i++) {
-            batch[i] = q.head;
-            q.head = q.head->next;
-            q.queued--;
-            q.queued_bytes -= req_bytes(batch[i]);
-        }
-        if (!q.head) q.tail = NULL;
-        q.first_arrival = ddl_now();
-        pthread_mutex_unlock(&q.lock);
-        if (st != DDL_SUCCESS) {
-            for (size_t i = 0; i < n; i++) complete(batch[i], st);
+        last_cycle = ddl_now();
+        __atomic_add_fetch(&stat_cycles, 1, __ATOMIC_RELAXED);
+        batch.n = stalled.n = 0;
+        /* The negotiation waits with the deadline of the oldest request (DDL_TIMEOUT when
+         * only joining), and counts as a collective of the progress context for messages. */
+        ddl_set_thread_timeout(snap.n ? snap.v[0]->timeout : 0);
+        ddl_coll_begin(&ddl_g.progress, "negotiation", 0);
+        ddl_status_t st = oom ? ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the queue")
+                              : ddl_negotiate(&snap, &batch, &stalled, &more);
+        if (st != DDL_SUCCESS) { /* no agreement: fail everything this rank has queued */
+            more = 0;
+            pthread_mutex_lock(&q.lock);
+            for (size_t i = 0; i < snap.n; i++) unlink_locked(snap.v[i]);
+            pthread_mutex_unlock(&q.lock);
+            for (size_t i = 0; i < snap.n; i++) complete(snap.v[i], st);
             continue;
         }
-        __atomic_add_fetch(&stat_batches, 1, __ATOMIC_RELAXED);
-        run_batch(batch, n);
+        pthread_mutex_lock(&q.lock);
+        for (size_t i = 0; i < batch.n; i++) unlink_locked(batch.v[i]);
+        for (size_t i = 0; i < stalled.n; i++) unlink_locked(stalled.v[i]);
+        pthread_mutex_unlock(&q.lock);
+        for (size_t i = 0; i < stalled.n; i++) {
+            char msg[sizeof stalled.v[i]->error];
+            memcpy(msg, stalled.v[i]->error, sizeof msg);
+            ddl_req_finish(stalled.v[i], DDL_ERR_TIMEOUT, msg);
+        }
+        if (batch.n) {
+            __atomic_add_fetch(&stat_batches, 1, __ATOMIC_RELAXED);
+            ddl_run_batch(batch.v, batch.n);
+        }
     }
-    free(batch);
+    free(snap.v);
+    free(batch.v);
+    free(stalled.v);
     return NULL;
 }
 
@@ -223,11 +243,31 @@ ddl_status_t ddl_progress_stop(void) {
     pthread_mutex_unlock(&q.lock);
     pthread_join(q.thread, NULL);
     q.running = 0;
+    ddl_negotiate_free();
+    ddl_nm_free(&q.inflight);
     return DDL_SUCCESS;
 }
 
+/* ---- submission -------------------------------------------------------------------------- */
+
+/* The signature every rank's request must share: the collective, count, dtype, op, root
+ * and, when given, the shape (allgather: all dimensions but the first; allgatherv: its
+ * count too may differ). */
+static uint64_t request_sig(int kind, size_t count, ddl_dtype_t dtype, ddl_op_t op, int root,
+                            int ndim, const int64_t *shape) {
+    int gather = kind == REQ_ALLGATHER || kind == REQ_ALLGATHERV;
+    uint64_t s = ddl_signature(KIND_COLL[kind], kind == REQ_ALLGATHERV ? 0 : count, dtype,
+                               kind == REQ_ALLREDUCE || kind == REQ_REDUCE_SCATTER ? op : 0,
+                               kind == REQ_BROADCAST ? root : 0);
+    if (ndim < 0) return s;
+    s = ddl_mix64(s ^ (0x5348415045ULL + (uint64_t)ndim)); /* "SHAPE" */
+    for (int i = gather ? 1 : 0; i < ndim; i++) s = ddl_mix64(s ^ (uint64_t)shape[i]);
+    return s;
+}
+
 static ddl_status_t submit(int kind, const void *send, void *recv, size_t count,
-                           ddl_dtype_t dtype, int op, int root, ddl_request_t *out, const char *fn) {
+                           ddl_dtype_t dtype, int op, int root, const ddl_match_t *match,
+                           ddl_request_t *out, const char *fn) {
     DDL_CHECK(ddl_require_init());
     if (!out) return ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL request pointer", fn);
     if (!q.running)
@@ -239,12 +279,48 @@ static ddl_status_t submit(int kind, const void *send, void *recv, size_t count,
         return ddl_fail(DDL_ERR_INVALID_ARG, "%s: unknown dtype %d", fn, (int)dtype);
     if (op >= 0 && !ddl_op_valid(op))
         return ddl_fail(DDL_ERR_INVALID_ARG, "%s: unknown op %d", fn, op);
-    if (count && !recv) return ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL buffer", fn);
+    if (count && !(kind == REQ_ALLGATHERV ? send : recv))
+        return ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL buffer", fn);
     if (kind == REQ_BROADCAST && (root < 0 || root >= ddl_g.size))
         return ddl_fail(DDL_ERR_INVALID_ARG, "%s: root %d is not a rank (0..%d)", fn, root,
                         ddl_g.size - 1);
-    struct ddl_request_s *r = calloc(1, sizeof *r);
+    const char *name = match && match->name && *match->name ? match->name : NULL;
+    size_t namelen = name ? strlen(name) : 0;
+    if (namelen > MAX_NAME)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "%s: the name is %zu bytes long (at most %d)", fn,
+                        namelen, MAX_NAME);
+    int ndim = match && (match->ndim > 0 || match->shape) ? match->ndim : -1;
+    if (ndim > MAX_DIMS || (ndim > 0 && !match->shape))
+        return ddl_fail(DDL_ERR_INVALID_ARG, "%s: a shape of %d dimensions%s (at most %d)", fn,
+                        ndim, ndim > 0 && !match->shape ? " without dimensions" : "", MAX_DIMS);
+    if (ndim >= 0) {
+        /* The shape describes the tensor: the input of a reduce_scatter (size x count
+         * elements), the buffer of the others. */
+        size_t want = kind == REQ_REDUCE_SCATTER ? count * (size_t)ddl_g.size : count, have = 1;
+        for (int i = 0; i < ndim; i++) {
+            if (match->shape[i] < 0)
+                return ddl_fail(DDL_ERR_INVALID_ARG, "%s: dimension %d of the shape is negative "
+                                                     "(%lld)", fn, i, (long long)match->shape[i]);
+            have *= (size_t)match->shape[i];
+        }
+        if (have != want)
+            return ddl_fail(DDL_ERR_INVALID_ARG, "%s: the shape holds %zu elements but the "
+                                                 "buffer %zu", fn, have, want);
+    }
+    size_t extra = (ndim > 0 ? (size_t)ndim * sizeof(int64_t) : 0) + (name ? namelen + 1 : 0);
+    struct ddl_request_s *r = calloc(1, sizeof *r + extra);
     if (!r) return ddl_fail(DDL_ERR_NO_MEMORY, "%s: no memory for a request", fn);
+    char *tail = (char *)(r + 1);
+    if (ndim > 0) {
+        memcpy(tail, match->shape, (size_t)ndim * sizeof(int64_t));
+        r->shape = (const int64_t *)(void *)tail;
+        tail += (size_t)ndim * sizeof(int64_t);
+    }
+    if (name) {
+        memcpy(tail, name, namelen + 1);
+        r->name = tail;
+        r->hash = ddl_name_hash(tail);
+    }
     r->kind = kind;
     r->send = send ? send : DDL_IN_PLACE;
     r->recv = recv;
@@ -252,15 +328,39 @@ static ddl_status_t submit(int kind, const void *send, void *recv, size_t count,
     r->dtype = dtype;
     r->op = op >= 0 ? (ddl_op_t)op : DDL_SUM;
     r->root = root;
+    r->ndim = ndim;
+    r->sig = request_sig(kind, count, dtype, r->op, root, ndim, r->shape);
+    r->submitted = ddl_now();
+    r->timeout = ddl_thread_timeout();
     pthread_mutex_lock(&q.lock);
-    if (q.queued == 0) q.first_arrival = ddl_now();
+    if (name) {
+        if (ddl_nm_find(&q.inflight, r->name, r->hash)) {
+            pthread_mutex_unlock(&q.lock);
+            free(r);
+            return ddl_fail(DDL_ERR_INVALID_ARG,
+                            "%s: a request named '%.200s' is already in flight on this rank "
+                            "(submitted and not complete): a name identifies one request at a "
+                            "time, so wait for the first one or give this one another name",
+                            fn, name);
+        }
+        if (ddl_nm_put(&q.inflight, r->name, r->hash, (size_t)(uintptr_t)r) != 0) {
+            pthread_mutex_unlock(&q.lock);
+            free(r);
+            return ddl_fail(DDL_ERR_NO_MEMORY, "%s: no memory for a request", fn);
+        }
+    } else {
+        r->seq = q.unnamed_seq++;
+    }
+    if (q.fresh == 0) q.first_fresh = r->submitted;
+    r->prev = q.tail;
     if (q.tail)
         q.tail->next = r;
     else
         q.head = r;
     q.tail = r;
-    q.queued++;
-    q.queued_bytes += req_bytes(r);
+    q.pending++;
+    q.fresh++;
+    q.fresh_bytes += ddl_req_bytes(r);
     pthread_cond_signal(&q.work);
     pthread_mutex_unlock(&q.lock);
     *out = r;
@@ -269,27 +369,75 @@ static ddl_status_t submit(int kind, const void *send, void *recv, size_t count,
 
 ddl_status_t ddl_iallreduce(const void *sendbuf, void *recvbuf, size_t count, ddl_dtype_t dtype,
                             ddl_op_t op, ddl_request_t *req) {
-    return submit(REQ_ALLREDUCE, sendbuf, recvbuf, count, dtype, (int)op, 0, req, "ddl_iallreduce");
+    return submit(REQ_ALLREDUCE, sendbuf, recvbuf, count, dtype, (int)op, 0, NULL, req,
+                  "ddl_iallreduce");
 }
 
 ddl_status_t ddl_ibroadcast(void *buf, size_t count, ddl_dtype_t dtype, int root,
                             ddl_request_t *req) {
-    return submit(REQ_BROADCAST, DDL_IN_PLACE, buf, count, dtype, -1, root, req, "ddl_ibroadcast");
+    return submit(REQ_BROADCAST, DDL_IN_PLACE, buf, count, dtype, -1, root, NULL, req,
+                  "ddl_ibroadcast");
 }
 
 ddl_status_t ddl_iallgather(const void *sendbuf, void *recvbuf, size_t sendcount,
                             ddl_dtype_t dtype, ddl_request_t *req) {
-    return submit(REQ_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, -1, 0, req,
+    return submit(REQ_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, -1, 0, NULL, req,
                   "ddl_iallgather");
 }
 
 ddl_status_t ddl_ireduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                  ddl_dtype_t dtype, ddl_op_t op, ddl_request_t *req) {
-    return submit(REQ_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, (int)op, 0, req,
+    return submit(REQ_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, (int)op, 0, NULL, req,
                   "ddl_ireduce_scatter");
 }
 
-static ddl_status_t finish(ddl_request_t req) {
+ddl_status_t ddl_iallreduce_named(const void *sendbuf, void *recvbuf, size_t count,
+                                  ddl_dtype_t dtype, ddl_op_t op, const ddl_match_t *match,
+                                  ddl_request_t *req) {
+    return submit(REQ_ALLREDUCE, sendbuf, recvbuf, count, dtype, (int)op, 0, match, req,
+                  "ddl_iallreduce_named");
+}
+
+ddl_status_t ddl_ibroadcast_named(void *buf, size_t count, ddl_dtype_t dtype, int root,
+                                  const ddl_match_t *match, ddl_request_t *req) {
+    return submit(REQ_BROADCAST, DDL_IN_PLACE, buf, count, dtype, -1, root, match, req,
+                  "ddl_ibroadcast_named");
+}
+
+ddl_status_t ddl_iallgather_named(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                  ddl_dtype_t dtype, const ddl_match_t *match,
+                                  ddl_request_t *req) {
+    return submit(REQ_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, -1, 0, match, req,
+                  "ddl_iallgather_named");
+}
+
+ddl_status_t ddl_ireduce_scatter_named(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                       ddl_dtype_t dtype, ddl_op_t op, const ddl_match_t *match,
+                                       ddl_request_t *req) {
+    return submit(REQ_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, (int)op, 0, match,
+                  req, "ddl_ireduce_scatter_named");
+}
+
+ddl_status_t ddl_iallgatherv_named(const void *sendbuf, size_t sendcount, ddl_dtype_t dtype,
+                                   const ddl_match_t *match, ddl_request_t *req) {
+    return submit(REQ_ALLGATHERV, sendbuf, NULL, sendcount, dtype, -1, 0, match, req,
+                  "ddl_iallgatherv_named");
+}
+
+ddl_status_t ddl_request_gathered(ddl_request_t req, const void **buf, const size_t **counts) {
+    if (!req || !buf || !counts)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_request_gathered: NULL argument");
+    if (req->kind != REQ_ALLGATHERV)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_request_gathered: not an allgatherv request");
+    if (!__atomic_load_n(&req->done, __ATOMIC_ACQUIRE) || req->status != DDL_SUCCESS)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_request_gathered: the request has not "
+                                             "completed successfully");
+    *buf = req->gathered;
+    *counts = req->counts;
+    return DDL_SUCCESS;
+}
+
+static ddl_status_t request_status(ddl_request_t req) {
     if (req->status != DDL_SUCCESS) return ddl_fail_verbatim(req->status, req->error);
     return DDL_SUCCESS;
 }
@@ -297,7 +445,7 @@ static ddl_status_t finish(ddl_request_t req) {
 ddl_status_t ddl_test(ddl_request_t req, int *done) {
     if (!req || !done) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_test: NULL argument");
     *done = __atomic_load_n(&req->done, __ATOMIC_ACQUIRE);
-    return *done ? finish(req) : DDL_SUCCESS;
+    return *done ? request_status(req) : DDL_SUCCESS;
 }
 
 ddl_status_t ddl_wait(ddl_request_t req) {
@@ -307,11 +455,13 @@ ddl_status_t ddl_wait(ddl_request_t req) {
         while (!req->done) pthread_cond_wait(&q.done, &q.lock);
         pthread_mutex_unlock(&q.lock);
     }
-    return finish(req);
+    return request_status(req);
 }
 
 void ddl_request_free(ddl_request_t req) {
     if (!req) return;
     if (!__atomic_load_n(&req->done, __ATOMIC_ACQUIRE) && q.running) (void)ddl_wait(req);
+    free(req->gathered);
+    free(req->counts);
     free(req);
 }

@@ -217,6 +217,7 @@ static ddl_status_t leader_pipeline(level_state_t *st, const ddl_comm_t *l0) {
 
 ddl_status_t ddl_allreduce_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *buf, size_t count,
                                ddl_dtype_t dtype, ddl_op_t op, uint64_t sig) {
+    ddl_coll_begin(ctx, "allreduce", 1);
     size_t es = ddl_dtype_size(dtype);
     ddl_op_t wop = ddl_wire_op(op);
     ddl_topo_t *t = &ctx->topo;
@@ -290,9 +291,15 @@ static ddl_status_t bcast_tree(const ddl_comm_t *c, void *buf, size_t bytes, int
 
 ddl_status_t ddl_broadcast_ctx(ddl_ctx_t *ctx, void *buf, size_t count, ddl_dtype_t dtype,
                                int root) {
+    return ddl_broadcast_ctx_sig(ctx, buf, count, dtype, root, 0);
+}
+
+ddl_status_t ddl_broadcast_ctx_sig(ddl_ctx_t *ctx, void *buf, size_t count, ddl_dtype_t dtype,
+                                   int root, uint64_t sig) {
+    ddl_coll_begin(ctx, "broadcast", 1);
     const ddl_comm_t *c = &ctx->world;
-    DDL_CHECK(check(ctx, ddl_signature(DDL_COLL_BROADCAST, count, dtype, 0, root), count,
-                    "broadcast"));
+    DDL_CHECK(check(ctx, sig ? sig : ddl_signature(DDL_COLL_BROADCAST, count, dtype, 0, root),
+                    count, "broadcast"));
     size_t es = ddl_dtype_size(dtype), bytes = count * es;
     int p = c->size;
     if (p == 1 || bytes == 0) return DDL_SUCCESS;
@@ -318,9 +325,15 @@ ddl_status_t ddl_broadcast_ctx(ddl_ctx_t *ctx, void *buf, size_t count, ddl_dtyp
 
 ddl_status_t ddl_allgather_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                size_t sendcount, ddl_dtype_t dtype) {
+    return ddl_allgather_ctx_sig(ctx, sendbuf, recvbuf, sendcount, dtype, 0);
+}
+
+ddl_status_t ddl_allgather_ctx_sig(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
+                                   size_t sendcount, ddl_dtype_t dtype, uint64_t sig) {
+    ddl_coll_begin(ctx, "allgather", 1);
     const ddl_comm_t *c = &ctx->world;
-    DDL_CHECK(check(ctx, ddl_signature(DDL_COLL_ALLGATHER, sendcount, dtype, 0, 0), sendcount,
-                    "allgather"));
+    DDL_CHECK(check(ctx, sig ? sig : ddl_signature(DDL_COLL_ALLGATHER, sendcount, dtype, 0, 0),
+                    sendcount, "allgather"));
     size_t es = ddl_dtype_size(dtype), bytes = sendcount * es;
     int p = c->size;
     char *dst = (char *)recvbuf + (size_t)c->rank * bytes;
@@ -334,8 +347,16 @@ ddl_status_t ddl_allgather_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbu
 
 ddl_status_t ddl_reduce_scatter_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                     size_t recvcount, ddl_dtype_t dtype, ddl_op_t op) {
+    return ddl_reduce_scatter_ctx_sig(ctx, sendbuf, recvbuf, recvcount, dtype, op, 0);
+}
+
+ddl_status_t ddl_reduce_scatter_ctx_sig(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
+                                        size_t recvcount, ddl_dtype_t dtype, ddl_op_t op,
+                                        uint64_t sig) {
+    ddl_coll_begin(ctx, "reduce_scatter", 1);
     const ddl_comm_t *c = &ctx->world;
-    DDL_CHECK(check(ctx, ddl_signature(DDL_COLL_REDUCE_SCATTER, recvcount, dtype, op, 0),
+    DDL_CHECK(check(ctx,
+                    sig ? sig : ddl_signature(DDL_COLL_REDUCE_SCATTER, recvcount, dtype, op, 0),
                     recvcount, "reduce_scatter"));
     size_t es = ddl_dtype_size(dtype);
     int p = c->size;
@@ -354,6 +375,7 @@ ddl_status_t ddl_reduce_scatter_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *r
 }
 
 ddl_status_t ddl_barrier_ctx(ddl_ctx_t *ctx) {
+    ddl_coll_begin(ctx, "barrier", 1);
     return check(ctx, ddl_signature(DDL_COLL_BARRIER, 0, 0, 0, 0), 0, "barrier");
 }
 

@@ -172,6 +172,7 @@ ddl_status_t ddl_init(void) {
 
     ddl_g.model.leader = ddl_g.node_leader;
     ddl_g.model.segment = (double)ddl_g.segment_bytes;
+    DDL_CHECK(ddl_liveness_start()); /* liveness.c: a lost peer is reported at once */
     ddl_g.initialized = 1;
     if (provided >= MPI_THREAD_MULTIPLE) {
         DDL_CHECK(ddl_progress_start());
@@ -187,6 +188,7 @@ ddl_status_t ddl_init(void) {
 ddl_status_t ddl_finalize(void) {
     DDL_CHECK(ddl_require_init());
     ddl_status_t rc = ddl_progress_stop();
+    ddl_liveness_stop(); /* tells the others this rank finalized, not died */
     ddl_gpu_finalize();
     ddl_topo_free(&ddl_g.app);
     ddl_topo_free(&ddl_g.progress);
@@ -194,7 +196,8 @@ ddl_status_t ddl_finalize(void) {
     MPI_Comm_free(&ddl_g.progress.world.comm);
     ddl_g.initialized = 0;
     ddl_g.finalized = 1;
-    if (ddl_g.we_initialized_mpi) {
+    /* MPI_Finalize waits for every rank: not after a lost peer (liveness.c). */
+    if (ddl_g.we_initialized_mpi && ddl_may_finalize_mpi()) {
         int fin = 0;
         MPI_Finalized(&fin);
         if (!fin) MPI_CHECK(MPI_Finalize());

@@ -60,6 +60,8 @@ typedef struct {
 /* Seconds from a monotonic clock. */
 double ddl_now(void);
 extern double ddl_timeout_s;
+/* The calling thread's deadline (ddl_set_thread_timeout), else DDL_TIMEOUT. */
+double ddl_deadline_s(void);
 extern double ddl_spin_s;
 extern size_t ddl_stream_piece; /* DDL_PIECE: piece size of exchanges between nodes */
 extern int ddl_stream_window;   /* DDL_WINDOW: pieces each way in flight at once */ /* DDL_SPIN_US: how long a wait spins before it pauses */
@@ -77,6 +79,9 @@ ddl_status_t ddl_sendrecv_capped(const ddl_comm_t *c, const void *sbuf, size_t s
 /* The largest payload the fused recursive doubling carries; above it a header-only check
  * runs first, so no rank ever sends more than this into a capped receive. */
 #define DDL_FUSED_MAX ((size_t)64 * 1024)
+/* The recursive doubling's message tag: an idle progress thread that sees one arrive
+ * knows a peer has started a negotiation and joins it (async.c). */
+#define DDL_TAG_RD 101
 /* Non-blocking pieces of at most 1 GiB for pipelines: a receive posted with ddl_irecv is
  * completed by ddl_wait_recv under the deadline, which reports a message of another size
  * as DDL_ERR_MISMATCH; sends complete with ddl_wait_request. */
@@ -102,7 +107,8 @@ typedef struct {
 } ddl_header_t;
 
 enum { DDL_COLL_ALLREDUCE = 1, DDL_COLL_BROADCAST, DDL_COLL_ALLGATHER,
-       DDL_COLL_REDUCE_SCATTER, DDL_COLL_BARRIER, DDL_COLL_NEGOTIATE, DDL_COLL_FUSED };
+       DDL_COLL_REDUCE_SCATTER, DDL_COLL_BARRIER, DDL_COLL_NEGOTIATE, DDL_COLL_FUSED,
+       DDL_COLL_ALLGATHERV };
 
 uint64_t ddl_signature(int coll, uint64_t count, int dtype, int op, int root);
 void ddl_header_init(ddl_header_t *h, uint64_t sig, uint64_t count);
@@ -152,7 +158,59 @@ typedef struct {
 typedef struct {
     ddl_comm_t world; /* a dup of MPI_COMM_WORLD in world order */
     ddl_topo_t topo;
+    int id;           /* DDL_CTX_APP or DDL_CTX_PROGRESS (liveness.c) */
+    uint64_t seq;     /* collectives begun on this context (ddl_coll_begin); atomic */
+    uint64_t reached; /* the collective this context waits in or for (a timeout's diagnosis) */
 } ddl_ctx_t;
+
+/* ---- liveness: peers that exit, die or finalize (liveness.c) ------------------------ */
+
+enum { DDL_CTX_APP = 0, DDL_CTX_PROGRESS = 1 };
+
+/* The collective the calling thread is in: named in every failure message. */
+typedef struct {
+    int ctx;          /* DDL_CTX_*, or -1 outside any collective */
+    uint64_t seq;     /* its number on that context, from 1 */
+    const char *name;
+} ddl_coll_t;
+extern _Thread_local ddl_coll_t ddl_cur;
+
+/* Number the collective the calling thread starts on ctx (each context counts its own,
+ * identically on every rank). `bump` = 0 labels a step that belongs to the next collective
+ * without counting one (the progress thread's negotiation). */
+void ddl_coll_begin(ddl_ctx_t *ctx, const char *name, int bump);
+/* "allreduce #12", "allreduce #3 (asynchronous)": the calling thread's collective, for
+ * messages. */
+void ddl_describe_call(char *out, size_t n);
+/* Connect every rank to the watcher on rank 0 (collective; called by ddl_init) and stop
+ * (ddl_finalize: tells the others this rank finalized cleanly). */
+ddl_status_t ddl_liveness_start(void);
+void ddl_liveness_stop(void);
+/* Bumped each time a peer departs; 0 while every peer is alive (one load per poll). */
+extern unsigned ddl_live_gen;
+extern int ddl_live_checks; /* 0: the checks are off (python -m ddl_core.bench liveness) */
+static inline unsigned ddl_liveness_gen(void) {
+    return ddl_live_checks ? __atomic_load_n(&ddl_live_gen, __ATOMIC_ACQUIRE) : 0;
+}
+/* DDL_ERR_PEER_LOST naming the departed ranks when the current collective can no longer
+ * complete, else DDL_SUCCESS (a peer that finalized after taking part in it is fine). */
+ddl_status_t ddl_liveness_verdict(void);
+/* Why the current collective made no progress: asks every rank (through rank 0's watcher,
+ * at most about a second) which collective it last began, and writes e.g. "rank 2 has not
+ * reached it (...)" into out. 0 when no answer could be had. */
+int ddl_liveness_diagnose(char *out, size_t n);
+/* The exit path (exit.c) sends the BYE itself, with the exit status. */
+void ddl_liveness_defer_bye(void);
+void ddl_liveness_stop_exiting(int status);
+/* A wait failed for good (timeout, lost peer): finalizing must not wait on peers (exit.c). */
+void ddl_liveness_mark_broken(void);
+int ddl_liveness_broken(void);
+/* ddl_finalize calls MPI_Finalize only when this says so: not after a lost peer or a
+ * timeout, nor when ddl_finalize_at_exit left it to the exit hook (status 0 only; exit.c). */
+int ddl_may_finalize_mpi(void);
+ddl_status_t ddl_finalize_at_exit(void);
+/* "0-3,7": a sorted list of ranks for messages. */
+void ddl_format_ranks(char *out, size_t n, const int *ranks, int count);
 
 ddl_status_t ddl_topo_build(ddl_ctx_t *ctx, MPI_Comm base, const int *dims, int nlevels);
 /* The colour of this rank's level-l communicator: its coordinates on every other level
@@ -212,6 +270,15 @@ ddl_status_t ddl_allgather_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbu
 ddl_status_t ddl_reduce_scatter_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                     size_t recvcount, ddl_dtype_t dtype, ddl_op_t op);
 ddl_status_t ddl_barrier_ctx(ddl_ctx_t *ctx);
+/* The same, checked against `sig` (0: the default signature of the call): the
+ * asynchronous requests' signatures also cover their shapes (async.c). */
+ddl_status_t ddl_broadcast_ctx_sig(ddl_ctx_t *ctx, void *buf, size_t count, ddl_dtype_t dtype,
+                                   int root, uint64_t sig);
+ddl_status_t ddl_allgather_ctx_sig(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
+                                   size_t sendcount, ddl_dtype_t dtype, uint64_t sig);
+ddl_status_t ddl_reduce_scatter_ctx_sig(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
+                                        size_t recvcount, ddl_dtype_t dtype, ddl_op_t op,
+                                        uint64_t sig);
 
 /* Progress thread (async.c). */
 ddl_status_t ddl_progress_start(void);

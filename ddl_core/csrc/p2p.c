@@ -15,7 +15,12 @@
  * probed rendezvous message starts moving only after the probe. By then the collective's
  * arguments were already checked on every rank (collectives.c), so a large message of
  * the wrong size can only come from ranks that disagree on the topology; it still fails
- * (MPI_ERR_TRUNCATE, or the count check) instead of hanging. */
+ * (MPI_ERR_TRUNCATE, or the count check) instead of hanging.
+ *
+ * Every poll also looks at one counter the liveness watcher bumps when a peer exits, dies
+ * or finalizes (liveness.c), so a lost peer fails the wait at once with DDL_ERR_PEER_LOST
+ * instead of at the deadline. The deadline is DDL_TIMEOUT, or the calling thread's own
+ * (ddl_set_thread_timeout: torch.distributed's timeout= of a process group). */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +29,21 @@
 #include "ddl_internal.h"
 
 double ddl_timeout_s = 300.0;
+static _Thread_local double thread_timeout_s = 0.0; /* 0: DDL_TIMEOUT */
+
+double ddl_deadline_s(void) { return thread_timeout_s > 0 ? thread_timeout_s : ddl_timeout_s; }
+
+ddl_status_t ddl_set_thread_timeout(double seconds) {
+    if (!(seconds >= 0 && seconds <= 1e9)) /* also refuses nan */
+        return ddl_fail(DDL_ERR_INVALID_ARG,
+                        "timeout %g s: use a number of seconds in (0, 1e9], or 0 for "
+                        "DDL_TIMEOUT",
+                        seconds);
+    thread_timeout_s = seconds;
+    return DDL_SUCCESS;
+}
+
+double ddl_thread_timeout(void) { return thread_timeout_s; }
 /* Messages above this are sent in pieces so counts fit MPI's int. */
 #define PIECE ((size_t)1 << 30)
 
@@ -62,12 +82,42 @@ static ddl_status_t overflow_fail(const ddl_comm_t *c, int src, size_t want) {
                     world_rank_of(c, src), want);
 }
 
+/* The deadline passed: name the ranks that have not reached this collective (asked through
+ * the liveness watcher), else the peer this rank was waiting for. */
 static ddl_status_t timeout_fail(const ddl_comm_t *c, int peer, const char *what) {
+    char call[96], why[700];
+    ddl_liveness_mark_broken();
+    ddl_describe_call(call, sizeof call);
+    double t = ddl_deadline_s();
+    const char *which = thread_timeout_s > 0 ? "the timeout set for this call" : "DDL_TIMEOUT";
+    if (ddl_liveness_diagnose(why, sizeof why))
+        return ddl_fail(DDL_ERR_TIMEOUT,
+                        "%s: no progress for %.3g s (%s): %s (raise the timeout if a rank is "
+                        "only slow)",
+                        call, t, which, why);
     return ddl_fail(DDL_ERR_TIMEOUT,
-                    "no answer from rank %d for %.0f s while %s: that rank died, hung, or is "
-                    "not calling the same collective (set DDL_TIMEOUT higher if it is only "
+                    "%s: no answer from rank %d for %.3g s (%s) while %s: that rank died, hung, "
+                    "or is not calling the same collective (raise the timeout if it is only "
                     "slow)",
-                    world_rank_of(c, peer), ddl_timeout_s, what);
+                    call, world_rank_of(c, peer), t, which, what);
+}
+
+/* The same for an MPI request (MPI's own collectives): no single peer to name. */
+static ddl_status_t request_timeout(const ddl_comm_t *c, const char *what) {
+    char call[96], why[700];
+    ddl_liveness_mark_broken();
+    ddl_describe_call(call, sizeof call);
+    double t = ddl_deadline_s();
+    if (ddl_liveness_diagnose(why, sizeof why))
+        return ddl_fail(DDL_ERR_TIMEOUT,
+                        "%s: %s made no progress for %.3g s: %s (raise the timeout if a rank "
+                        "is only slow)",
+                        call, what, t, why);
+    return ddl_fail(DDL_ERR_TIMEOUT,
+                    "%s: %s did not complete within %.3g s on a communicator of %d ranks: a "
+                    "rank died, hung, or is not calling the same collective (raise the "
+                    "timeout if it is only slow)",
+                    call, what, t, c->size);
 }
 
 /* Every wait below polls (MPI_Test) under a deadline. A wait that lasts more than
@@ -82,10 +132,18 @@ double ddl_spin_s = 200e-6;
 typedef struct {
     double start, deadline;
     bool idle;
+    unsigned gen; /* the liveness counter last looked at */
 } poller_t;
 
-/* One poll done: pause if the wait is long, and 1 once the deadline has passed. */
+/* One poll done: pause if the wait is long, and 1 once the deadline has passed. POLL_LOST
+ * when a peer this collective needs is gone (the error is recorded). */
+#define POLL_LOST 2
 static int poll_next(poller_t *p, unsigned spin) {
+    unsigned g = ddl_liveness_gen();
+    if (g != p->gen) {
+        p->gen = g;
+        if (ddl_liveness_verdict() != DDL_SUCCESS) return POLL_LOST;
+    }
     if (p->idle) {
         struct timespec ts = {0, 50 * 1000};
         nanosleep(&ts, NULL);
@@ -95,7 +153,7 @@ static int poll_next(poller_t *p, unsigned spin) {
     double now = ddl_now();
     if (p->deadline == 0.0) {
         p->start = now;
-        p->deadline = now + ddl_timeout_s;
+        p->deadline = now + ddl_deadline_s();
         return 0;
     }
     if (ddl_spin_s >= 0 && now - p->start > ddl_spin_s) p->idle = true;
@@ -168,7 +226,9 @@ static ddl_status_t exchange(const ddl_comm_t *c, const void *sbuf, size_t sbyte
             }
         }
         if (sdone && rdone && have_msg) break;
-        if (poll_next(&poll, spin)) {
+        int pn = poll_next(&poll, spin);
+        if (pn == POLL_LOST) return DDL_ERR_PEER_LOST;
+        if (pn) {
             return timeout_fail(c, have_msg ? dst : src,
                                 have_msg ? "sending to it" : "waiting for its message");
         }
@@ -238,7 +298,9 @@ static ddl_status_t stream(const ddl_comm_t *c, const char *sbuf, size_t sbytes,
             }
         }
         if (sdone == ns && rdone == nr) return DDL_SUCCESS;
-        if (poll_next(&poll, spin))
+        int pn = poll_next(&poll, spin);
+        if (pn == POLL_LOST) return DDL_ERR_PEER_LOST;
+        if (pn)
             return timeout_fail(c, rdone < nr ? src : dst,
                                 rdone < nr ? "waiting for its message" : "sending to it");
     }
@@ -281,7 +343,9 @@ ddl_status_t ddl_sendrecv_capped(const ddl_comm_t *c, const void *sbuf, size_t s
         int rc = MPI_Testall(2, reqs, &done, sts);
         if (rc != MPI_SUCCESS) return ddl_mpi_fail(rc, "MPI_Testall");
         if (done) break;
-        if (poll_next(&poll, spin)) {
+        int pn = poll_next(&poll, spin);
+        if (pn == POLL_LOST) return DDL_ERR_PEER_LOST;
+        if (pn) {
             int waiting_recv = reqs[0] != MPI_REQUEST_NULL;
             return timeout_fail(c, waiting_recv ? src : dst,
                                 waiting_recv ? "waiting for its message" : "sending to it");
@@ -302,13 +366,9 @@ ddl_status_t ddl_wait_request(MPI_Request *req, const ddl_comm_t *c, const char 
         int done = 0;
         MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
         if (done) return DDL_SUCCESS;
-        if (poll_next(&poll, spin)) {
-            return ddl_fail(DDL_ERR_TIMEOUT,
-                            "%s did not complete within %.0f s on a communicator of %d "
-                            "ranks: a rank died, hung, or is not calling the same "
-                            "collective (set DDL_TIMEOUT higher if it is only slow)",
-                            what, ddl_timeout_s, c->size);
-        }
+        int pn = poll_next(&poll, spin);
+        if (pn == POLL_LOST) return DDL_ERR_PEER_LOST;
+        if (pn) return request_timeout(c, what);
     }
 }
 
@@ -341,8 +401,8 @@ ddl_status_t ddl_wait_recv(const ddl_comm_t *c, MPI_Request *req, size_t bytes, 
             if ((size_t)n != bytes) return size_fail(c, src, n, bytes);
             return DDL_SUCCESS;
         }
-        if (poll_next(&poll, spin)) {
-            return timeout_fail(c, src, "waiting for its message");
-        }
+        int pn = poll_next(&poll, spin);
+        if (pn == POLL_LOST) return DDL_ERR_PEER_LOST;
+        if (pn) return timeout_fail(c, src, "waiting for its message");
     }
 }

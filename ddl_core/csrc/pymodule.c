@@ -11,13 +11,14 @@
 #include "ddl.h"
 
 static PyObject *DDLError, *MismatchError, *DDLTimeoutError, *NotInitializedError,
-    *InvalidArgumentError;
+    *InvalidArgumentError, *PeerLostError;
 
 static PyObject *raise_status(ddl_status_t st) {
     PyObject *cls = DDLError;
     switch (st) {
     case DDL_ERR_MISMATCH: cls = MismatchError; break;
     case DDL_ERR_TIMEOUT: cls = DDLTimeoutError; break;
+    case DDL_ERR_PEER_LOST: cls = PeerLostError; break;
     case DDL_ERR_NOT_INITIALIZED: cls = NotInitializedError; break;
     case DDL_ERR_INVALID_ARG: cls = InvalidArgumentError; break;
     default: break;
@@ -69,6 +70,14 @@ static PyObject *py_init(PyObject *self, PyObject *args) {
 static PyObject *py_finalize(PyObject *self, PyObject *args) {
     (void)self, (void)args;
     CALL(ddl_finalize());
+    Py_RETURN_NONE;
+}
+
+/* The atexit handler's finalize: MPI_Finalize is left to exit(), for status 0 only. */
+extern ddl_status_t ddl_finalize_at_exit(void);
+static PyObject *py_finalize_at_exit(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    CALL(ddl_finalize_at_exit());
     Py_RETURN_NONE;
 }
 
@@ -211,7 +220,35 @@ typedef struct {
     Py_buffer send, recv;
     int have_send, have_recv;
     int finished;
+    int kind;
+    size_t es;          /* element size */
+    PyObject *gathered; /* allgatherv: (bytearray of the result, tuple of counts) */
 } RequestObject;
+
+/* An allgatherv's result lives in libddl's request: copy it out before the request goes. */
+static int keep_gathered(RequestObject *r) {
+    const void *buf;
+    const size_t *counts;
+    int size = 0;
+    if (ddl_request_gathered(r->req, &buf, &counts) != DDL_SUCCESS || ddl_size(&size) != DDL_SUCCESS)
+        return 0;
+    size_t total = 0;
+    PyObject *tup = PyTuple_New(size);
+    if (!tup) return -1;
+    for (int i = 0; i < size; i++) {
+        total += counts[i];
+        PyTuple_SET_ITEM(tup, i, PyLong_FromSize_t(counts[i]));
+    }
+    PyObject *data = PyByteArray_FromStringAndSize(buf, (Py_ssize_t)(total * r->es));
+    if (!data) {
+        Py_DECREF(tup);
+        return -1;
+    }
+    r->gathered = PyTuple_Pack(2, data, tup);
+    Py_DECREF(data);
+    Py_DECREF(tup);
+    return r->gathered ? 0 : -1;
+}
 
 static void request_release(RequestObject *r) {
     if (r->req) {
@@ -227,7 +264,18 @@ static void request_release(RequestObject *r) {
 
 static void request_dealloc(RequestObject *r) {
     request_release(r);
+    Py_CLEAR(r->gathered);
     Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+/* The request finished (done): keep what it produced, release it, raise its error. */
+static PyObject *request_done(RequestObject *r, ddl_status_t st) {
+    r->finished = 1;
+    int kept = st == DDL_SUCCESS && r->kind == 4 ? keep_gathered(r) : 0;
+    request_release(r);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    if (kept < 0) return NULL;
+    return (PyObject *)r; /* borrowed: a non-NULL marker */
 }
 
 static PyObject *request_test(RequestObject *r, PyObject *noargs) {
@@ -236,11 +284,11 @@ static PyObject *request_test(RequestObject *r, PyObject *noargs) {
     int done = 0;
     ddl_status_t st = ddl_test(r->req, &done);
     if (done) {
-        r->finished = 1;
-        request_release(r);
+        if (!request_done(r, st)) return NULL;
+        Py_RETURN_TRUE;
     }
     if (st != DDL_SUCCESS) return raise_status(st);
-    return PyBool_FromLong(done);
+    Py_RETURN_FALSE;
 }
 
 static PyObject *request_wait(RequestObject *r, PyObject *noargs) {
@@ -250,15 +298,24 @@ static PyObject *request_wait(RequestObject *r, PyObject *noargs) {
     ddl_request_t q = r->req;
     Py_BEGIN_ALLOW_THREADS st = ddl_wait(q);
     Py_END_ALLOW_THREADS
-    r->finished = 1;
-    request_release(r);
-    if (st != DDL_SUCCESS) return raise_status(st);
+    if (!request_done(r, st)) return NULL;
     Py_RETURN_NONE;
+}
+
+static PyObject *request_gathered(RequestObject *r, PyObject *noargs) {
+    (void)noargs;
+    if (!r->gathered) {
+        PyErr_SetString(PyExc_ValueError, "gathered(): only a finished allgatherv has a result");
+        return NULL;
+    }
+    return Py_NewRef(r->gathered);
 }
 
 static PyMethodDef request_methods[] = {
     {"test", (PyCFunction)request_test, METH_NOARGS, "True once finished (raises its error)."},
     {"wait", (PyCFunction)request_wait, METH_NOARGS, "Block until finished (raises its error)."},
+    {"gathered", (PyCFunction)request_gathered, METH_NOARGS,
+     "An allgatherv's result once finished: (bytearray, per-rank element counts)."},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject RequestType = {
@@ -270,25 +327,70 @@ static PyTypeObject RequestType = {
     .tp_methods = request_methods,
 };
 
-/* i<coll>(kind, send or None, recv, dtype, op, root) -> Request */
-static PyObject *py_submit(PyObject *self, PyObject *args) {
+/* A shape from Python (a sequence of ints) into dims[]; -1 with an exception set. */
+static int get_shape(PyObject *obj, int64_t *dims, int max) {
+    PyObject *seq = PySequence_Fast(obj, "shape must be a sequence of ints");
+    if (!seq) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > max) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "shape has %zd dimensions (at most %d)", n, max);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        dims[i] = (int64_t)v;
+    }
+    Py_DECREF(seq);
+    return (int)n;
+}
+
+/* submit(kind, send or None, recv or None, dtype, op, root, name=None, shape=None)
+ * -> Request. Kinds: 0 allreduce, 1 broadcast, 2 allgather, 3 reduce_scatter,
+ * 4 allgatherv (recv None; the result comes from Request.gathered()). */
+static PyObject *py_submit(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
+    static char *kwlist[] = {"kind", "send", "recv", "dtype", "op", "root", "name", "shape",
+                             NULL};
     int kind, dtype, op, root;
-    PyObject *send, *recv;
-    if (!PyArg_ParseTuple(args, "iOOiii", &kind, &send, &recv, &dtype, &op, &root)) return NULL;
+    PyObject *send, *recv, *shape_obj = Py_None;
+    const char *name = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iOOiii|zO", kwlist, &kind, &send, &recv,
+                                     &dtype, &op, &root, &name, &shape_obj))
+        return NULL;
+    int64_t dims[32];
+    ddl_match_t match = {name, 0, NULL};
+    if (shape_obj != Py_None) {
+        int nd = get_shape(shape_obj, dims, 32);
+        if (nd < 0) return NULL;
+        match.ndim = nd;
+        match.shape = dims;
+    }
     RequestObject *r = PyObject_New(RequestObject, &RequestType);
     if (!r) return NULL;
     r->req = NULL;
     r->have_send = r->have_recv = r->finished = 0;
+    r->kind = kind;
+    r->es = ddl_dtype_size((ddl_dtype_t)dtype);
+    r->gathered = NULL;
     size_t rcount = 0, scount = 0;
-    if (get_buf(recv, &r->recv, 1, dtype, &rcount, "the output") < 0) goto fail;
-    r->have_recv = 1;
-    if (send != Py_None && send != recv) {
+    if (kind == 4) {
         if (get_buf(send, &r->send, 0, dtype, &scount, "the input") < 0) goto fail;
         r->have_send = 1;
+    } else {
+        if (get_buf(recv, &r->recv, 1, dtype, &rcount, "the output") < 0) goto fail;
+        r->have_recv = 1;
+        if (send != Py_None && send != recv) {
+            if (get_buf(send, &r->send, 0, dtype, &scount, "the input") < 0) goto fail;
+            r->have_send = 1;
+        }
     }
     const void *sp = r->have_send ? r->send.buf : DDL_IN_PLACE;
-    void *rp = r->recv.buf;
+    void *rp = r->have_recv ? r->recv.buf : NULL;
     ddl_status_t st;
     int size = 1;
     if (kind == 2 || kind == 3) {
@@ -303,18 +405,28 @@ static PyObject *py_submit(PyObject *self, PyObject *args) {
                          size);
             goto fail;
         }
-    } else if (r->have_send && scount != rcount) {
+    } else if (kind != 4 && r->have_send && scount != rcount) {
         PyErr_Format(PyExc_ValueError, "input has %zu elements but output %zu", scount, rcount);
         goto fail;
     }
+    const ddl_match_t *m = name || shape_obj != Py_None ? &match : NULL;
+    Py_BEGIN_ALLOW_THREADS
     switch (kind) {
-    case 0: st = ddl_iallreduce(sp, rp, rcount, (ddl_dtype_t)dtype, (ddl_op_t)op, &r->req); break;
-    case 1: st = ddl_ibroadcast(rp, rcount, (ddl_dtype_t)dtype, root, &r->req); break;
-    case 2: st = ddl_iallgather(sp, rp, scount, (ddl_dtype_t)dtype, &r->req); break;
+    case 0: st = ddl_iallreduce_named(sp, rp, rcount, (ddl_dtype_t)dtype, (ddl_op_t)op, m,
+                                      &r->req); break;
+    case 1: st = ddl_ibroadcast_named(rp, rcount, (ddl_dtype_t)dtype, root, m, &r->req); break;
+    case 2: st = ddl_iallgather_named(sp, rp, scount, (ddl_dtype_t)dtype, m, &r->req); break;
     case 3:
-        st = ddl_ireduce_scatter(sp, rp, rcount, (ddl_dtype_t)dtype, (ddl_op_t)op, &r->req);
+        st = ddl_ireduce_scatter_named(sp, rp, rcount, (ddl_dtype_t)dtype, (ddl_op_t)op, m,
+                                       &r->req);
         break;
-    default: PyErr_Format(PyExc_ValueError, "unknown request kind %d", kind); goto fail;
+    case 4: st = ddl_iallgatherv_named(sp, scount, (ddl_dtype_t)dtype, m, &r->req); break;
+    default: st = DDL_ERR_INTERNAL; break;
+    }
+    Py_END_ALLOW_THREADS
+    if (st == DDL_ERR_INTERNAL && (kind < 0 || kind > 4)) {
+        PyErr_Format(PyExc_ValueError, "unknown request kind %d", kind);
+        goto fail;
     }
     if (st != DDL_SUCCESS) {
         raise_status(st);
@@ -489,6 +601,36 @@ static PyObject *py_async_stats(PyObject *self, PyObject *args) {
                          (unsigned long long)fb, "fused_requests", (unsigned long long)fr);
 }
 
+static PyObject *py_negotiation_stats(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    uint64_t c, f, n, p;
+    CALL(ddl_negotiation_stats(&c, &f, &n, &p));
+    return Py_BuildValue("{s:K,s:K,s:K,s:K}", "cycles", (unsigned long long)c, "full_cycles",
+                         (unsigned long long)f, "names", (unsigned long long)n, "pending",
+                         (unsigned long long)p);
+}
+
+/* set_thread_timeout(seconds) -> the previous setting (0.0: DDL_TIMEOUT). */
+static PyObject *py_set_thread_timeout(PyObject *self, PyObject *args) {
+    (void)self;
+    double t;
+    if (!PyArg_ParseTuple(args, "d", &t)) return NULL;
+    double prev = ddl_thread_timeout();
+    ddl_status_t st = ddl_set_thread_timeout(t);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    return PyFloat_FromDouble(prev);
+}
+
+/* The liveness checks on or off in this process, for python -m ddl_core.bench liveness. */
+extern int ddl_live_checks;
+static PyObject *py_set_liveness_checks(PyObject *self, PyObject *args) {
+    (void)self;
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    ddl_live_checks = on;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_version(PyObject *self, PyObject *args) {
     (void)self, (void)args;
     return PyUnicode_FromString(ddl_version_string());
@@ -497,6 +639,7 @@ static PyObject *py_version(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"init", py_init, METH_NOARGS, NULL},
     {"finalize", py_finalize, METH_NOARGS, NULL},
+    {"_finalize_at_exit", py_finalize_at_exit, METH_NOARGS, NULL},
     {"initialized", py_initialized, METH_NOARGS, NULL},
     {"rank", py_rank, METH_NOARGS, NULL},
     {"size", py_size, METH_NOARGS, NULL},
@@ -508,7 +651,7 @@ static PyMethodDef methods[] = {
     {"allgather", py_allgather, METH_VARARGS, NULL},
     {"reduce_scatter", py_reduce_scatter, METH_VARARGS, NULL},
     {"barrier", py_barrier, METH_NOARGS, NULL},
-    {"submit", py_submit, METH_VARARGS, NULL},
+    {"submit", (PyCFunction)(void (*)(void))py_submit, METH_VARARGS | METH_KEYWORDS, NULL},
     {"set_algorithm", py_set_algorithm, METH_VARARGS, NULL},
     {"plan", py_plan, METH_VARARGS, NULL},
     {"set_level_cost", py_set_level_cost, METH_VARARGS, NULL},
@@ -516,6 +659,9 @@ static PyMethodDef methods[] = {
     {"set_fusion", py_set_fusion, METH_VARARGS, NULL},
     {"version", py_version, METH_NOARGS, NULL},
     {"async_stats", py_async_stats, METH_NOARGS, NULL},
+    {"negotiation_stats", py_negotiation_stats, METH_NOARGS, NULL},
+    {"set_thread_timeout", py_set_thread_timeout, METH_VARARGS, NULL},
+    {"_set_liveness_checks", py_set_liveness_checks, METH_VARARGS, NULL},
     {"dev_allreduce", py_dev_allreduce, METH_VARARGS, NULL},
     {"dev_broadcast", py_dev_broadcast, METH_VARARGS, NULL},
     {"dev_allgather", py_dev_allgather, METH_VARARGS, NULL},
@@ -549,6 +695,12 @@ PyMODINIT_FUNC PyInit__ddl(void) {
     Py_DECREF(b);
     b = PyTuple_Pack(2, DDLError, PyExc_TimeoutError);
     DDLTimeoutError = new_error(m, "DDLTimeoutError", b, "A peer did not answer in DDL_TIMEOUT.");
+    Py_DECREF(b);
+    b = PyTuple_Pack(1, DDLTimeoutError);
+    PeerLostError = new_error(m, "PeerLostError", b,
+                              "A peer exited, died or finalized while this rank waited for it "
+                              "(reported at once; a DDLTimeoutError so code written for the "
+                              "deadline catches it too).");
     Py_DECREF(b);
     b = PyTuple_Pack(2, DDLError, PyExc_ValueError);
     InvalidArgumentError = new_error(m, "InvalidArgumentError", b, "A bad dtype, op or argument.");

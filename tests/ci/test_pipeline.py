@@ -217,3 +217,42 @@ def test_bad_sha256_is_refused_naming_file_and_hashes(tmp_path, upstream, good_c
     assert "sha256 mismatch" in msg and "hello-1.0.tar.gz" in msg
     assert wrong in msg and actual in msg
     assert snapshot(chan) == before
+
+
+def test_bad_yaml_with_continue_on_failure_and_world_readable_channel(tmp_path):
+    """A recipe that does not parse stops a plain run before anything is built; with
+    --continue-on-failure it is reported as failed and the other recipes are built,
+    tested and published. Whatever the umask (077 here) and whatever rattler-build
+    writes, everything in the published channel is world-readable."""
+    empty = tmp_path / "empty"
+    (empty / "noarch").mkdir(parents=True)
+    (empty / "noarch" / "repodata.json").write_text(
+        '{"info": {"subdir": "noarch"}, "packages": {}}'
+    )
+    chan = tmp_path / "channel"
+    args = ["--recipes", str(DATA / "badyaml"), "--channel", str(chan), "--upstream", str(empty)]
+    r = ci("render", "--recipes", str(DATA / "badyaml"))
+    assert r.returncode == 2 and "bad/recipe.yaml" in r.stderr and "Traceback" not in r.stderr
+    r = build(DATA / "badyaml", chan, empty)
+    assert r.returncode == 2 and "bad/recipe.yaml" in r.stderr, r.stderr
+    assert not list(chan.glob("*/*.conda"))
+    r = subprocess.run(
+        ["sh", "-c", 'umask 077 && exec "$0" -m ci build "$@" --continue-on-failure',
+         sys.executable, *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert "render FAILED" in r.stderr and "bad/recipe.yaml" in r.stderr
+    assert set(repodata(chan)) == {"okpkg"}
+    report = (chan / "REPORT.md").read_text()
+    failures = report.split("## Failures (this run)")[1].split("##")[0]
+    assert "bad/recipe.yaml" in failures and "failed to render" in failures, failures
+    assert "| okpkg |" in report
+    modes = {str(p.relative_to(chan)): oct(p.stat().st_mode & 0o777) for p in chan.rglob("*")}
+    assert modes["noarch/repodata.json"] == "0o644"
+    assert any(k.endswith(".conda") for k in modes)
+    wrong = {k: m for k, m in modes.items()
+             if m != ("0o755" if (chan / k).is_dir() else "0o644")}
+    assert not wrong, wrong

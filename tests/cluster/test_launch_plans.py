@@ -23,8 +23,12 @@ from ddl_core.launcher import (
     place,
     rankfile_text,
 )
+from ddl_core.slurmalloc import Allocation
 
 BIN = Path(sys.executable).parent
+# What Slurm puts in a job's environment (salloc -N 3 -n 6 on nodes node[1-3]).
+ALLOC = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-3]", "SLURM_TASKS_PER_NODE":
+         "2(x3)", "SLURM_NTASKS": "6", "SLURM_JOB_NUM_NODES": "3"}
 
 
 def dry(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -73,14 +77,16 @@ def test_dry_run_prints_each_launcher(tmp_path: Path) -> None:
     assert "placement: node1:4, node2:4, node3:4, node4:4; grid 4x2x2" in p.stderr
     assert "-n 16 --host node1:4,node2:4,node3:4,node4:4 --map-by rankfile:file=" in p.stderr
     assert "-x DDL_TOPOLOGY=4x2x2" in p.stderr
-    p = dry("--launcher", "srun", "-H", "node1,node2", "--accelerators", "2", "-x", "A=1",
-            "python", "t.py")
+    # uneven hosts in an allocation: Slurm's arbitrary distribution, one line per rank
+    p = dry("--launcher", "srun", "--no-tf-config", "-H", "node1:2,node2:1", "-x", "A=1,2",
+            "python", "t.py", env=ALLOC)
     assert p.returncode == 0, p.stderr
     last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith("SLURM_HOSTFILE=") and "srun --ntasks 4 --nodes 2 --distribution " \
-        "arbitrary --export=ALL,A=1" in last and last.endswith("python t.py")
+    assert last.startswith("SLURM_HOSTFILE=") and " A=1,2 srun --mpi=pmix --kill-on-bad-exit=1" \
+        " --nodes 2 --ntasks 3 --distribution arbitrary --export=ALL,A," in last, last
+    assert last.endswith("python t.py")
     hostfile = last.split()[0].split("=", 1)[1]
-    assert Path(hostfile).read_text().split() == ["node1", "node1", "node2", "node2"]
+    assert Path(hostfile).read_text().split() == ["node1", "node1", "node2"]
     p = dry("--launcher", "jsrun", "--accelerators", "6", "-n", "12", "python", "t.py")
     assert p.returncode == 0, p.stderr
     assert "jsrun --rs_per_host 1 --tasks_per_rs 6 " in p.stderr and "--nrs 2" in p.stderr
@@ -102,15 +108,29 @@ def test_launcher_choice_follows_the_allocation(tmp_path: Path) -> None:
         assert choose_launcher("mpirun", {"SLURM_JOB_ID": "7"}) == "mpirun"
     finally:
         os.environ["PATH"] = old
-    p = dry("-n", "2", "true", env={"SLURM_JOB_ID": "1", "PATH": path})
-    assert p.stderr.strip().splitlines()[-1].startswith("srun --ntasks 2")
+    p = dry("-n", "2", "true", env=dict(ALLOC, PATH=path))
+    assert " srun --mpi=pmix --kill-on-bad-exit=1 --nodes 1 --ntasks 2" in \
+        p.stderr.strip().splitlines()[-1], p.stderr
 
 
 def test_srun_and_jsrun_builders() -> None:
-    plan = Plan(command=["t"], np=8, accelerators=4)
-    cmd, env = build_srun(plan, {"DDL_ALGO": "ring"})
-    assert cmd == ["srun", "--ntasks", "8", "--ntasks-per-node", "4", "--distribution", "block",
+    plan = Plan(command=["t"], np=8, accelerators=4)  # no placement: Slurm places
+    cmd, env = build_srun(plan, {"DDL_ALGO": "ring"}, mpi="pmix")
+    assert cmd == ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", "--ntasks", "8",
+                   "--ntasks-per-node", "4", "--distribution", "block",
                    "--export=ALL,DDL_ALGO", "t"] and env == {}
+    alloc = Allocation("7", [("a", 2), ("b", 2), ("c", 2)])
+    plan = Plan(command=["t"], extra=["--mpi=pmi2"], placement=[("a", 2), ("b", 2)],
+                allocation=alloc)
+    cmd, env = build_srun(plan, {}, mpi="pmix")  # the user's --mpi wins
+    assert cmd == ["srun", "--kill-on-bad-exit=1", "--nodes", "2", "--ntasks", "4",
+                   "--ntasks-per-node", "2", "--distribution", "block", "--nodelist", "a,b",
+                   "--export=ALL", "--mpi=pmi2", "t"]
+    # hosts out of the allocation's order: block would number them otherwise
+    plan = Plan(command=["t"], placement=[("b", 2), ("a", 2)], allocation=alloc)
+    cmd, env = build_srun(plan, {})
+    assert "--distribution" in cmd and cmd[cmd.index("--distribution") + 1] == "arbitrary"
+    assert Path(env["SLURM_HOSTFILE"]).read_text().split() == ["b", "b", "a", "a"]
     assert build_jsrun(Plan(command=["t"], accelerators=2), {})[:5] == [
         "jsrun", "--rs_per_host", "1", "--tasks_per_rs", "2"]
 

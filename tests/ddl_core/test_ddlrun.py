@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ddl_core.exitreport import Collector, Report, job_status
 from ddl_core.launcher import (
     LaunchError,
     Plan,
     build_command,
     parse_hostfile,
     parse_hosts,
+    recoverable_extra,
 )
 
 BIN = Path(sys.executable).parent
@@ -88,3 +91,65 @@ def test_openmpi_and_mpich_commands() -> None:
     assert mpich[:5] == ["mpiexec", "-n", "4", "-hosts", "a:2,b:2"]
     assert ["-genv", "DDL_TOPOLOGY", "2x2"] == mpich[mpich.index("DDL_TOPOLOGY") - 1:][:3]
     assert "-genvlist" in mpich
+
+
+# -- the job's exit status: every rank's, not the launcher's --------------------------------
+
+RANK_ENDS = {  # what rank 1 does -> ddlrun's exit status
+    "sys.exit(3)": 3,
+    "os.kill(os.getpid(), signal.SIGKILL)": 137,
+    "os.kill(os.getpid(), signal.SIGSEGV)": 139,
+}
+
+
+@pytest.mark.parametrize("recoverable", [False, True], ids=["plain", "recoverable"])
+@pytest.mark.parametrize("end", RANK_ENDS)
+def test_exit_status_is_the_failing_ranks(end: str, recoverable: bool) -> None:
+    # `--runtime-options recoverable` made mpirun exit 0 for ranks killed by signals
+    mpi = "--mca mpi_yield_when_idle 1" + (" --runtime-options recoverable" if recoverable
+                                           else "")
+    script = ("import os, signal, sys, time\n"
+              f"if os.environ['OMPI_COMM_WORLD_RANK'] == '1': {end}\n"
+              "time.sleep(0.5)\n")
+    proc = ddlrun("-n", "2", f"--mpi-args={mpi}", sys.executable, "-c", script)
+    assert proc.returncode == RANK_ENDS[end], proc.stderr
+    assert "ddlrun: rank 1 " in proc.stderr and f"exit status {RANK_ENDS[end]}" in proc.stderr
+
+
+def test_a_clean_job_exits_0_and_says_nothing() -> None:
+    proc = ddlrun("-n", "2", "--mpi-args=--runtime-options recoverable", sys.executable, "-c",
+                  "print('hi')")
+    assert proc.returncode == 0 and "ddlrun:" not in proc.stderr, proc.stderr
+    assert proc.stdout.count("hi") == 2
+
+
+def test_job_status_prefers_a_rank_that_failed_on_its_own() -> None:
+    lost = Report(0, "exit", 1, lost=True)
+    own = Report(1, "exit", 3)
+    sig = Report(2, "signal", 9)
+    assert job_status([], 5) == (5, None)
+    assert job_status([Report(0, "exit", 0)], 0) == (0, None)
+    status, line = job_status([lost, own, sig], 1)
+    assert status == 3 and line is not None and line.startswith("ddlrun: rank 1 exited with "
+                                                                  "status 3")
+    assert "rank 0 exited with status 1 (a peer was lost)" in line
+    assert "rank 2 was killed by signal 9 (SIGKILL)" in line
+    assert job_status([lost, sig], 0)[0] == 137
+    assert job_status([lost], 0)[0] == 1
+
+
+def test_collector_takes_only_reports_with_its_token() -> None:
+    c = Collector(["127.0.0.1"])
+    for line in (f"{c.token} 3 signal 11\n", "wrong 1 exit 4\n", f"{c.token} x exit 1\n",
+                 f"{c.token} 2 exit 0 lost\n", f"{c.token} 1 exit 2 bogus\n"):
+        with socket.create_connection(("127.0.0.1", c.port)) as s:
+            s.sendall(line.encode())
+    assert c.close() == [Report(3, "signal", 11), Report(2, "exit", 0, lost=True)]
+
+
+def test_recoverable_turns_on_open_mpis_fault_tolerance() -> None:
+    assert recoverable_extra(["--runtime-options", "recoverable"]) == [
+        "--mca", "mpi_ft_enable", "1"]
+    assert recoverable_extra(["--runtime-options", "recoverable", "--mca", "mpi_ft_enable",
+                              "0"]) == []
+    assert recoverable_extra(["--mca", "btl", "tcp,self"]) == []

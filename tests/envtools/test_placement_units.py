@@ -9,6 +9,7 @@ import os
 
 import pytest
 from envtools.errors import EnvtoolsError
+from envtools.hashing import stat_key
 from envtools.placement import (
     BYTES_PER_COST,
     DIR_COST,
@@ -71,9 +72,11 @@ def test_place_relocates_a_large_binary_through_a_map(tmp_path):
     (dest / "lib").mkdir(parents=True)
     ctx = Ctx(dest_tmp=dest, new_prefix=NEW.decode(), old_prefix="/srcenv", src_root="/srcenv",
               euid=os.geteuid(), link_mode="auto")
-    item = ("lib/libbig.so", str(src), "hardlink", OLD.decode(), "binary", True, None,
-            len(data))
-    rel, how, sha, key = place(ctx, item)
+    item = ("lib/libbig.so", str(src), "hardlink", OLD.decode(), "binary", True,
+            hashlib.sha256(data).hexdigest(), len(data))
+    # (no stat cache vouches for the cache file here: it is hashed, as read, and matches)
+    rel, how, sha, key, cache_key = place(ctx, item)
+    assert cache_key == tuple(stat_key(src.stat()))  # vouches for it to clones of the clone
     out = (dest / "lib" / "libbig.so").read_bytes()
     want = data.replace(OLD + b"/lib\0\0\0", NEW + b"/lib" + b"\0" * (len(OLD) - len(NEW) + 3))
     assert (rel, how) == ("lib/libbig.so", RELOCATED)

@@ -52,6 +52,12 @@ class RunResult:
     outcomes: list[Outcome] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)
     published: list[str] = field(default_factory=list)
+    #: recipes that did not render (only with --continue-on-failure: else the run stops)
+    recipe_errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.recipe_errors
 
     @property
     def failed(self) -> list[Outcome]:
@@ -316,6 +322,7 @@ def run_builds(
         replaced |= dest.exists()
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(o.path), dest.with_suffix(".conda.part"))
+        os.chmod(dest.with_suffix(".conda.part"), 0o644)  # (rattler-build may write 0600)
         os.replace(dest.with_suffix(".conda.part"), dest)
         o.path = dest
         state[o.node.key] = {

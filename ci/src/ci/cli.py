@@ -187,9 +187,11 @@ def run_pipeline(
     if not recipes:
         console.print(f"[red]error:[/] no */recipe.yaml under {s.recipes_dir}")
         raise typer.Exit(2)
+    render_errors: list[str] = []
     try:
         skipped: list[str] = []
-        nodes = render_all(recipes, variants, platforms, skipped)
+        nodes = render_all(recipes, variants, platforms, skipped,
+                           render_errors if continue_on_failure else None)
         dropped += [f"recipe {x}" for x in skipped]
         g = build_graph(nodes)
         if packages:
@@ -198,6 +200,8 @@ def run_pipeline(
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
     stages["render"] = time.monotonic() - t
+    for err in render_errors:
+        console.print(f"[red]render FAILED[/]: {err}", highlight=False)
     console.print(
         f"[bold]render[/]: {len(recipes)} recipes -> {g.number_of_nodes()} outputs for "
         f"{', '.join(platforms)}" + (f" (dropped: {'; '.join(dropped)})" if dropped else "")
@@ -214,6 +218,7 @@ def run_pipeline(
         force=force,
         foreign_test=foreign_test,
     )
+    res.recipe_errors = render_errors
     stages.update(res.stages)
     t = time.monotonic()
     png = s.channel_dir / "build-graph.png"
@@ -230,6 +235,8 @@ def _summary_table(res) -> Table:
     t = Table(title="channel build")
     for c in ("package", "subdir", "status", "build s", "test"):
         t.add_column(c)
+    for err in res.recipe_errors:
+        t.add_row(err.split(":", 1)[0], "-", "[red]failed to render", "-", "-")
     for o in res.outcomes:
         colour = {"built": "green", "skipped": "dim", "failed": "red", "blocked": "yellow"}[
             o.status
@@ -288,9 +295,10 @@ def build(
     )
     console.print(_summary_table(res))
     console.print(f"report: {report}")
-    if res.failed:
+    if not res.ok:
         console.print(
-            f"[red]{len(res.failed)} package(s) failed[/]; published: {len(res.published)}"
+            f"[red]{len(res.failed)} package(s) and {len(res.recipe_errors)} recipe(s) "
+            f"failed[/]; published: {len(res.published)}"
         )
         raise typer.Exit(1)
 
@@ -318,13 +326,17 @@ def render(
     platform: PlatformOpt = None,
 ) -> None:
     """Print every output of every recipe for every variant and platform (no build)."""
-    from ci.graph import build_graph, build_order
-    from ci.render import filter_variants, find_recipes, render_all
+    from ci.graph import CycleError, build_graph, build_order
+    from ci.render import RecipeError, filter_variants, find_recipes, render_all
 
     s = _settings(recipes, None, config)
     variants, dropped = filter_variants(s)
-    nodes = render_all(find_recipes(s.recipes_dir), variants, platform or s.target_platforms)
-    g = build_graph(nodes)
+    try:
+        nodes = render_all(find_recipes(s.recipes_dir), variants, platform or s.target_platforms)
+        g = build_graph(nodes)
+    except (RecipeError, CycleError) as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
     print(f"{len(nodes)} outputs, build order:")
     for n in build_order(g):
         needs = sorted({g.nodes[a]["node"].name for a in g.predecessors(n.key)})
@@ -389,7 +401,7 @@ def channel(
             "python, numpy, pytorch, tensorflow and the Python packages built on them "
             "need a native build"
         )
-        if p not in CROSS_PLATFORMS or missing_tools(p) or res.failed:
+        if p not in CROSS_PLATFORMS or missing_tools(p) or not res.ok:
             lacking = ", ".join(missing_tools(p)) if p in CROSS_PLATFORMS else "a cross toolchain"
             unavail[p] = (
                 f"{why}; libddl not cross-built either "
@@ -412,12 +424,13 @@ def channel(
         )
         res.outcomes += res_x.outcomes
         res.published += res_x.published
+        res.recipe_errors += [e for e in res_x.recipe_errors if e not in res.recipe_errors]
         for k, v in cross_stages.items():
             if k not in ("upstream", "report"):
                 stages[k if p in k else f"{k} ({p})"] = v
         unavail[p] = f"{why}; libddl is cross-built here and tested under qemu-user"
     install_info: dict[str, str] = {}
-    ok = not res.failed
+    ok = res.ok
     if ok:
         prefix = prefix if prefix.is_absolute() else s.root / prefix
         version = next((o.node.version for o in res.outcomes if o.node.name == "powerai"), "0")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 from pathlib import Path
 
 from rattler.index import index_fs
@@ -20,6 +22,24 @@ def index_channel(channel: Path, subdirs: list[str] | None = None, force: bool =
     for sub in {"noarch", *(subdirs or [])}:
         (channel / sub).mkdir(exist_ok=True)
     asyncio.run(index_fs(channel, force=force))
+    world_readable(channel)
+
+
+def world_readable(channel: Path) -> None:
+    """Every file in the channel 0644 and every directory 0755, whatever the umask and
+    whatever wrote them: rattler-build writes some packages 0600 (its temporary files
+    keep their mode when renamed), and a channel is there to be read by every user of
+    the site and by the web server in front of it. Files someone else owns are left."""
+    for dirpath, dirnames, filenames in os.walk(channel):
+        for name, want in [(".", 0o755), *((d, 0o755) for d in dirnames),
+                           *((f, 0o644) for f in filenames)]:
+            p = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(p)
+                if not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) != want:
+                    os.chmod(p, want)
+            except OSError:
+                pass
 
 
 def packages_in(channel: Path) -> dict[str, Path]:

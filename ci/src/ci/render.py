@@ -147,7 +147,8 @@ def render_recipe(
             vc, rb.RenderConfig(platform=rb.PlatformConfig(target_platform=platform))
         )
     except Exception as exc:  # noqa: BLE001 - rattler-build raises several error types
-        raise RecipeError(f"{path}: cannot render for {platform}: {exc}") from exc
+        why = " ".join(str(exc).split())[:600]
+        raise RecipeError(f"{path}: cannot render for {platform}: {why}") from exc
     nodes: list[Node] = []
     for rv in rendered:
         d = rv.recipe.to_dict()
@@ -185,13 +186,19 @@ def render_recipe(
 
 
 def render_all(
-    recipes: list[Path], variants: dict, platforms: list[str], skipped: list[str] | None = None
+    recipes: list[Path],
+    variants: dict,
+    platforms: list[str],
+    skipped: list[str] | None = None,
+    failures: list[str] | None = None,
 ) -> list[Node]:
     """Render every recipe for every platform; noarch outputs are shared (kept once).
 
     A recipe that needs a variant key left without values on a platform (python for
     linux-ppc64le offline) cannot be built there: it is skipped and named in ``skipped``
-    instead of failing the run.
+    instead of failing the run. A recipe that does not render at all (bad YAML, an
+    unknown key) raises RecipeError, unless ``failures`` is given (``--continue-on-failure``):
+    then its error goes there and the other recipes are still built.
     """
     empty = [k for k, v in variants.items() if isinstance(v, list) and not v and k != "zip_keys"]
     seen: dict[str, Node] = {}
@@ -207,7 +214,10 @@ def render_all(
                             "which the upstream does not have for this platform"
                         )
                     continue
-                raise
+                if failures is None:
+                    raise
+                failures.append(str(exc))
+                continue
             for node in nodes:
                 seen.setdefault(node.key, node)
     return list(seen.values())

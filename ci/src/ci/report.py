@@ -15,6 +15,7 @@ import networkx as nx
 
 from ci.build import RunResult, _before_epilogue
 from ci.graph import AXES
+from ci.index import world_readable
 from ci.state import load_state
 
 
@@ -116,6 +117,9 @@ def write_report(
         o for o in run.outcomes if o.status in ("failed", "blocked") or o.test_status == "failed"
     ]
     lines += ["", "## Failures (this run)", ""]
+    for err in run.recipe_errors:
+        path, _, why = err.partition(": ")
+        lines.append(f"- recipe `{path}`: failed to render: {why}")
     if failed:
         for o in failed:
             why = o.error
@@ -125,7 +129,7 @@ def write_report(
             lines.append(f"- `{o.node.key}`: {o.status}, tests {o.test_status or '-'}: {why}")
             if o.log:
                 lines.append(f"  log: `{o.log}`")
-    else:
+    elif not run.recipe_errors:
         lines.append("None.")
     lines += ["", "## Variants", ""]
 
@@ -172,4 +176,5 @@ def write_report(
         lines += ["", "## Build graph", "", f"![build graph]({graph_png})"]
     out = channel / "REPORT.md"
     out.write_text("\n".join(lines) + "\n")
+    world_readable(channel)
     return out

@@ -28,4 +28,5 @@ def save_state(channel: Path, state: dict[str, dict]) -> None:
     channel.mkdir(parents=True, exist_ok=True)
     tmp = channel / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+    os.chmod(tmp, 0o644)  # (the channel is read by every user: see index.world_readable)
     os.replace(tmp, channel / STATE_FILE)

@@ -9,14 +9,20 @@
  *   - buffers are contiguous arrays of `count` elements of `dtype`; passing the same
  *     pointer as send and receive buffer (or DDL_IN_PLACE as the send buffer) is in-place;
  *   - collectives are matched across ranks by the order in which they are called, like
- *     MPI and NCCL; a call whose count, dtype, op or root differs between ranks fails with
- *     DDL_ERR_MISMATCH on every rank instead of hanging or corrupting data;
- *   - a peer that stops answering for DDL_TIMEOUT seconds (default 300) fails the call
- *     with DDL_ERR_TIMEOUT on the ranks that wait for it.
+ *     MPI and NCCL (asynchronous requests may instead carry a name and are then matched
+ *     by name, see ddl_match_t); a call whose count, dtype, op or root differs between
+ *     ranks fails with DDL_ERR_MISMATCH on every rank instead of hanging or corrupting
+ *     data;
+ *   - a peer that exits, dies or finalizes while others wait for it in a collective fails
+ *     that collective with DDL_ERR_PEER_LOST on every survivor within milliseconds (each
+ *     rank holds a connection to a watcher thread on rank 0, whose closing the kernel
+ *     reports at any death); a peer that stops answering for DDL_TIMEOUT seconds (default
+ *     300, or ddl_set_thread_timeout) fails it with DDL_ERR_TIMEOUT naming the ranks that
+ *     have not reached the collective.
  *
  * Thread safety: the blocking collectives may be called from one application thread at a
- * time; the asynchronous ones (ddl_i*) may be called from any thread and are executed, in
- * submission order, by libddl's progress thread on its own communicators.
+ * time; the asynchronous ones (ddl_i*) may be called from any thread and are executed by
+ * libddl's progress thread on its own communicators, in an order all ranks agree on.
  */
 #ifndef DDL_H
 #define DDL_H
@@ -43,7 +49,8 @@ typedef enum {
     DDL_ERR_INTERNAL = 7,
     DDL_ERR_UNSUPPORTED = 8,     /* e.g. a device pointer without a usable CUDA/NCCL */
     DDL_ERR_CUDA = 9,
-    DDL_ERR_NCCL = 10
+    DDL_ERR_NCCL = 10,
+    DDL_ERR_PEER_LOST = 11       /* a peer exited, died or finalized while this rank waited */
 } ddl_status_t;
 
 typedef enum {
@@ -93,12 +100,16 @@ typedef struct ddl_request_s *ddl_request_t;
 /* ---- life cycle ------------------------------------------------------------------- */
 
 /* Initialise MPI (MPI_THREAD_MULTIPLE) if nobody has, detect or read the topology, start
- * the progress thread. Reads DDL_TOPOLOGY, DDL_ALGO, DDL_TIMEOUT, DDL_TUNE_FILE,
- * DDL_FUSION_THRESHOLD, DDL_CYCLE_TIME_MS, DDL_LOG, DDL_NCCL, DDL_NCCL_OUTER. Calling it
- * twice is harmless. */
+ * the progress thread, connect to the liveness watcher on rank 0 (DDL_LIVENESS=0: not).
+ * Reads DDL_TOPOLOGY, DDL_ALGO, DDL_TIMEOUT, DDL_TUNE_FILE, DDL_FUSION_THRESHOLD,
+ * DDL_CYCLE_TIME_MS, DDL_LOG, DDL_NCCL, DDL_NCCL_OUTER, DDL_LIVENESS. Calling it twice is
+ * harmless. */
 ddl_status_t ddl_init(void);
-/* Stop the progress thread (after finishing queued work), free communicators, and call
- * MPI_Finalize if ddl_init called MPI_Init. Later calls fail with DDL_ERR_NOT_INITIALIZED. */
+/* Stop the progress thread (after finishing queued work), tell the other ranks this one
+ * finalized (so it is not reported as lost to collectives it took part in), free
+ * communicators, and call MPI_Finalize if ddl_init called MPI_Init, unless a peer was lost
+ * or timed out (MPI_Finalize would wait for it). Later calls fail with
+ * DDL_ERR_NOT_INITIALIZED. */
 ddl_status_t ddl_finalize(void);
 int ddl_initialized(void);
 
@@ -137,12 +148,72 @@ ddl_status_t ddl_iallgather(const void *sendbuf, void *recvbuf, size_t sendcount
                             ddl_dtype_t dtype, ddl_request_t *req);
 ddl_status_t ddl_ireduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                  ddl_dtype_t dtype, ddl_op_t op, ddl_request_t *req);
+/*
+ * Matching asynchronous requests by name (as Horovod does). Unnamed requests (the calls
+ * above, or a NULL match or name) are matched across ranks by submission order: the n-th
+ * unnamed request of every rank runs with the n-th of the others. A named request is
+ * matched by its name, whatever the order in which the ranks submit it: each cycle the
+ * progress threads agree on the names every rank has submitted and run those (fused
+ * where they can) in an order every rank shares; a name not yet submitted everywhere
+ * waits. So gradients whose hooks fire in different orders on different ranks still meet.
+ *   - A name identifies one request at a time: submitting a name that is in flight on this
+ *     rank (submitted, not yet complete) fails at once with DDL_ERR_INVALID_ARG.
+ *   - Every rank must submit a name (or the n-th unnamed request) with the same
+ *     collective, dtype, op, root and count; with a shape, the shapes must agree too (all
+ *     dimensions; allgather and allgatherv: all but the first). Otherwise that request
+ *     fails with DDL_ERR_MISMATCH on every rank, with a message naming what differs and
+ *     two ranks that differ ("Mismatched allreduce tensor shapes for allreduce 'w': rank 0
+ *     sent shape [2, 3], but rank 1 sent shape [3, 2]..."); other requests are unaffected
+ *     and the next ones work.
+ *   - A request that some rank does not submit within DDL_TIMEOUT seconds while the others
+ *     wait for it fails with DDL_ERR_TIMEOUT on the ranks that did, naming the ranks that
+ *     did not.
+ * A zeroed ddl_match_t with only `name` set compares counts, not shapes.
+ */
+#define DDL_HAVE_NAMED_REQUESTS 1
+typedef struct {
+    const char *name;     /* NULL or "": unnamed, matched by submission order */
+    int ndim;             /* the tensor's shape: ndim dimensions in shape[]; ndim 0 and */
+    const int64_t *shape; /* shape NULL: no shape; ndim 0 and shape non-NULL: a scalar */
+} ddl_match_t;
+
+/* The shape, where given, describes the buffer (reduce_scatter: the input, size x
+ * recvcount elements); the product of its dimensions must equal the element count. */
+ddl_status_t ddl_iallreduce_named(const void *sendbuf, void *recvbuf, size_t count,
+                                  ddl_dtype_t dtype, ddl_op_t op, const ddl_match_t *match,
+                                  ddl_request_t *req);
+ddl_status_t ddl_ibroadcast_named(void *buf, size_t count, ddl_dtype_t dtype, int root,
+                                  const ddl_match_t *match, ddl_request_t *req);
+ddl_status_t ddl_iallgather_named(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                  ddl_dtype_t dtype, const ddl_match_t *match,
+                                  ddl_request_t *req);
+ddl_status_t ddl_ireduce_scatter_named(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                       ddl_dtype_t dtype, ddl_op_t op, const ddl_match_t *match,
+                                       ddl_request_t *req);
+/* An allgather whose count may differ between ranks (Horovod's allgather of tensors whose
+ * first dimension differs). libddl allocates the result: once the request has completed,
+ * ddl_request_gathered gives every rank's elements in rank order and each rank's count
+ * (ddl_size() entries), both owned by the request until ddl_request_free. */
+ddl_status_t ddl_iallgatherv_named(const void *sendbuf, size_t sendcount, ddl_dtype_t dtype,
+                                   const ddl_match_t *match, ddl_request_t *req);
+ddl_status_t ddl_request_gathered(ddl_request_t req, const void **buf, const size_t **counts);
+
 /* *done = 1 once finished; the request's own status is returned then (and only then). */
 ddl_status_t ddl_test(ddl_request_t req, int *done);
 /* Block until finished and return the request's status. */
 ddl_status_t ddl_wait(ddl_request_t req);
 /* Release a request (after it completed; freeing a pending request waits for it). */
 void ddl_request_free(ddl_request_t req);
+
+/* ---- deadlines -------------------------------------------------------------------- */
+
+/* The deadline of the collectives the calling thread calls, or submits (ddl_i*: the request
+ * keeps the deadline it was submitted with), from now on: `seconds` (> 0), or 0 to go back
+ * to DDL_TIMEOUT. Lets one process serve groups with different timeouts (torch.distributed's
+ * timeout= of a process group). DDL_ERR_INVALID_ARG for nan, inf or a negative value. */
+ddl_status_t ddl_set_thread_timeout(double seconds);
+/* The calling thread's setting (0: DDL_TIMEOUT applies). */
+double ddl_thread_timeout(void);
 
 /* ---- GPU buffers ------------------------------------------------------------------ */
 /*
@@ -209,6 +280,11 @@ ddl_status_t ddl_plan(size_t bytes, ddl_algo_t algos[DDL_MAX_LEVELS], double *pr
  * and requests that travelled inside a fusion buffer. */
 ddl_status_t ddl_async_stats(uint64_t *batches, uint64_t *fused_buffers,
                              uint64_t *fused_requests);
+/* Counters of the negotiation since init: cycles, cycles that exchanged names (a name
+ * new to the table, or a stalled request), names in the table; and the requests queued
+ * on this rank now (submitted, not yet taken into a batch). */
+ddl_status_t ddl_negotiation_stats(uint64_t *cycles, uint64_t *full_cycles, uint64_t *names,
+                                   uint64_t *pending);
 /* Fusion settings (bytes, milliseconds). */
 ddl_status_t ddl_set_fusion(size_t threshold_bytes, double cycle_time_ms);
 

@@ -32,16 +32,18 @@ from ._ddl import (
     InvalidArgumentError,
     MismatchError,
     NotInitializedError,
+    PeerLostError,
 )
 
 __version__ = "1.1.0"
 __all__ = [
     "DTYPES", "OPS", "DDLError", "DDLTimeoutError", "InvalidArgumentError", "MismatchError",
-    "NotInitializedError", "Handle", "init", "finalize", "is_initialized", "rank", "size",
+    "NotInitializedError", "PeerLostError", "Handle", "init", "finalize", "is_initialized",
+    "rank", "size",
     "local_rank", "local_size", "topology", "allreduce", "allreduce_async", "broadcast",
-    "broadcast_async", "allgather", "allgather_async", "reduce_scatter",
+    "broadcast_async", "allgather", "allgather_async", "allgatherv_async", "reduce_scatter",
     "reduce_scatter_async", "barrier", "plan", "set_algorithm", "set_fusion", "version",
-    "async_stats", "gpu_info", "is_gpu_array",
+    "async_stats", "gpu_info", "is_gpu_array", "set_thread_timeout",
 ]
 
 _OP_CODE = dict(OP_CODE)
@@ -64,12 +66,32 @@ def init() -> None:
     """
     if _ddl.initialized():
         return
+    launched = _launched_size(os.environ)
     _ddl.init()
     atexit.register(_finalize_at_exit)
     _watch_unhandled_exceptions()
+    if launched and launched > 1 and _ddl.size() == 1:
+        raise DDLError(
+            f"the launcher started {launched} processes but MPI sees a job of 1: no PMI "
+            "reached MPI, so every process runs alone. Under Slurm start the ranks with "
+            "`srun --mpi=pmix` (Open MPI; pmi2 for MPICH), set MpiDefault=pmix in "
+            "slurm.conf, or use ddlrun, which adds it")
 
 
-_unhandled = False
+def _launched_size(environ: Any) -> int | None:
+    """How many processes the launcher says it started, read before MPI_Init: mpirun's
+    own count (Open MPI, MPICH), else the srun step's task count. Why: srun without a PMI
+    plugin Open MPI understands starts N one-rank jobs, which would silently train N
+    separate models."""
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    if "SLURM_STEP_ID" in environ and environ.get("SLURM_STEP_NUM_TASKS", "").isdigit():
+        return int(environ["SLURM_STEP_NUM_TASKS"])
+    return None
+
+
+_unhandled: BaseException | None = None
 
 
 def _watch_unhandled_exceptions() -> None:
@@ -79,19 +101,35 @@ def _watch_unhandled_exceptions() -> None:
 
     def hook(*exc_info: Any) -> None:
         global _unhandled
-        _unhandled = True
+        _unhandled = exc_info[1] if exc_info[1] is not None else RuntimeError()
         previous(*exc_info)
 
     sys.excepthook = hook
 
 
+def _note_peer_lost(exc: BaseException) -> None:
+    """Tell ddlrun's rank wrapper (DDL_EXIT_NOTE_FD, see exitreport.py) that this rank
+    fails only because a peer was lost, so the job's exit status is the peer's, not ours.
+    torch's DDP re-raises our error as a RuntimeError that names it."""
+    fd = os.environ.get("DDL_EXIT_NOTE_FD", "")
+    if fd.isdigit() and (isinstance(exc, PeerLostError) or "PeerLostError" in str(exc)):
+        try:
+            os.write(int(fd), b"lost\n")
+        except OSError:
+            pass
+
+
 def _finalize_at_exit() -> None:
-    if _unhandled:
+    if _unhandled is not None:
         sys.stderr.flush()
+        _note_peer_lost(_unhandled)
         os._exit(1)  # the launcher sees the failure and ends the job
     if _ddl.initialized():
+        # The peers learn now that this rank is leaving; MPI_Finalize, which waits for
+        # all of them, runs at exit() and only if the exit status is 0 (a failing rank
+        # must not wait for the ranks it just made fail).
         try:
-            _ddl.finalize()
+            _ddl._finalize_at_exit()
         except DDLError:
             pass
 
@@ -99,6 +137,15 @@ def _finalize_at_exit() -> None:
 def finalize() -> None:
     """Finish queued asynchronous work and shut DDL (and MPI, if DDL started it) down."""
     _ddl.finalize()
+
+
+def set_thread_timeout(seconds: float | None) -> float | None:
+    """The deadline of the collectives this thread calls or submits from now on (an
+    asynchronous request keeps the one it was submitted with); None restores DDL_TIMEOUT.
+    Returns the previous setting (None: DDL_TIMEOUT). torch's ddl backend sets it from a
+    process group's timeout= around each of its calls."""
+    prev = _ddl.set_thread_timeout(0.0 if seconds is None else float(seconds))
+    return prev or None
 
 
 def topology() -> tuple[int, ...]:
@@ -262,37 +309,111 @@ class _Done:
 _DONE = _Done()
 
 
-def allreduce_async(x: Any, op: str = "sum", out: Any = None) -> Handle:
+def _named(x: Any, name: str | None, shape: Any) -> dict[str, Any]:
+    """The matching keywords of a host request (see allreduce_async); GPU arrays run at
+    once in call order, so a name (which promises any order) cannot apply to them."""
+    if name is not None or shape is not None:
+        if _cuda.device_array(x) is not None:
+            raise ValueError("named asynchronous requests take host memory; a GPU array "
+                             "runs at once, in call order: drop name= (and shape=)")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        return {"name": name or None, "shape": None if shape is None else tuple(shape)}
+    return {}
+
+
+def allreduce_async(x: Any, op: str = "sum", out: Any = None, *, name: str | None = None,
+                    shape: Any = None) -> Handle:
     """Queue an allreduce for the progress thread; small ones are fused (see set_fusion).
-    GPU arrays run at once, ordered on their stream; the handle is then already done."""
+
+    Unnamed requests are matched across ranks by submission order. With `name=`, the
+    request is matched by name instead, whatever order the ranks submit it in (as Horovod
+    does); a name may be in flight once per rank. `shape=` (e.g. x.shape) is compared
+    across ranks as well as the count. A mismatch raises MismatchError from wait() on
+    every rank. GPU arrays run at once, ordered on their stream; the handle is then done.
+    """
     o = op_code(op)
+    kw = _named(x, name, shape)
     if _cuda.device_array(x) is not None:
         return Handle(_DONE, allreduce(x, op, out), None)
     res, rbuf, buf, code = _out(x, out)
     sbuf = None if res is x else buf
-    return Handle(_ddl.submit(0, sbuf, rbuf, code, o, 0), res, (x, res))
+    return Handle(_ddl.submit(0, sbuf, rbuf, code, o, 0, **kw), res, (x, res))
 
 
-def broadcast_async(x: Any, root: int = 0) -> Handle:
+def broadcast_async(x: Any, root: int = 0, *, name: str | None = None,
+                    shape: Any = None) -> Handle:
+    """Queue a broadcast of root's x into x; name= and shape= as for allreduce_async."""
+    kw = _named(x, name, shape)
     if _cuda.device_array(x) is not None:
         return Handle(_DONE, broadcast(x, root), None)
     buf, code = as_buffer(x)
-    return Handle(_ddl.submit(1, None, buf, code, 0, root), x, x)
+    return Handle(_ddl.submit(1, None, buf, code, 0, root, **kw), x, x)
 
 
-def allgather_async(x: Any, out: Any = None) -> Handle:
+def allgather_async(x: Any, out: Any = None, *, name: str | None = None,
+                    shape: Any = None) -> Handle:
+    """Queue an allgather (every rank's x has the same count); name= and shape= as for
+    allreduce_async (shapes: all dimensions but the first must agree)."""
+    kw = _named(x, name, shape)
     if _cuda.device_array(x) is not None:
         return Handle(_DONE, allgather(x, out), None)
     res, rbuf, buf, code = _out(x, out, _gather_shape(x) if out is None else None)
-    return Handle(_ddl.submit(2, buf, rbuf, code, 0, 0), res, (x, res))
+    return Handle(_ddl.submit(2, buf, rbuf, code, 0, 0, **kw), res, (x, res))
 
 
-def reduce_scatter_async(x: Any, op: str = "sum", out: Any = None) -> Handle:
+def reduce_scatter_async(x: Any, op: str = "sum", out: Any = None, *, name: str | None = None,
+                         shape: Any = None) -> Handle:
+    """Queue a reduce_scatter; name= and shape= (of x) as for allreduce_async."""
     o = op_code(op)
+    kw = _named(x, name, shape)
     if _cuda.device_array(x) is not None:
         return Handle(_DONE, reduce_scatter(x, op, out), None)
     res, rbuf, buf, code = _out(x, out, _scatter_shape(x) if out is None else None)
-    return Handle(_ddl.submit(3, buf, rbuf, code, o, 0), res, (x, res))
+    return Handle(_ddl.submit(3, buf, rbuf, code, o, 0, **kw), res, (x, res))
+
+
+class _Gathered(Handle):
+    """An allgatherv: the result is built from libddl's buffer once the request is done."""
+
+    __slots__ = ("_like",)
+
+    def __init__(self, req: Any, x: Any) -> None:
+        super().__init__(req, None, x)
+        self._like = x
+
+    def wait(self) -> Any:
+        self._req.wait()
+        if self._result is None:
+            data, counts = self._req.gathered()
+            self._result = _from_bytes(self._like, data, sum(counts))
+        return self._result
+
+
+def _from_bytes(like: Any, data: bytearray, count: int) -> Any:
+    """`count` elements of like's dtype from `data`, shaped (-1, *like.shape[1:])."""
+    shape = tuple(getattr(like, "shape", ()) or ())
+    rows = (-1, *shape[1:]) if shape else (-1,)
+    if type(like).__module__.startswith("torch"):
+        import torch
+
+        t = torch.frombuffer(data, dtype=like.dtype) if count else torch.empty(0, dtype=like.dtype)
+        return t.reshape(rows)
+    buf, _ = as_buffer(like)
+    dtype = like.dtype if isinstance(like, np.ndarray) else np.asarray(buf).dtype
+    return np.frombuffer(data, dtype=dtype, count=count).reshape(rows)
+
+
+def allgatherv_async(x: Any, *, name: str | None = None, shape: Any = None) -> Handle:
+    """Queue an allgather whose first dimension may differ between ranks (Horovod's
+    allgather): wait() returns every rank's x concatenated along the first axis, in rank
+    order (numpy for numpy and buffers, torch for torch). name= and shape= as for
+    allreduce_async; with shape=, all dimensions but the first must agree."""
+    kw = _named(x, name, shape)
+    if _cuda.device_array(x) is not None:
+        raise ValueError("allgatherv_async takes host memory")
+    buf, code = as_buffer(x)
+    return _Gathered(_ddl.submit(4, buf, None, code, 0, 0, **kw), x)
 
 
 def set_algorithm(name: str) -> None:
@@ -308,8 +429,11 @@ def plan(nbytes: int) -> tuple[tuple[str, ...], float]:
 
 
 def async_stats() -> dict[str, int]:
-    """Progress-thread counters: negotiated batches, fusion buffers, fused requests."""
-    return _ddl.async_stats()
+    """Progress-thread counters: negotiated batches, fusion buffers, fused requests, and
+    of the negotiation: cycles, full_cycles (that exchanged names: a name new to the
+    table, or a stalled request), names (in the table) and pending (requests queued on
+    this rank, not yet taken into a batch)."""
+    return {**_ddl.async_stats(), **_ddl.negotiation_stats()}
 
 
 def set_fusion(threshold_bytes: int, cycle_time_ms: float) -> None:

@@ -1,6 +1,8 @@
 """nccl-tests-style benchmark of DDL's collectives against mpi4py, in one run.
 
     ddlrun -n 2 python -m ddl_core.bench allreduce [--json F] [--plot F.png]
+    ddlrun -n 2 python -m ddl_core.bench check       # what the mismatch check costs
+    ddlrun -n 2 python -m ddl_core.bench liveness    # what the liveness check costs
 
 For every size, DDL and MPI run on the same buffers, interleaved repetition by
 repetition so machine noise hits both alike; the table shows the median of the
@@ -214,10 +216,49 @@ def check_cost(reps: int) -> None:
             print(f"  {name:<40} {us:8.2f} us")
 
 
+def liveness_cost(reps: int) -> None:
+    """What the liveness check adds to a blocking allreduce (8 B and 1 MiB): the same
+    buffers with the checks on and off in this process (libddl's ddl_live_checks: off, the
+    collective numbering and the per-poll look at the departure counter are skipped),
+    alternated repetition by repetition; medians."""
+    from . import _ddl
+
+    comm = _mpi().COMM_WORLD
+    rows = []
+    for nbytes in (8, 1 << 20):
+        x = np.ones(nbytes // 4, np.float32)
+        y = np.empty_like(x)
+
+        def fn(x: np.ndarray = x, y: np.ndarray = y) -> None:
+            ddl.allreduce(x, out=y)
+
+        iters = iterations(nbytes)
+        for _ in range(50):
+            fn()
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for rep in range(reps):
+            for on in ((True, False) if rep % 2 == 0 else (False, True)):
+                _ddl._set_liveness_checks(on)
+                times[on].append(timed(fn, iters, comm))
+        _ddl._set_liveness_checks(True)
+        # Each on/off pair ran back to back, so its ratio cancels the load of the moment
+        # (the machine is shared); the median of those ratios is the figure.
+        ratios = [a / b for a, b in zip(times[True], times[False], strict=True)]
+        rows.append((nbytes, statistics.median(times[True]), statistics.median(times[False]),
+                     statistics.median(ratios)))
+    if ddl.rank() == 0:
+        print(f"# liveness check cost, {ddl.size()} ranks, blocking allreduce ({reps} on/off "
+              "pairs, alternated)")
+        print(f"# {'size':>8} {'checks on':>11} {'checks off':>11} {'on/off':>7}  (medians; "
+              "on/off: of the pairs' ratios)")
+        for nbytes, on, off, ratio in rows:
+            print(f"  {nbytes:>8} {on * 1e6:>9.2f}us {off * 1e6:>9.2f}us {ratio:>7.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ddl_core.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("collective", choices=(*COLLECTIVES, "check"))
+    ap.add_argument("collective", choices=(*COLLECTIVES, "check", "liveness"))
     ap.add_argument("-b", "--min-bytes", default="8")
     ap.add_argument("-e", "--max-bytes", default="256M")
     ap.add_argument("-f", "--factor", type=int, default=2, help="size multiplier per step")
@@ -229,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     ddl.init()
     if args.collective == "check":
         check_cost(args.reps)
+        return 0
+    if args.collective == "liveness":
+        liveness_cost(args.reps)
         return 0
     sizes, s = [], parse_size(args.min_bytes)
     while s <= parse_size(args.max_bytes):

@@ -5,6 +5,8 @@
     python -m ddl_core.cluster status
     python -m ddl_core.cluster down --name demo
     python -m ddl_core.cluster run --hosts 2 --link 200mbit -- -n 4 python train.py
+    python -m ddl_core.cluster up --name demo --hosts 2 --slurm     # + munge, slurmctld, slurmd
+    python -m ddl_core.cluster run --name demo -- salloc -N 2 -n 4 ddlrun python train.py
 
 Why: DDL's topology-aware allreduce only shows its worth across hosts joined by a link
 slower than shared memory, and one machine has no such link. Each "host" here is a
@@ -25,6 +27,13 @@ Every resource is named from the cluster's name (namespaces and hostnames
 `ddlc-<name>-h<i>`, bridge `ddlc-<name>`, root-side veths `dc<name>h<i>`), so clusters of
 people working side by side never collide and `down` can find everything (also what a
 crashed `up` left behind) from the name alone. `down` is idempotent.
+
+With --slurm the cluster also runs Slurm (ddl_core.slurmcluster): munged and slurmctld in
+one more namespace, `ddlc-<name>-ctl`, and a slurmd in each host's. `run --name N -- CMD`
+runs CMD on the first host of cluster N (up already) with the cluster's environment
+(SLURM_CONF pointing at its configuration, with --slurm); `run --hosts K [--slurm] -- ...`
+makes a cluster for one command and removes it (the arguments are ddlrun's, or with
+--slurm a command).
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from . import slurmcluster
 
 PREFIX = "ddlc"
 STATE_DIR = Path(os.environ.get("DDL_CLUSTER_STATE", "/run/ddl-cluster"))
@@ -69,6 +80,18 @@ class Cluster:
     link: str | None = None
     link_bps: float | None = None
     created: float = field(default_factory=time.time)
+    slurm: bool = False
+    cpus: int | None = None  # CPUs each Slurm node advertises
+    slurm_ready_s: float | None = None  # from the first Slurm daemon to every node idle
+
+    @property
+    def ctl(self) -> str:
+        """The namespace (and hostname) of munged and slurmctld, with --slurm."""
+        return ctl_name(self.name)
+
+    @property
+    def ctl_addr(self) -> str:
+        return self.subnet.rsplit(".", 1)[0] + ".253"
 
     @property
     def bridge(self) -> str:
@@ -102,6 +125,19 @@ class Cluster:
                 # namespace's rank 0 onto core 0, and idle ranks must yield.
                 "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"]
 
+    def job_env(self) -> dict[str, str]:
+        """The environment of a job started on the cluster by something other than
+        ddlrun --cluster (Slurm's srun, salloc, sbatch): the same MPI settings as
+        mpirun_args, as Open MPI / PRRTE environment variables, and SLURM_CONF."""
+        env = {"OMPI_MCA_btl_tcp_sndbuf": "0", "OMPI_MCA_btl_tcp_rcvbuf": "0",
+               "OMPI_MCA_btl_tcp_flags": "send,inplace,need-ack,need-csum",
+               "OMPI_MCA_mpi_yield_when_idle": "1",
+               # mpirun inside an allocation must not bind either (see mpirun_args)
+               "PRTE_MCA_hwloc_default_binding_policy": "none"}
+        if self.slurm:
+            env.update(slurmcluster.job_env(self))
+        return env
+
     def exec_argv(self, host: str, command: list[str]) -> list[str]:
         """argv that runs `command` on `host` with its hostname set (as the agent does)."""
         if host not in self.hosts:
@@ -109,6 +145,14 @@ class Cluster:
                                f"(its hosts: {', '.join(self.hosts)})")
         return ["ip", "netns", "exec", host, "unshare", "-u", "sh", "-c",
                 f"hostname {host}; exec {shlex.join(command)}"]
+
+
+def ctl_name(name: str) -> str:
+    return slurmcluster.ctl_name(name)
+
+
+def ctl_veth(name: str) -> str:
+    return f"dc{name}c"
 
 
 def bridge_name(name: str) -> str:
@@ -205,9 +249,20 @@ def _tbf(dev: str, bps: float, netns: str | None = None) -> None:
          "burst", str(burst), "latency", "20ms")
 
 
-def up(name: str = "ddl", hosts: int = 2, link: str | None = None) -> Cluster:
-    """Create the cluster; on any failure remove what was made and raise."""
+def up(name: str = "ddl", hosts: int = 2, link: str | None = None, slurm: bool = False,
+       cpus: int | None = None) -> Cluster:
+    """Create the cluster (with Slurm's daemons if `slurm`); on any failure remove what
+    was made and raise."""
     check_environment()
+    if slurm:
+        try:
+            slurmcluster.check_installed()
+        except slurmcluster.SlurmError as e:
+            raise ClusterError(str(e)) from None
+    if cpus is not None and not slurm:
+        raise ClusterError("--cpus is the CPU count of each Slurm node: it needs --slurm")
+    if cpus is not None and not 1 <= cpus <= 4096:
+        raise ClusterError(f"--cpus {cpus}: between 1 and 4096 CPUs per Slurm node")
     if not NAME_RE.match(name):
         raise ClusterError(f"cluster name {name!r}: use 1-8 lowercase letters and digits, "
                            "starting with a letter (interface names are at most 15 characters)")
@@ -229,11 +284,18 @@ def up(name: str = "ddl", hosts: int = 2, link: str | None = None) -> Cluster:
         c = Cluster(name=name, hosts=[host_name(name, i) for i in range(hosts)],
                     addrs=[f"{SUBNET_BASE}.{k}.{i + 1}" for i in range(hosts)],
                     subnet=f"{SUBNET_BASE}.{k}.0/24", head_addr=f"{SUBNET_BASE}.{k}.254",
-                    link=link, link_bps=bps)
+                    link=link, link_bps=bps, slurm=slurm,
+                    cpus=(cpus or max(os.cpu_count() or 1, 2)) if slurm else None)
         c.state_dir.mkdir(parents=True, exist_ok=True)
         (STATE_DIR / f"{name}.json").write_text(json.dumps(asdict(c), indent=1))
     try:
         _create(c)
+        if c.slurm:
+            c.slurm_ready_s = slurmcluster.start(c, c.ctl_addr, c.cpus or 1)
+            (STATE_DIR / f"{name}.json").write_text(json.dumps(asdict(c), indent=1))
+    except slurmcluster.SlurmError as e:
+        down(name)
+        raise ClusterError(f"cluster {name}: {e}\n(the cluster was removed)") from None
     except BaseException:
         down(name)
         raise
@@ -247,9 +309,13 @@ def _create(c: Cluster) -> None:
     _run("ip", "link", "set", br, "up")
     hosts_file = "127.0.0.1 localhost\n" + "".join(
         f"{a} {h}\n" for a, h in zip(c.addrs, c.hosts, strict=True)) + \
-        f"{c.head_addr} {PREFIX}-{c.name}-head\n"
-    for i, (h, a) in enumerate(zip(c.hosts, c.addrs, strict=True)):
-        v = veth_name(c.name, i)
+        f"{c.head_addr} {PREFIX}-{c.name}-head\n" + \
+        (f"{c.ctl_addr} {c.ctl}\n" if c.slurm else "")
+    members = [(h, a, veth_name(c.name, i)) for i, (h, a) in
+               enumerate(zip(c.hosts, c.addrs, strict=True))]
+    if c.slurm:  # the controller's namespace: on the bridge, never shaped
+        members.append((c.ctl, c.ctl_addr, ctl_veth(c.name)))
+    for h, a, v in members:
         _run("ip", "netns", "add", h)
         etc = Path("/etc/netns") / h
         etc.mkdir(parents=True, exist_ok=True)
@@ -260,7 +326,7 @@ def _create(c: Cluster) -> None:
         _run("ip", "-n", h, "addr", "add", f"{a}/24", "dev", "eth0")
         _run("ip", "-n", h, "link", "set", "eth0", "up")
         _run("ip", "-n", h, "link", "set", "lo", "up")
-        if c.link_bps:
+        if c.link_bps and h != c.ctl:
             _tbf("eth0", c.link_bps, netns=h)  # what the host sends
             _tbf(v, c.link_bps)  # what the host receives
     names = "|".join(c.hosts)
@@ -288,9 +354,9 @@ def _resources(name: str) -> dict[str, list[str]]:
     links = _run("ip", "-o", "link", "show", check=False).stdout
     link_names = [m.group(1).split("@")[0] for m in re.finditer(r"^\d+: ([^:]+):", links, re.M)]
     return {
-        "namespaces": [n for n in ns if re.fullmatch(rf"{PREFIX}-{name}-h\d+", n)],
+        "namespaces": [n for n in ns if re.fullmatch(rf"{PREFIX}-{name}-(h\d+|ctl)", n)],
         "links": [n for n in link_names
-                  if n == bridge_name(name) or re.fullmatch(rf"dc{name}h\d+", n)],
+                  if n == bridge_name(name) or re.fullmatch(rf"dc{name}(h\d+|c)", n)],
     }
 
 
@@ -317,11 +383,33 @@ def _teardown(name: str) -> None:
         shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
     for link in res["links"]:
         _run("ip", "link", "del", link, check=False)
-    for h in Path("/etc/netns").glob(f"{PREFIX}-{name}-h*") if Path("/etc/netns").is_dir() else []:
+    etc = Path("/etc/netns")
+    for h in [*etc.glob(f"{PREFIX}-{name}-h*"), etc / ctl_name(name)] if etc.is_dir() else []:
         shutil.rmtree(h, ignore_errors=True)
     shutil.rmtree(STATE_DIR / name, ignore_errors=True)
     with contextlib.suppress(FileNotFoundError):
         (STATE_DIR / f"{name}.json").unlink()
+    _remove_mpi_leftovers(name)
+
+
+def _remove_mpi_leftovers(name: str) -> None:
+    """Open MPI files named after the cluster's hosts in the filesystem the namespaces
+    share: session directories (/tmp/ompi.<host>.<uid>, which ranks srun starts directly
+    never remove) and shared-memory segments (/dev/shm/sm_segment.<host>...) of ranks
+    killed by scancel or a dead node. On real nodes Slurm's epilog or a reboot clears
+    them; here they would pile up from one cluster to the next."""
+    host = re.compile(rf"{PREFIX}-{re.escape(name)}-h\d+")
+    for where, pattern in ((Path(os.environ.get("TMPDIR") or "/tmp"), r"ompi\.{}\.\d+"),
+                           (Path("/tmp"), r"ompi\.{}\.\d+"),
+                           (Path("/dev/shm"), r"sm_segment\.{}\.\d+\.[0-9a-f]+\.\d+")):
+        rx = re.compile(pattern.format(host.pattern))
+        for p in where.glob(f"*{PREFIX}-{name}-h*") if where.is_dir() else []:
+            if rx.fullmatch(p.name):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        p.unlink()
 
 
 def down(name: str = "ddl") -> list[str]:
@@ -353,11 +441,11 @@ def status() -> list[dict[str, object]]:
             res = _resources(c.name)
             pids = sum(len(_pids_in(ns)) for ns in res["namespaces"])
             rows.append({"name": c.name, "hosts": c.hosts, "subnet": c.subnet,
-                         "link": c.link or "unshaped", "processes": pids,
-                         "healthy": len(res["namespaces"]) == len(c.hosts)})
+                         "link": c.link or "unshaped", "processes": pids, "slurm": c.slurm,
+                         "healthy": len(res["namespaces"]) == len(c.hosts) + c.slurm})
     ns = _run("ip", "netns", "list", check=False).stdout.split()
     for n in ns:
-        m = re.fullmatch(rf"{PREFIX}-([a-z][a-z0-9]*)-h\d+", n)
+        m = re.fullmatch(rf"{PREFIX}-([a-z][a-z0-9]*)-(h\d+|ctl)", n)
         if m and m.group(1) not in seen:
             seen.add(m.group(1))
             rows.append({"name": m.group(1), "hosts": _resources(m.group(1))["namespaces"],
@@ -367,7 +455,8 @@ def status() -> list[dict[str, object]]:
 
 
 @contextlib.contextmanager
-def running(name: str = "ddl", hosts: int = 2, link: str | None = None) -> Iterator[Cluster]:
+def running(name: str = "ddl", hosts: int = 2, link: str | None = None, slurm: bool = False,
+            cpus: int | None = None) -> Iterator[Cluster]:
     """`with running("t", hosts=3, link="200mbit") as c:` - always torn down, also on
     SIGTERM (turned into an exception here so the `finally` runs)."""
     old = signal.getsignal(signal.SIGTERM)
@@ -376,7 +465,7 @@ def running(name: str = "ddl", hosts: int = 2, link: str | None = None) -> Itera
         signal.signal(signal.SIGTERM, _raise_on_term)
         restore = True
     try:
-        c = up(name, hosts, link)
+        c = up(name, hosts, link, slurm, cpus)
         try:
             yield c
         finally:
@@ -390,18 +479,64 @@ def _raise_on_term(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def run_argv(c: Cluster, command: list[str]) -> tuple[list[str], dict[str, str]]:
+    """argv and environment that run `command` on the cluster's first host, as a user
+    logged in there would: its hostname, its network, and (with Slurm) SLURM_CONF."""
+    if not command:
+        raise ClusterError("no command given: python -m ddl_core.cluster run --name "
+                           f"{c.name} -- sinfo")
+    return c.exec_argv(c.hosts[0], command), dict(os.environ, **c.job_env())
+
+
+def _child(argv: list[str], env: dict[str, str], grace_s: float = 10.0) -> int:
+    """Run argv, passing SIGINT/SIGTERM on; kill it if it outlives a signal by grace_s
+    (the caller then removes the cluster and must not wait on it forever)."""
+    proc = subprocess.Popen(argv, env=env)
+    signalled: list[float] = []
+
+    def forward(signum: int, frame: object) -> None:
+        signalled.append(time.monotonic())
+        proc.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if signalled and time.monotonic() - signalled[0] > grace_s:
+                    proc.kill()
+                    proc.wait()
+                    raise KeyboardInterrupt from None
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _describe(c: Cluster) -> str:
+    return (f"cluster {c.name} up: {len(c.hosts)} hosts {', '.join(c.hosts)} on {c.subnet}, "
+            f"links {c.link or 'unshaped'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ddl_core.cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="create a cluster")
-    p_run = sub.add_parser("run", help="create a cluster, run ddlrun on it, remove it")
+    p_run = sub.add_parser(
+        "run", help="run a command on a cluster's first host (--name N, N up); or create a "
+        "cluster (--hosts K), run ddlrun on it (with --slurm: the command), remove it")
     for p in (p_up, p_run):
-        p.add_argument("--name", default="ddl" if p is p_up else f"r{os.getpid() % 100000}")
-        p.add_argument("--hosts", type=int, default=2)
+        p.add_argument("--name", default="ddl" if p is p_up else None)
+        p.add_argument("--hosts", type=int, default=2 if p is p_up else None)
         p.add_argument("--link", help="shape each host's link, e.g. 200mbit (tc tbf rate)")
+        p.add_argument("--slurm", action="store_true",
+                       help="also run Slurm: munged, slurmctld and a slurmd per host")
+        p.add_argument("--cpus", type=int, help="CPUs each Slurm node advertises (default: "
+                       "this machine's, at least 2)")
     p_run.add_argument("ddlrun_args", nargs=argparse.REMAINDER,
-                       help="ddlrun options and the program (after --)")
+                       help="after --: the command (a cluster that is up, or --slurm), "
+                       "else ddlrun's options and the program")
     p_down = sub.add_parser("down", help="remove a cluster (idempotent)")
     p_down.add_argument("--name", default="ddl")
     p_down.add_argument("--all", action="store_true", help="every ddlc-* cluster")
@@ -409,15 +544,24 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "up":
-            c = up(args.name, args.hosts, args.link)
-            print(f"cluster {c.name} up: {len(c.hosts)} hosts {', '.join(c.hosts)} on "
-                  f"{c.subnet}, links {c.link or 'unshaped'}")
-            print(f"run on it: ddlrun --cluster {c.name} -n {len(c.hosts)} python train.py")
+            t0 = time.monotonic()
+            c = up(args.name, args.hosts, args.link, args.slurm, args.cpus)
+            print(_describe(c))
+            if c.slurm:
+                print(f"slurm: {len(c.hosts)} nodes idle {c.slurm_ready_s:.1f} s after the "
+                      f"first daemon started; up took {time.monotonic() - t0:.1f} s "
+                      f"(controller {c.ctl}, {c.cpus} CPUs per node)")
+                print(f"run on it: python -m ddl_core.cluster run --name {c.name} -- salloc "
+                      f"-N {len(c.hosts)} ddlrun python train.py")
+            else:
+                print(f"run on it: ddlrun --cluster {c.name} -n {len(c.hosts)} python train.py")
         elif args.cmd == "down":
             names = [r["name"] for r in status()] if args.all else [args.name]
             for n in names:
+                t0 = time.monotonic()
                 gone = down(str(n))
-                print(f"cluster {n}: " + (f"removed {len(gone)} resources" if gone
+                print(f"cluster {n}: " + (f"removed {len(gone)} resources in "
+                                          f"{time.monotonic() - t0:.1f} s" if gone
                                           else "nothing to remove"))
         elif args.cmd == "status":
             check_environment()
@@ -427,15 +571,10 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows:
                 print(f"{r['name']}: {len(r['hosts'])} hosts ({', '.join(r['hosts'])}), "  # type: ignore[arg-type]
                       f"subnet {r['subnet']}, link {r['link']}, {r['processes']} processes"
+                      + (", slurm" if r.get("slurm") else "")
                       + ("" if r["healthy"] else f", BROKEN {r.get('note', '')}"))
         else:
-            from .run import main as ddlrun_main
-
-            rest = list(args.ddlrun_args)
-            if rest and rest[0] == "--":
-                rest = rest[1:]
-            with running(args.name, args.hosts, args.link) as c:
-                return ddlrun_main(["--cluster", c.name, "--no-exec", *rest])
+            return _run_cmd(args)
     except ClusterError as e:
         print(f"ddl_core.cluster: error: {e}", file=sys.stderr)
         return 2
@@ -443,6 +582,33 @@ def main(argv: list[str] | None = None) -> int:
         print("ddl_core.cluster: interrupted; the cluster was removed", file=sys.stderr)
         return 130
     return 0
+
+
+def _run_cmd(args: argparse.Namespace) -> int:
+    rest = list(args.ddlrun_args)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    existing = args.name is not None and (STATE_DIR / f"{args.name}.json").is_file()
+    if existing:
+        if args.hosts is not None or args.link or args.slurm or args.cpus:
+            raise ClusterError(f"cluster {args.name} is up already: --hosts, --link, --slurm "
+                               "and --cpus apply only to a new cluster (leave them out, or "
+                               "pick another --name)")
+        check_environment()
+        cmd, env = run_argv(load(args.name), rest)
+        os.execvpe(cmd[0], cmd, env)
+    if args.hosts is None:
+        raise ClusterError(
+            (f"no emulated cluster named {args.name!r} is up: " if args.name else "")
+            + "give --hosts K to run on a new cluster removed afterwards, or start one with "
+            "`python -m ddl_core.cluster up --name N --hosts K [--slurm]`")
+    name = args.name or f"r{os.getpid() % 100000}"
+    with running(name, args.hosts, args.link, args.slurm, args.cpus) as c:
+        if c.slurm:
+            return _child(*run_argv(c, rest))
+        from .run import main as ddlrun_main
+
+        return ddlrun_main(["--cluster", c.name, "--no-exec", *rest])
 
 
 if __name__ == "__main__":

@@ -21,6 +21,16 @@ to each MPI variant, the cost model's prediction (ddl_core.model, the same formu
 csrc/model.c, with the tuned alpha/beta) and the link-bound limit: the time the bytes
 that must leave a host, 2(H-1)/H x size for H hosts, take at the link rate.
 The cluster is always removed, also when a job fails or the command is interrupted.
+
+    python -m ddl_core.clusterbench --compare-launchers --hosts 2 --ranks 2 --link 200mbit
+
+compares launchers instead, on a cluster that also runs Slurm: the same allreduce job
+(DDL and MPI interleaved) started by ddlrun --cluster (mpirun over the ssh agent), by
+`salloc ... ddlrun` (srun --mpi=pmix: Slurm starts every rank) and by `salloc ... ddlrun
+--launcher mpirun` (PRRTE starts its daemons through srun), in rounds whose launcher
+order rotates. Per launcher and size it prints the median over every repetition of its
+jobs and the ratio to the mpirun launch, and the seconds from `cluster up --slurm` to
+every node idle and for `down` (medians of --updown cycles, measured first).
 """
 
 from __future__ import annotations
@@ -133,6 +143,120 @@ def measure(cluster: str, hosts: int, ranks: int, link_bps: float, sizes: list[i
             "table": table(jobs, hosts, ranks, link_bps, fabric)}
 
 
+# ---- launcher comparison (--compare-launchers) ------------------------------------------
+
+LAUNCH_VARIANTS = ("mpirun", "srun", "mpirun-in-slurm")
+
+
+def _launch_argv(c: Any, variant: str, ranks: int, ddlrun_args: list[str]) -> tuple[
+        list[str], dict[str, str]]:
+    """argv + env that start ddlrun_args through one launcher on cluster c."""
+    ddlrun = str(Path(sys.executable).parent / "ddlrun")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", DDL_TIMEOUT="600")
+    if variant == "mpirun":
+        return [ddlrun, "--cluster", c.name, "--accelerators", str(ranks), *ddlrun_args], env
+    env.update(c.job_env())
+    hosts = len(c.hosts)
+    salloc = ["salloc", "-N", str(hosts), "-n", str(hosts * ranks), ddlrun]
+    if variant == "mpirun-in-slurm":
+        salloc += ["--launcher", "mpirun"]
+    return c.exec_argv(c.hosts[0], [*salloc, *ddlrun_args]), env
+
+
+def updown_times(name: str, hosts: int, link: str, cycles: int) -> dict[str, list[float]]:
+    """Seconds from `up --slurm` to every node idle, and for `down`, per cycle."""
+    from . import cluster
+
+    out: dict[str, list[float]] = {"up": [], "idle_after_daemons": [], "down": []}
+    for _ in range(cycles):
+        t0 = time.monotonic()
+        c = cluster.up(name, hosts, link, slurm=True)
+        out["up"].append(time.monotonic() - t0)
+        out["idle_after_daemons"].append(c.slurm_ready_s or 0.0)
+        t0 = time.monotonic()
+        cluster.down(name)
+        out["down"].append(time.monotonic() - t0)
+    return out
+
+
+def compare_launchers(c: Any, ranks: int, sizes: list[int], reps: int, rounds: int,
+                      workdir: Path, timeout: float) -> dict[str, Any]:
+    """The same worker job through each launcher, `rounds` times, order rotating."""
+    hosts = len(c.hosts)
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in LAUNCH_VARIANTS}
+    for rnd in range(rounds):
+        order = LAUNCH_VARIANTS[rnd % 3:] + LAUNCH_VARIANTS[:rnd % 3]
+        for variant in order:
+            out = workdir / f"{variant}-{rnd}.json"
+            args = ["-x", f"DDL_TOPOLOGY={ranks}x{hosts}", "-v", "--", sys.executable, "-m",
+                    "ddl_core.clusterbench", "--worker", "--out", str(out), "--reps",
+                    str(reps), "--sizes", *map(str, sizes)]
+            argv, env = _launch_argv(c, variant, ranks, args)
+            print("$ " + " ".join(argv), file=sys.stderr, flush=True)
+            t0 = time.monotonic()
+            proc = subprocess.run(argv, text=True, capture_output=True, timeout=timeout,
+                                  env=env)
+            if proc.returncode != 0 or not out.is_file():
+                raise RuntimeError(f"{variant} job exited {proc.returncode}\n"
+                                   f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            job = json.loads(out.read_text())
+            job["wall_s"] = time.monotonic() - t0
+            job["command"] = [ln for ln in proc.stderr.splitlines()
+                              if "ddl_core.clusterbench --worker" in ln][-1:]
+            runs[variant].append(job)
+    rows = []
+    for i, size in enumerate(sizes):
+        med = {}
+        for v in LAUNCH_VARIANTS:
+            for impl in ("ddl", "mpi"):
+                med[(v, impl)] = statistics.median(
+                    t for job in runs[v] for t in job["rows"][i][f"{impl}_all"])
+        wrong = sum(job["rows"][i]["wrong_ddl"] + job["rows"][i]["wrong_mpi"]
+                    for v in LAUNCH_VARIANTS for job in runs[v])
+        for v in LAUNCH_VARIANTS:
+            rows.append({"size": size, "launcher": v, "ddl_s": med[(v, "ddl")],
+                         "mpi_s": med[(v, "mpi")],
+                         "ddl_vs_mpirun": med[(v, "ddl")] / med[("mpirun", "ddl")],
+                         "mpi_vs_mpirun": med[(v, "mpi")] / med[("mpirun", "mpi")],
+                         "topology": runs[v][0]["topology"], "wrong": wrong})
+    return {"runs": runs, "rows": rows,
+            "wall_s": {v: [j["wall_s"] for j in runs[v]] for v in LAUNCH_VARIANTS}}
+
+
+def print_launchers(res: dict[str, Any], file: Any = sys.stdout) -> dict[str, bool]:
+    ud = res["updown"]
+    H, R = res["hosts"], res["ranks_per_host"]
+    print(f"# Launchers on the emulated cluster: {H} hosts x {R} ranks, links "
+          f"{res['link']}, Slurm {res['slurm_version']}, {res['rounds']} rounds x "
+          f"{res['reps']} repetitions per launcher", file=file)
+    if ud["up"]:
+        print(f"# cluster up --slurm to every node idle: median {statistics.median(ud['up']):.2f}"
+              f" s (runs {', '.join(f'{t:.2f}' for t in ud['up'])}; from the first daemon "
+              f"{statistics.median(ud['idle_after_daemons']):.2f} s); down: median "
+              f"{statistics.median(ud['down']):.2f} s (runs "
+              f"{', '.join(f'{t:.2f}' for t in ud['down'])})", file=file)
+    print(f"# {'size':>9} {'launcher':<16} {'ddl ms':>9} {'vs mpirun':>9} {'mpi ms':>9} "
+          f"{'vs mpirun':>9}  grid   job wall s (median)", file=file)
+    for r in res["launch"]["rows"]:
+        wall = statistics.median(res["launch"]["wall_s"][r["launcher"]])
+        print(f"  {r['size']:>9} {r['launcher']:<16} {r['ddl_s'] * 1e3:>9.1f} "
+              f"{r['ddl_vs_mpirun']:>9.3f} {r['mpi_s'] * 1e3:>9.1f} {r['mpi_vs_mpirun']:>9.3f}"
+              f"  {'x'.join(map(str, r['topology'])):<6} {wall:.1f}", file=file)
+    print("# median over every repetition of every job of a launcher; vs mpirun = this "
+          "time / the time under ddlrun --cluster (mpirun over ssh)", file=file)
+    srun_rows = [r for r in res["launch"]["rows"] if r["launcher"] == "srun"]
+    targets = {
+        "allreduce through srun within 5% of mpirun": all(
+            abs(r["ddl_vs_mpirun"] - 1) <= 0.05 for r in srun_rows),
+        "up --slurm to idle <= 30 s": bool(ud["up"]) and max(ud["up"]) <= 30,
+        "down <= 10 s": bool(ud["down"]) and max(ud["down"]) <= 10,
+        "every result correct": all(r["wrong"] == 0 for r in res["launch"]["rows"]),
+    }
+    for k, ok in targets.items():
+        print(f"# target {k}: {'met' if ok else 'MISSED'}", file=file)
+    return targets
+
+
 def table(jobs: dict[str, Any], hosts: int, ranks: int, link_bps: float,
           fabric: model.Fabric) -> list[dict[str, Any]]:
     """One row per (size, implementation) with its ratios, prediction and link bound."""
@@ -225,6 +349,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default=f"b{os.getpid() % 1000000}", help="cluster name")
     ap.add_argument("--json", help="write everything measured here")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per job")
+    ap.add_argument("--compare-launchers", action="store_true",
+                    help="compare mpirun, srun and mpirun inside Slurm (a Slurm cluster)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="--compare-launchers: jobs per launcher, launcher order rotating")
+    ap.add_argument("--updown", type=int, default=3,
+                    help="--compare-launchers: up --slurm / down cycles timed first")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -235,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         return worker(args)
     from . import cluster
 
+    if args.compare_launchers:
+        return _main_launchers(args, argv)
     try:
         bps = cluster.parse_rate(args.link)
         with cluster.running(args.name, args.hosts, args.link) as c, \
@@ -245,6 +377,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"clusterbench: error: {e}", file=sys.stderr)
         return 2
     targets = print_report(res)
+    res["targets"] = targets
+    res["command"] = "python -m ddl_core.clusterbench " + " ".join(argv or sys.argv[1:])
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return 0 if targets["every result correct"] else 1
+
+
+def _main_launchers(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from . import cluster
+
+    try:
+        cluster.parse_rate(args.link)
+        ud = updown_times(args.name, args.hosts, args.link, args.updown)
+        with cluster.running(args.name, args.hosts, args.link, slurm=True) as c, \
+                tempfile.TemporaryDirectory(prefix="ddl-clusterbench-") as tmp:
+            launch = compare_launchers(c, args.ranks, args.sizes, args.reps, args.rounds,
+                                       Path(tmp), args.timeout)
+            version = subprocess.run(["sinfo", "--version"], capture_output=True, text=True,
+                                     env=dict(os.environ, **c.job_env())).stdout.split()
+    except cluster.ClusterError as e:
+        print(f"clusterbench: error: {e}", file=sys.stderr)
+        return 2
+    res = {"hosts": args.hosts, "ranks_per_host": args.ranks, "link": args.link,
+           "rounds": args.rounds, "reps": args.reps, "updown": ud, "launch": launch,
+           "slurm_version": version[-1] if version else "?"}
+    targets = print_launchers(res)
     res["targets"] = targets
     res["command"] = "python -m ddl_core.clusterbench " + " ".join(argv or sys.argv[1:])
     if args.json:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .cluster import Cluster
+    from .slurmalloc import Allocation
 
 # What ranks on other hosts need to find the same Python and libraries.
 FORWARDED_ALWAYS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX")
@@ -57,6 +58,7 @@ class Plan:
     accelerators: int | None = None  # ranks per host
     racks: int | None = None  # hosts are grouped into this many racks, consecutively
     cluster: Cluster | None = None  # an emulated cluster (ddl_core.cluster)
+    allocation: Allocation | None = None  # the Slurm allocation ddlrun runs in
     # (host, ranks) in rank order, decided by place(); None: leave it to the launcher
     placement: list[tuple[str, int]] | None = None
 
@@ -333,6 +335,21 @@ def rankfile_text(placement: list[tuple[str, int]], cores: int | None = None,
     return "\n".join(lines) + "\n"
 
 
+def recoverable_extra(extra: list[str]) -> list[str]:
+    """Open MPI options that `--runtime-options recoverable` needs to mean what it says.
+
+    Recoverable keeps the survivors of a dead rank running (DDL then reports the loss on
+    each, within milliseconds), but Open MPI's TCP transport still aborts every process
+    that had a connection to the dead one ("peer process has unexpectedly disconnected",
+    MPI_ERRORS_ARE_FATAL, exit status 14) unless its fault tolerance (ULFM) is on: seen on
+    the emulated cluster, where the ranks on the other host died of it before they could
+    report. So with recoverable, ddlrun turns ULFM on unless the options set it already."""
+    joined = " ".join(extra)
+    if "recoverable" not in joined or "mpi_ft_enable" in joined or "--with-ft" in joined:
+        return []
+    return ["--mca", "mpi_ft_enable", "1"]
+
+
 def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
                   cores: int | None = None) -> list[str]:
     """The exact argv for mpirun (Open MPI or MPICH)."""
@@ -350,7 +367,12 @@ def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
         if np_ is not None:
             cmd += ["-n", str(np_)]
         over_local = False
-        if placement:
+        if placement and plan.allocation is not None:
+            # Inside a Slurm allocation PRRTE starts its daemons through srun and binds
+            # within the CPUs Slurm gave the job; a rankfile's slot numbers could point
+            # outside them. Hosts in rank order, filled slot by slot, place the same.
+            cmd += ["--host", ",".join(f"{h}:{n}" for h, n in placement), "--map-by", "slot"]
+        elif placement:
             cmd += ["--host", ",".join(f"{h}:{n}" for h, n in placement)]
             shared = plan.cluster is not None
             local = {h: cores for h, _ in placement if is_local(h)}
@@ -373,6 +395,7 @@ def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
             cmd += ["--map-by", ":OVERSUBSCRIBE", "--mca", "mpi_yield_when_idle", "1"]
         for name, value in fwd:
             cmd += ["-x", f"{name}={value}" if value is not None else name]
+        cmd += recoverable_extra(plan.extra)
     else:
         if plan.cluster is not None:
             raise LaunchError("the emulated cluster launches with Open MPI (its ssh agent); "
@@ -397,26 +420,79 @@ def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
     return cmd + plan.extra + plan.command
 
 
-def build_srun(plan: Plan, environ: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """srun argv and the extra environment it needs. Named hosts become an arbitrary
-    distribution (SLURM_HOSTFILE, one line per rank: Slurm's rankfile)."""
+MPI_PLUGIN = {"openmpi": "pmix", "mpich": "pmi2"}  # srun --mpi=... per MPI flavour
+
+
+def srun_mpi_plugin(flavor: str | None, environ: dict[str, str]) -> str | None:
+    """The `srun --mpi` plugin the ranks' MPI needs, or None to leave Slurm's choice.
+
+    Open MPI 5 takes its rank and peers from a PMIx server only (its PMI-1/2 support is
+    gone), which Slurm's mpi/pmix plugin runs in slurmstepd; MPICH's Hydra-less start
+    uses PMI-2. Without a plugin (MpiDefault=none, Slurm's default) each rank starts as a
+    one-rank MPI job. SLURM_MPI_TYPE (the user's or the site's choice) is left alone."""
+    if environ.get("SLURM_MPI_TYPE") or flavor is None:
+        return None
+    want = MPI_PLUGIN.get(flavor)
+    srun = shutil.which("srun")
+    if want and srun:
+        try:
+            out = subprocess.run([srun, "--mpi=list"], capture_output=True, text=True,
+                                 timeout=20, env=environ)
+        except (OSError, subprocess.TimeoutExpired):
+            return want
+        listed = out.stdout + out.stderr
+        if out.returncode == 0 and "plugin" in listed and \
+                not re.search(rf"^\s*{want}\b", listed, re.M):
+            names = re.findall(r"^\s+(\S+)\s*$", listed, re.M)
+            raise LaunchError(f"this Slurm has no mpi/{want} plugin, which {flavor} ranks need "
+                              f"(srun --mpi=list: {', '.join(names) or 'none'}): ask the site "
+                              "for it, or launch with --launcher mpirun (its mpirun starts "
+                              "through Slurm itself)")
+    return want
+
+
+def build_srun(plan: Plan, environ: dict[str, str],
+               mpi: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """srun argv and the extra environment it needs.
+
+    Uniform placements become --nodes/--ntasks/--ntasks-per-node (block: consecutive
+    ranks share a node); uneven ones an arbitrary distribution (SLURM_HOSTFILE, one line
+    per rank: Slurm's rankfile). A failing rank ends the step (--kill-on-bad-exit), as
+    mpirun ends the job. Values given with -x travel in srun's environment: --export
+    splits on commas, so a value holding one cannot be written there."""
     cmd, env = ["srun"], {}
+    if mpi and not any(a == "--mpi" or a.startswith("--mpi=") for a in plan.extra):
+        cmd.append(f"--mpi={mpi}")
+    cmd.append("--kill-on-bad-exit=1")
     placement = plan.placement
     if placement:
         np_ = sum(n for _, n in placement)
-        env["SLURM_HOSTFILE"] = _stash("slurmhosts", "".join(
-            f"{h}\n" for h, n in placement for _ in range(n)))
-        cmd += ["--ntasks", str(np_), "--nodes", str(len(placement)),
-                "--distribution", "arbitrary"]
+        counts = {n for _, n in placement}
+        cmd += ["--nodes", str(len(placement)), "--ntasks", str(np_)]
+        alloc = [h for h, _ in plan.allocation.nodes] if plan.allocation else []
+        hosts = [h for h, _ in placement]
+        # block numbers the tasks in the allocation's node order, so it only serves a
+        # placement on the allocation's first nodes in that order
+        if len(counts) == 1 and hosts == alloc[:len(hosts)]:
+            cmd += ["--ntasks-per-node", str(counts.pop()), "--distribution", "block"]
+            if len(hosts) < len(alloc):
+                cmd += ["--nodelist", ",".join(hosts)]
+        else:
+            env["SLURM_HOSTFILE"] = _stash("slurmhosts", "".join(
+                f"{h}\n" for h, n in placement for _ in range(n)))
+            cmd += ["--distribution", "arbitrary"]
     else:
         if plan.np:
             cmd += ["--ntasks", str(plan.np)]
         if plan.accelerators:
             cmd += ["--ntasks-per-node", str(plan.accelerators)]
         cmd += ["--distribution", "block"]
-    exports = ["ALL"] + [f"{n}={v}" if v is not None else n
-                         for n, v in env_to_forward(plan, environ)]
-    cmd += [f"--export={','.join(exports)}"]
+    names = []
+    for n, v in env_to_forward(plan, environ):
+        if v is not None:
+            env[n] = v
+        names.append(n)
+    cmd += [f"--export={','.join(['ALL', *names])}"]
     return cmd + plan.extra + plan.command, env
 
 

@@ -5,6 +5,7 @@
     ddlrun -H server1:4,server2:4 --racks 2 python train.py
     ddlrun --hostfile hosts --accelerators 6 --launcher mpirun -v python train.py
     ddlrun --cluster demo -n 4 python -m ddl_core.bench allreduce
+    salloc -N 2 -n 8 ddlrun python train.py          # hosts, slots and layout from Slurm
 
 Ranks are placed so that consecutive ranks share a host (ranks per host: --accelerators,
 else the GPUs found on each host, else the slots given), which makes DDL's rank grid
@@ -12,9 +13,22 @@ else the GPUs found on each host, else the slots given), which makes DDL's rank 
 before launching (name resolution, an ssh probe with a short timeout), so a typo or a
 dead node fails in seconds with the host's name. The launcher is srun inside a Slurm
 allocation, jsrun inside LSF, else mpirun; -v / --dry-run print the exact command.
+Inside a Slurm allocation (salloc, sbatch) the hosts, their slots and so the placement
+come from Slurm (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE), and srun starts the ranks
+with the PMI plugin the MPI needs (--mpi=pmix for Open MPI).
+
+Each rank gets a TF_CONFIG naming every rank as a worker (host:port, ports picked here)
+and itself as worker <rank>, so tf.distribute.MultiWorkerMirroredStrategy runs across
+the ranks unchanged; --no-tf-config leaves it out, and a TF_CONFIG already set is kept.
 
 Everything not understood here (and everything after `--`) is the program and its
 arguments; launcher options can be passed with --mpi-args "...".
+
+Exit status: that of the first rank that failed on its own (its exit code, or 128 + the
+signal that killed it), in every launcher mode (`mpirun --runtime-options recoverable`
+itself exits 0 for ranks killed by signals); ranks run under exitreport.py, which reports
+their status here. With `--runtime-options recoverable` Open MPI's fault tolerance is turned
+on too (see launcher.recoverable_extra).
 """
 
 from __future__ import annotations
@@ -26,9 +40,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+from .exitreport import ENV as EXIT_ENV
+from .exitreport import Collector, job_status
 from .launcher import (
     LAUNCHERS,
+    Host,
     LaunchError,
     Plan,
     build_command,
@@ -44,7 +62,11 @@ from .launcher import (
     parse_hosts,
     parse_topology,
     place,
+    srun_mpi_plugin,
 )
+from .netaddr import local_addresses
+from .slurmalloc import allocation, in_allocation
+from .tfconfig import add_tf_config
 
 GRACE_S = 10.0
 
@@ -71,10 +93,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("-x", dest="forward", action="append", default=[], metavar="VAR[=VALUE]",
                     help="export an environment variable to every rank (repeatable)")
     ap.add_argument("--mpi-args", default="", help="extra launcher options, as one string")
+    ap.add_argument("--no-tf-config", action="store_true",
+                    help="do not give the ranks a TF_CONFIG (TensorFlow multi-worker)")
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="print the placement and the exact launcher command before running")
     ap.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
-    ap.add_argument("--no-exec", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-exec", action="store_true", help=argparse.SUPPRESS)  # always now
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return ap
 
@@ -110,14 +134,31 @@ def make_plan(args: argparse.Namespace) -> Plan:
                 accelerators=args.accelerators, racks=args.racks, cluster=cluster)
 
 
+def use_allocation(plan: Plan, launcher: str, environ: dict[str, str]) -> None:
+    """Inside Slurm: the allocation's nodes and tasks per node become the hosts and
+    their slots (unless -H / --hostfile name others). srun needs an allocation."""
+    if launcher == "srun" or (launcher == "mpirun" and in_allocation(environ)
+                              and plan.cluster is None):
+        plan.allocation = allocation(environ)  # LaunchError outside an allocation
+        if not plan.hosts and not plan.hostfile:
+            plan.hosts = [Host(n, slots) for n, slots in plan.allocation.nodes]
+
+
 def resolve(plan: Plan, launcher: str, check: bool) -> None:
     """Check the hosts and fix the placement and grid in the plan."""
     names = [h.name for h in plan.hosts or
              (parse_hostfile(plan.hostfile) if plan.hostfile else [])]
     gpus: dict[str, int] = {}
-    if names and launcher == "mpirun" and plan.cluster is None and check:
+    if names and launcher == "mpirun" and plan.cluster is None and plan.allocation is None \
+            and check:
         gpus = check_hosts(names)
-    if names and launcher != "jsrun":
+    from_allocation = plan.allocation is not None and not plan.hostfile and \
+        [(h.name, h.slots) for h in plan.hosts] == plan.allocation.nodes
+    if from_allocation and plan.allocation and plan.np and not plan.accelerators and \
+            plan.np > plan.allocation.ntasks:
+        # more ranks than the allocation holds: Slurm (or mpirun) says so, in its words
+        plan.placement = None
+    elif names and launcher != "jsrun":
         plan.placement = place(plan, gpus)
         if plan.racks and not plan.topology:
             plan.topology = grid_for(plan.placement, plan.racks)
@@ -129,21 +170,42 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     environ = dict(os.environ)
     extra_env: dict[str, str] = {}
+    collector = None
     try:
         plan = make_plan(args)
+        # Every rank starts through exitreport.py, which reports its exit status here: the
+        # launcher's own status is not to be trusted (see exitreport.py).
+        plan.command = [sys.executable, str(Path(__file__).with_name("exitreport.py")),
+                        *plan.command]
+        if not args.dry_run:
+            try:
+                collector = Collector(local_addresses())
+                environ[EXIT_ENV] = collector.env_value
+            except OSError as e:  # no TCP here: only the launcher's status is known
+                print(f"ddlrun: warning: cannot collect the ranks' exit statuses ({e}); "
+                      "the exit status is the launcher's", file=sys.stderr)
         launcher = choose_launcher(args.launcher, environ)
         if plan.cluster is not None and launcher != "mpirun":
             raise LaunchError("--cluster launches with mpirun (the emulated hosts have no "
                               f"{launcher}): add --launcher mpirun")
+        use_allocation(plan, launcher, environ)
         resolve(plan, launcher, check=not (args.no_host_check or args.dry_run))
+        if not args.no_tf_config and launcher != "jsrun":
+            add_tf_config(plan, environ)
         if launcher == "mpirun":
             mpirun = find_mpirun()
             cmd = build_command(plan, mpirun, mpi_flavor(mpirun), environ)
         elif launcher == "srun":
-            cmd, extra_env = build_srun(plan, environ)
+            try:
+                flavor: str | None = mpi_flavor(find_mpirun())
+            except LaunchError:
+                flavor = None  # no MPI beside this Python: leave --mpi to Slurm
+            cmd, extra_env = build_srun(plan, environ, srun_mpi_plugin(flavor, environ))
         else:
             cmd = build_jsrun(plan, environ)
     except LaunchError as e:
+        if collector is not None:
+            collector.close()
         print(f"ddlrun: error: {e}", file=sys.stderr)
         return 2
     if args.verbose or args.dry_run:
@@ -158,13 +220,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     env = launch_environ(environ)
     env.update(extra_env)
-    if not args.no_exec:
-        os.execvpe(cmd[0], cmd, env)
-    # Run as a child (ddl_core.cluster run): pass SIGINT/SIGTERM on, then return so the
-    # caller can clean up.
-    # A launcher that does not wind down within GRACE_S of the signal is killed: the
-    # caller's clean-up must not wait on it (prterun was seen to take minutes under load).
-    proc = subprocess.Popen(cmd, env=env)
+    status = _run_launcher(cmd, env)
+    reports = collector.close() if collector is not None else []
+    status, summary = job_status(reports, status)
+    if summary:
+        print(summary, file=sys.stderr, flush=True)
+    return status
+
+
+def _run_launcher(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the launcher as a child (not exec: its exit status is only part of the
+    answer), passing SIGINT/SIGTERM on. A launcher that does not wind down within GRACE_S
+    of the signal is killed: the caller's clean-up must not wait on it (prterun was seen
+    to take minutes under load). The status: its exit code, or 128+signal."""
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    except OSError as e:
+        print(f"ddlrun: error: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
+        return 127
     signalled: list[float] = []
 
     def forward(signum: int, frame: object) -> None:
@@ -175,14 +248,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while True:
             try:
-                return proc.wait(timeout=0.5)
+                rc = proc.wait(timeout=0.5)
+                break
             except subprocess.TimeoutExpired:
                 if signalled and time.monotonic() - signalled[0] > GRACE_S:
                     proc.kill()
-                    return proc.wait()
+                    rc = proc.wait()
+                    break
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    return 128 - rc if rc < 0 else rc
 
 
 if __name__ == "__main__":

@@ -34,7 +34,12 @@ fast against ``cp -a`` as it is.
   (whole directories linked: layers.py) and with ``--link-mode copy`` (what such users
   got before), against ``cp -a``, ``cp -as`` (a symlink per file: the least a
   clone that symlinks every file can cost) and ``cp -al`` by the same user (refused by
-  the kernel under ``fs.protected_hardlinks=1``), and ``validate`` of that user's clone.
+  the kernel under ``fs.protected_hardlinks=1``), and ``validate`` of that user's clone;
+* a fresh ``envtools install`` of the env's specs from its channel (a new prefix and
+  package cache), with the time it spent checking every archive's sha256 against the
+  repodata (``ENVTOOLS_TIMINGS``), and for comparison a py-rattler install of the same
+  records from the channel into a fresh cache, which checks nothing (what ``envtools
+  install`` did before it verified archives). ``--no-install`` leaves these out.
 
 By default it generates an environment of ``--files`` files in ``--packages`` packages
 (with rattler-build, cached in ~/.cache/ddl-ce/envtools-bench): mostly small files (70%
@@ -231,6 +236,31 @@ def _non_owner(work: Path, src: Path, cache: str | None) -> tuple[asuser.User | 
     return user, ""
 
 
+RATTLER_FRESH = r'''
+import asyncio, glob, sys, time, rattler
+src, dest, cache = sys.argv[1:4]
+recs = [rattler.PrefixRecord.from_path(p) for p in sorted(glob.glob(src + "/conda-meta/*.json"))]
+t = time.perf_counter()
+asyncio.run(rattler.install(recs, target_prefix=dest, cache_dir=cache, show_progress=False))
+print(time.perf_counter() - t)
+'''
+
+
+def _time_install(cmd: list[str]) -> tuple[float, float]:
+    """A whole ``envtools install``: (seconds, of which verifying archive sha256s)."""
+    import re
+
+    os.sync()
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True,
+                       env={**os.environ, "ENVTOOLS_TIMINGS": "1"})
+    dt = time.perf_counter() - t
+    m = re.search(r"verified \d+ archive bytes in ([0-9.]+)s", p.stderr)
+    if p.returncode != 0 or not m:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return dt, float(m.group(1))
+
+
 RATTLER_INSTALL = r'''
 import asyncio, glob, sys, time, rattler
 src, dest, cache = sys.argv[1:4]
@@ -276,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, help="where clones go [default: a temp dir in "
                     "the env's parent, same filesystem]")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
+    ap.add_argument("--no-install", action="store_true",
+                    help="leave out the fresh-install rows (envtools install vs py-rattler)")
     ap.add_argument("--settle", type=float, default=35.0, metavar="SECONDS",
                     help="rest after removing each round's trees, so no command pays for "
                     "the removal (see above) [default: 35]")
@@ -297,10 +329,17 @@ def main(argv: list[str] | None = None) -> int:
     userns = ["unshare", "--user", "--"] if os.geteuid() == 0 and shutil.which("unshare") else []
 
     tmp_root = None
+    install_from: tuple[str, list[str]] | None = None  # (channel, specs) for the install rows
     if a.prefix:
         src = a.prefix.absolute()
+        from envtools.readonly import read_marker
+
+        marker = read_marker(src) or {}
+        if marker.get("channel") and marker.get("specs"):
+            install_from = (marker["channel"], list(marker["specs"]))
     else:
         channel = build_bench_channel(a.files, a.packages, a.large_libs)
+        install_from = (str(channel), ["bench-env"])
         tmp_root = Path(tempfile.mkdtemp(prefix="envtools-bench-", dir=a.workdir or "/tmp"))
         os.chmod(tmp_root, 0o755)  # (the non-owner reads the env)
         src = tmp_root / "site" / "envs" / "bench"
@@ -414,6 +453,32 @@ def main(argv: list[str] | None = None) -> int:
             float(out.stdout.strip().splitlines()[-1]))
         set_aside(d)
 
+    def fresh_installs() -> None:
+        """envtools install (verifying) and py-rattler's (not), each into a new prefix
+        and a new package cache, from the channel."""
+        assert install_from is not None
+        inst = work / "inst"
+        whole, verify = _time_install([*envtools, "install", "--channel", install_from[0],
+                                       "--prefix", str(inst), *install_from[1]])
+        results.setdefault("envtools install (fresh prefix and cache)", []).append(whole)
+        results.setdefault("(of which: sha256 of the archives)", []).append(verify)
+        set_aside(inst)
+        set_aside(work / "inst.pkgs")
+        os.sync()
+        t = time.perf_counter()
+        out = subprocess.run([sys.executable, str(fresh), str(src), str(d), str(work / "rc")],
+                             capture_output=True, text=True)
+        if not out.stdout.strip():
+            raise RuntimeError(out.stderr[-3000:])
+        results.setdefault("py-rattler install from the channel, fresh cache (unverified)",
+                           []).append(time.perf_counter() - t)
+        set_aside(d)
+        set_aside(work / "rc")
+
+    fresh = work / "rattler_fresh.py"
+    fresh.write_text(RATTLER_FRESH)
+    if a.no_install or a.only == "non-owner":
+        install_from = None
     # rounds interleave every command, so load from other users hits them all alike
     for i in range(a.repeat):
         get_console().print(f"round {i + 1}/{a.repeat} (after {a.settle:.0f} s to settle)")
@@ -437,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
         # python + envtools start-up, included in every envtools figure above
         timed("(python -m envtools --help: start-up)", [*envtools, "--help"], None)
         timed("(cp -al: hardlinks only, as root)", ["cp", "-al", str(src), str(d)], d)
+        if install_from:
+            fresh_installs()
 
     load_end = os.getloadavg()
     med = {k: statistics.median(v) for k, v in results.items()}
@@ -499,6 +566,18 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"clone without cache: {n / cpa:.2f}x the time of cp -a (target <= 1.5x)")
         lines.append(f"validate: {med['envtools validate']:.2f} s (target <= 3 s); "
                      f"--full: {med['envtools validate --full']:.2f} s")
+    if install_from:
+        inst = med["envtools install (fresh prefix and cache)"]
+        ver = med["(of which: sha256 of the archives)"]
+        per_round = [v / w for v, w in zip(results["(of which: sha256 of the archives)"],
+                                           results["envtools install (fresh prefix and cache)"],
+                                           strict=True)]
+        lines.append(
+            f"install: checking every archive's sha256 took {ver:.3f} s, "
+            f"{100 * ver / inst:.1f}% of a fresh envtools install ({inst:.2f} s) (target "
+            f"<= 10%; round by round {' '.join(f'{100 * x:.1f}%' for x in per_round)}); a "
+            f"py-rattler install from the channel into a fresh cache, unverified: "
+            f"{med['py-rattler install from the channel, fresh cache (unverified)']:.2f} s")
     for line in lines:
         out.print(line)
     if a.json:

@@ -47,6 +47,7 @@ import errno
 import json
 import os
 import posixpath
+import re
 import stat
 from pathlib import Path
 
@@ -67,27 +68,85 @@ def symlink_is_safe(st: os.stat_result, euid: int, owner: int | None) -> bool:
             and not st.st_mode & WRITE_BITS)
 
 
+def owner_ok(uid: int, owner: int | None, euid: int) -> bool:
+    """May a file or directory of ``uid`` be what a link leads to: root's, or ``owner``'s
+    (None: anyone's but ours)."""
+    return uid == 0 or (uid != euid if owner is None else uid == owner)
+
+
 def trusted_dir(path: str | os.PathLike[str], owner: int | None, euid: int) -> bool:
     """Can only root and ``owner`` (None: anyone but us) change what is found under
-    ``path``? Every directory from it up to / must belong to one of them and have no
-    group or other write bit, unless sticky (/tmp: others cannot rename its entries).
-    The package's own subdirectories are made by its owner, so its owner and mode say
-    the same for them."""
+    ``path``? ``path`` must be canonical (a symlink on the way is refused: a link's
+    target is read anew each time it is followed), and every directory from it up to /
+    must belong to one of them and have no group or other write bit, unless sticky
+    (/tmp: others cannot rename its entries). Directories inside a package are checked
+    as they are linked into (:func:`safe_subdir`)."""
     p = os.path.abspath(path)
     while True:
         try:
-            st = os.stat(p)
+            st = os.lstat(p)
         except OSError:
             return False
-        ok_owner = st.st_uid == 0 or (st.st_uid != euid if owner is None else
-                                      st.st_uid == owner)
-        if not ok_owner or (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-                            and not st.st_mode & stat.S_ISVTX):
+        if not stat.S_ISDIR(st.st_mode) or not owner_ok(st.st_uid, owner, euid) or (
+                st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX):
             return False
         parent = os.path.dirname(p)
         if parent == p:
             return True
         p = parent
+
+
+def safe_subdir(root: str, d: str, owner: int | None, euid: int,
+                memo: dict[str, bool]) -> bool:
+    """Is ``d`` a directory inside the package cache directory ``root`` (checked by
+    :func:`trusted_dir`) reached through real directories only (no symlink), each
+    owned as :func:`owner_ok` says and writable by nobody else? A package may ship a
+    directory anyone can write (a tar entry's mode), where anyone could later replace
+    the file a clone links to. ``memo`` holds the answers, so each directory costs one
+    lstat per process."""
+    ok = memo.get(d)
+    if ok is not None:
+        return ok
+    if d == root:
+        ok = True
+    elif not d.startswith(root + "/"):
+        ok = False
+    else:
+        ok = safe_subdir(root, d.rpartition("/")[0], owner, euid, memo)
+        if ok:
+            try:
+                st = os.lstat(d)
+                ok = (stat.S_ISDIR(st.st_mode) and owner_ok(st.st_uid, owner, euid)
+                      and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+            except OSError:
+                ok = False
+    memo[d] = ok
+    return ok
+
+
+_SITE_RE = re.compile(r"^lib/python\d+\.\d+/site-packages/")
+
+
+def cache_rel(noarch_python: bool, rel: str) -> str:
+    """Where an installed path lives inside the extracted package (a noarch: python
+    package's site-packages/ and python-scripts/ move at install)."""
+    if noarch_python:
+        m = _SITE_RE.match(rel)
+        if m:
+            return "site-packages/" + rel[m.end():]
+        if rel.startswith("bin/"):
+            return "python-scripts/" + rel[4:]
+    return rel
+
+
+def link_target(extracted_package_dir: str | None, noarch_python: bool,
+                rel: str) -> str | None:
+    """What a clone's link for the package file or directory ``rel`` leads to: the same
+    path in the package's cache directory (clone makes no other links to the cache;
+    validate and detach follow no other). None without an absolute cache directory."""
+    if not extracted_package_dir or not extracted_package_dir.startswith("/"):
+        return None
+    return f"{extracted_package_dir.rstrip('/')}/{cache_rel(noarch_python, rel)}"
 
 
 def stays_real(rel: str, source: str, st: os.stat_result, src_root: str,

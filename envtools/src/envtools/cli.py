@@ -10,10 +10,14 @@ pydantic and rich: ~0.1 s) would be a third of it.
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import os
+import signal
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from envtools.errors import EnvtoolsError
@@ -48,7 +52,8 @@ def _cmd_install(a: argparse.Namespace) -> int:
     """
     from envtools.install import install
 
-    install(a.channel, a.prefix, a.spec, a.virtual, a.cache)
+    with _writing(a.prefix):
+        install(a.channel, a.prefix, a.spec, a.virtual, a.cache)
     return 0
 
 
@@ -72,12 +77,26 @@ def _cmd_clone(a: argparse.Namespace) -> int:
     """
     from envtools.clone import clone
 
-    report = clone(
-        a.src, a.dest, add=a.add or [], allow_update=a.allow_update, channels=a.channel or [],
-        link_mode=a.link_mode, use_cache=not a.no_cache, virtual_overrides=a.virtual,
-    )
+    with _writing(a.dest):
+        report = clone(
+            a.src, a.dest, add=a.add or [], allow_update=a.allow_update,
+            channels=a.channel or [], link_mode=a.link_mode, use_cache=not a.no_cache,
+            virtual_overrides=a.virtual,
+        )
     report.print()
     return 0
+
+
+@contextmanager
+def _writing(dest: Path) -> Iterator[None]:
+    """A system error that names no file (a full disk during a write) names what was
+    being made: its temporary directory is gone by the time the error is shown."""
+    try:
+        yield
+    except OSError as e:
+        if not e.filename:
+            e.filename = f"while writing {os.path.abspath(dest)}"
+        raise
 
 
 def _cmd_detach(a: argparse.Namespace) -> int:
@@ -111,7 +130,44 @@ def _cmd_module(a: argparse.Namespace) -> int:
     from envtools.module import write_modulefiles
 
     for p in write_modulefiles(a.prefix, a.name, a.out, a.format):
-        info(f"wrote {p}")
+        info("wrote ", str(p))
+    return 0
+
+
+def _cmd_gc(a: argparse.Namespace) -> int:
+    """Remove what killed envtools runs left behind: .NAME.envtools-tmp-* directories.
+
+    A clone or install builds its env in a temporary directory beside the destination
+    and renames it into place. SIGKILL (kill -9, the OOM killer, a job time limit) runs
+    no clean-up, so that directory stays. Each records its owner (host, pid, start time)
+    and is locked while the owner lives; gc removes one only when its owner is certainly
+    gone, and keeps (and names) everything else: live runs, other users' and other
+    hosts' directories, and anything without envtools' owner record. Every envtools
+    install or clone also does this for the directory it writes into.
+    """
+    from envtools.tempdirs import find_leftovers, inspect, remove_leftover, tree_bytes
+
+    removed = kept = freed = 0
+    for d in a.dirs:
+        if not d.is_dir():
+            raise EnvtoolsError(f"{d} is not a directory",
+                                "give the directories that hold envs, e.g. envtools gc ~/envs")
+        for path in find_leftovers(d):
+            verdict = inspect(path)[0] if a.dry_run else None
+            size = tree_bytes(path) if (verdict is None or verdict.removable) else 0
+            if verdict is None:
+                verdict = remove_leftover(path)
+            if verdict.removable:
+                removed += 1
+                freed += size
+                print(f"{'would remove' if a.dry_run else 'removed'} {path} "
+                      f"({size / 2**20:.1f} MiB): {verdict.why}")
+            else:
+                kept += 1
+                print(f"kept {path}: {verdict.why}")
+    verb = "would free" if a.dry_run else "freed"
+    info(f"gc: {removed} {'to remove' if a.dry_run else 'removed'}, {kept} kept; "
+         f"{verb} {freed / 2**20:.1f} MiB")
     return 0
 
 
@@ -190,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true",
                    help="re-hash every file, ignoring the stat cache")
     _virtual_opt(p)
+
+    p = _subcommand(sub, "gc", _cmd_gc)
+    p.add_argument("dirs", nargs="*", type=Path, default=[Path(".")], metavar="DIR",
+                   help="directories that hold envs, or temporary directories themselves "
+                   "[default: .]")
+    p.add_argument("-n", "--dry-run", action="store_true",
+                   help="only say what would be removed")
     return ap
 
 
@@ -203,10 +266,14 @@ def main(argv: list[str] | None = None) -> None:
     processes share with this one.
     """
     gc.disable()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (see envtools.__main__)
     try:
         code = _run(argv)
     except SystemExit as e:  # argparse: --help (0) and usage errors (2)
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:
+        info("interrupted; nothing was left behind")
+        code = 130
     _exit(code)
 
 
@@ -232,10 +299,56 @@ def _run(argv: list[str] | None) -> int:
     try:
         return args.func(args)
     except EnvtoolsError as e:
-        info(f"[bold red]error:[/] {e.message}")
-        if e.hint:
-            info(f"[bold]hint:[/] {e.hint}")
-        return e.exit_code
+        return _report(e)
     except KeyboardInterrupt:
         info("interrupted; nothing was left behind")
         return 130
+    except OSError as e:
+        return _report(os_error(e))
+    except Exception as e:  # noqa: BLE001 - never a traceback at the command line
+        return _report(_internal_error(e))
+    except BaseException as e:  # a Rust panic in py-rattler (pyo3's PanicException)
+        if isinstance(e, SystemExit):
+            raise
+        return _report(_internal_error(e))
+
+
+def _report(e: EnvtoolsError) -> int:
+    """One error line and its hint (printed as text: they may quote paths and data)."""
+    info("[bold red]error:[/] ", e.message)
+    if e.hint:
+        info("[bold]hint:[/] ", e.hint)
+    return e.exit_code
+
+
+#: what to do about a system error, by errno
+_OS_HINTS = {
+    errno.ENOSPC: "the filesystem is full: free space there (df -h shows it) or choose a "
+    "destination on another filesystem; nothing of this run was kept",
+    errno.EDQUOT: "your disk quota is used up: free space (quota -s shows it) or choose "
+    "another destination; nothing of this run was kept",
+    errno.EACCES: "check the permissions of that path, or choose a destination you can "
+    "write to",
+    errno.EPERM: "check the permissions and owner of that path",
+    errno.EROFS: "that filesystem is mounted read-only: choose a destination elsewhere",
+    errno.ENOENT: "it disappeared while envtools ran (removed by someone else?): run again",
+    errno.EMFILE: "too many open files: raise the limit (ulimit -n) or set ENVTOOLS_WORKERS=1",
+}
+
+
+def os_error(e: OSError) -> EnvtoolsError:
+    """A system call's failure as one error naming the path, with a hint for the usual ones."""
+    where = f": {e.filename}" if e.filename else ""
+    return EnvtoolsError(f"{e.strerror or e}{where}", _OS_HINTS.get(e.errno or 0, ""),
+                         exit_code=1)
+
+
+def _internal_error(e: BaseException) -> EnvtoolsError:
+    """A failure envtools has no message for: one line, the traceback only on request."""
+    if os.environ.get("ENVTOOLS_DEBUG"):
+        import traceback
+
+        traceback.print_exception(e)
+    return EnvtoolsError(f"unexpected {type(e).__name__}: {e}",
+                         "this is a bug in envtools (or in a library it uses); run again with "
+                         "ENVTOOLS_DEBUG=1 for the traceback and report it", exit_code=1)

@@ -14,15 +14,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envtools import cachelinks, layers, linking, placement, record_index
+from envtools import cachelinks, cachetag, confine, layers, linking, placement, record_index
 from envtools.errors import EnvtoolsError
-from envtools.hashing import STAT_CACHE, load_stat_cache, stat_key, store_stat_part
+from envtools.hashing import (
+    STAT_CACHE,
+    load_stat_cache,
+    package_part,
+    stat_key,
+    store_stat_part,
+)
 from envtools.placement import Ctx, Item
 from envtools.prefix_records import Record, write_record
 from envtools.progress import info, task
@@ -31,7 +36,6 @@ from envtools.relocate import looks_binary
 from envtools.tempdirs import atomic_dir
 from envtools.untracked import untracked
 
-_SITE_RE = re.compile(r"^lib/python\d+\.\d+/site-packages/")
 #: --link-mode values: auto (reflink, else hardlink, else a symlink per file to a cache
 #: only root can change, else copy), dirs (auto, linking whole directories where a
 #: package owns them: layers.py), or one method where possible (copy otherwise)
@@ -109,48 +113,53 @@ def _find_cache(src: Path, records: list[Record]) -> dict[str, Path]:
             if (meta.get("name"), str(meta.get("version")), meta.get("build")) == (
                 r.name, r.version, r.build
             ) and os.access(c, os.R_OK | os.X_OK):
-                found[r.name] = c
+                # canonical: what a clone links to, and records, has no symlink on the way
+                found[r.name] = Path(os.path.realpath(c))
                 break
     return found
 
 
 def _cache_rel(r: Record, rel: str) -> str:
     """Where an installed path lives inside the extracted package (noarch: python moves)."""
-    if r.noarch_python:
-        m = _SITE_RE.match(rel)
-        if m:
-            return "site-packages/" + rel[m.end():]
-        if rel.startswith("bin/"):
-            return "python-scripts/" + rel[4:]
-    return rel
+    return cachelinks.cache_rel(r.noarch_python, rel)
 
 
 def _copy_untracked(ctx: Ctx, src: Path, rel: str) -> tuple[str, bool]:
-    """Copy one untracked file, rewriting SRC's prefix; returns (rel, was_rewritten)."""
+    """Copy one untracked file, rewriting SRC's prefix; returns (rel, was_rewritten).
+
+    ``rel`` comes from SRC (its ``untracked.json`` or a walk) and passed the path rule;
+    its directories are made without following a link (an untracked symlink copied
+    earlier cannot redirect what follows), the file is created new, never over one, and
+    SRC's file is read without following a link. What is not a regular file or a
+    symlink (a FIFO, a socket) is left out and reported.
+    """
     s = os.path.join(src, rel)
     d = os.path.join(ctx.dest_tmp, rel)
-    os.makedirs(os.path.dirname(d), exist_ok=True)
-    if os.path.islink(s):
+    confine.makedirs(str(ctx.dest_tmp), rel.rpartition("/")[0])
+    st = os.lstat(s)
+    if stat.S_ISLNK(st.st_mode):
         target = os.readlink(s)
         if target.startswith(ctx.old_prefix + "/"):
             target = ctx.new_prefix + target[len(ctx.old_prefix):]
-        os.symlink(target, d)
+        confine.symlink(target, d)
         return rel, False
-    st = os.stat(s)
-    with open(s, "rb") as fh:
-        data = fh.read()
+    data = confine.read_regular(s)
+    if data is None:
+        raise _NotRegular(rel)
     old = ctx.old_prefix.encode()
     # Only text is rewritten: an untracked binary has no recorded placeholder, and its
     # strings may be length-prefixed (.pyc marshal data) rather than NUL-terminated, so
     # an in-place rewrite could corrupt it. It is copied as is (a .pyc is recompiled).
     if old in data and not looks_binary(data):
-        data = data.replace(old, ctx.new_prefix.encode())
-        with open(d, "wb") as fh:
-            fh.write(data)
-        os.chmod(d, linking.writable_mode(st.st_mode))
+        confine.write_new(d, data.replace(old, ctx.new_prefix.encode()),
+                          linking.writable_mode(st.st_mode))
         return rel, True
-    linking.copy(s, d)
+    confine.write_new(d, data, linking.writable_mode(st.st_mode))
     return rel, False
+
+
+class _NotRegular(Exception):
+    """An untracked entry that is neither a regular file nor a symlink."""
 
 
 def _fix_pip_records(dest_tmp: Path, rewritten: set[str]) -> None:
@@ -162,6 +171,8 @@ def _fix_pip_records(dest_tmp: Path, rewritten: set[str]) -> None:
     import io
 
     for pip_record in dest_tmp.glob("lib/python*/site-packages/*.dist-info/RECORD"):
+        if not confine.is_real(str(dest_tmp), str(pip_record.relative_to(dest_tmp))):
+            continue  # (reached through a symlink: not this env's to rewrite)
         site = pip_record.parent.parent
         site_rel = str(site.relative_to(dest_tmp))
         text = pip_record.read_text()
@@ -180,7 +191,8 @@ def _fix_pip_records(dest_tmp: Path, rewritten: set[str]) -> None:
         if changed:
             buf = io.StringIO()
             csv.writer(buf, lineterminator="\n").writerows(rows)
-            pip_record.write_text(buf.getvalue())
+            confine.replace(str(pip_record), buf.getvalue().encode(),
+                            stat.S_IMODE(os.lstat(pip_record).st_mode))
 
 
 def find_editables(prefix: Path) -> list[str]:
@@ -211,6 +223,15 @@ def _channels_of(records: list[Record]) -> list[str]:
     return seen
 
 
+def add_cache_dir() -> Path:
+    """Where ``clone --add`` keeps the packages it adds, extracted (later clones of the
+    clone link from here): the user's own, ``$XDG_CACHE_HOME/envtools/pkgs``. Not
+    rattler's shared cache: envtools replaces an entry with the fresh extraction it
+    verified, which must not pull a directory from under another tool."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "envtools" / "pkgs"
+
+
 def _add_packages(
     tmp: Path,
     dest: Path,
@@ -219,14 +240,23 @@ def _add_packages(
     allow_update: bool,
     virtual_overrides: list[str] | None,
 ) -> list[str]:
-    """Solve ``specs`` against the clone (pinned unless allowed) and install into it."""
+    """Solve ``specs`` against the clone (pinned unless allowed) and install into it.
+
+    The new packages' archives are checked against the repodata, and their contents
+    against the path rule and the clone's own files and symlinks, before anything is
+    linked (:mod:`envtools.archives`), as for ``envtools install``.
+    """
     import asyncio
 
     import rattler
 
-    from envtools import virtual
-    from envtools.install import channel_source, solve
+    from envtools import archives, virtual
+    from envtools.install import channel_source, run_installer, solve
+    from envtools.prefix_records import Prefix
 
+    mine = Prefix.load(tmp).records
+    for r in mine:  # what rattler would remove on --allow-update: checked like the rest
+        confine.check_paths(r.data.get("files") or [], f"record of {r.name}")
     meta = tmp / "conda-meta"
     installed = [rattler.PrefixRecord.from_path(p) for p in sorted(meta.glob("*.json"))]
     sources = [channel_source(c[7:] if c.startswith("file://") else c) for c in channels]
@@ -248,20 +278,31 @@ def _add_packages(
             )
         raise
     before = {(r.name.normalized, str(r.version), str(r.build)) for r in installed}
-    asyncio.run(
-        rattler.install(
-            records,
-            target_prefix=tmp,
-            alternative_target_prefix=dest,
-            installed_packages=installed,
-            show_progress=os.isatty(2),
-        )
+    new = [r for r in records if (r.name.normalized, str(r.version), str(r.build))
+           not in before]
+    cache = add_cache_dir()
+    prepared = archives.prepare(
+        new, cache, archives.site_packages(records), prefix=tmp,
+        existing={f[0]: f[1] for r in mine for f in r.plan_fields()})
+    run_installer(
+        records=records,
+        target_prefix=tmp,
+        alternative_target_prefix=dest,
+        installed_packages=installed,
+        cache_dir=cache,
+        show_progress=os.isatty(2),
     )
-    return [
-        f"{r.name.normalized}={r.version}={r.build}"
-        for r in records
-        if (r.name.normalized, str(r.version), str(r.build)) not in before
-    ]
+    archives.check_linked(tmp, prepared)
+    # the installer tags the prefix as a cache (see envtools.cachetag); a clone never has
+    # the tag before, so one there now is the installer's unless an added package owns it
+    if (tmp / cachetag.NAME).exists():
+        owned: set[str] = set()
+        for r in new:
+            fp = meta / f"{r.name.normalized}-{r.version}-{r.build}.json"
+            if fp.is_file():
+                owned |= {e.get("_path") for e in Record(fp).paths if isinstance(e, dict)}
+        cachetag.drop_from_env(tmp, owned)
+    return [f"{r.name.normalized}={r.version}={r.build}" for r in new]
 
 
 def clone(
@@ -284,6 +325,8 @@ def clone(
     destp = Path(os.path.abspath(dest))
     prefix = record_index.load_prefix(srcp)
     _check_args(srcp, destp)
+    for r in prefix.records:  # (names the cache directory and the record file: one name)
+        confine.check_name(r.dist, f"package record {r.path.name} of {srcp}")
     load_s = time.monotonic() - t0
     old_prefix = read_prefix_info(srcp).get("prefix") or str(srcp)
     cache = _find_cache(srcp, prefix.records) if use_cache else {}
@@ -291,7 +334,7 @@ def clone(
     report.from_cache = len(cache)
     report.from_src = len(prefix.records) - len(cache)
 
-    with atomic_dir(destp) as tmp:
+    with atomic_dir(destp, "envtools clone", settle=bool(add)) as tmp:
         ctx = Ctx(
             dest_tmp=tmp,
             new_prefix=str(destp),
@@ -299,6 +342,11 @@ def clone(
             src_root=str(srcp),
             euid=os.geteuid(),
             link_mode=link_mode,
+            vouch_parts={k: str(srcp / STAT_CACHE / f"{package_part(r.dist)}.marshal")
+                         for k, r in enumerate(prefix.records)},
+            names={k: f"package {r.name} {r.version}" for k, r in enumerate(prefix.records)},
+            src_links={k: (r.extracted_package_dir, r.noarch_python)
+                       for k, r in enumerate(prefix.records)},
         )
         groups = _plan(prefix.records, cache, srcp, old_prefix)
         report.timings["load"] = load_s
@@ -310,6 +358,10 @@ def clone(
         # untracked files: pip installs and anything else users put there
         files, empty = untracked(srcp, lambda: {f[0] for r in prefix.records
                                                 for f in r.plan_fields()})
+        if cachetag.NAME in files and cachetag.is_tag(srcp / cachetag.NAME):
+            files = [f for f in files if f != cachetag.NAME]  # (see envtools.cachetag)
+        confine.check_paths(files, f"the untracked files of {srcp}")
+        confine.check_paths(empty, f"the empty directories of {srcp}")
         if cache and ctx.links_expected() and ctx.reflink_ok is not True and (
                 link_mode == "symlink"
                 or not cachelinks.probe_hardlink(next(iter(cache.values())), tmp)):
@@ -320,8 +372,8 @@ def clone(
         meta = tmp / "conda-meta"
         (tmp / STAT_CACHE).mkdir(parents=True)  # (placement writes its parts there)
 
-        # conda's link type for packages placed from the cache
-        link_type = cachelinks.LINK_SOFTLINK if ctx.symlinks else cachelinks.LINK_HARDLINK
+        # conda's link type for packages placed from the cache (symlinks where allowed)
+        soft = ctx.symlink_roots if ctx.symlinks else None
 
         def write_package_record(key: int, rewritten: dict[str, tuple[str, int]]) -> None:
             """conda-meta: the same record, pointing at its new link source (this runs in
@@ -330,7 +382,8 @@ def clone(
             cdir = cache.get(rec.name)
             epd = str(cdir) if cdir else ""
             link = {"source": str(cdir) if cdir else str(srcp),
-                    "type": link_type if cdir else cachelinks.LINK_COPY}
+                    "type": (cachelinks.LINK_COPY if not cdir else cachelinks.LINK_SOFTLINK
+                             if soft and key in soft else cachelinks.LINK_HARDLINK)}
             if not rewritten and rec.extracted_package_dir == epd:
                 if rec.link == link:
                     # unchanged (linked from the same cache): copy its bytes, unparsed
@@ -338,17 +391,11 @@ def clone(
                     return
                 old = rec.link if isinstance(rec.link, dict) else {}
                 if old.get("source") == link["source"] and isinstance(old.get("type"), int):
-                    with open(rec.path, "rb") as fh:  # only the link type differs
-                        data = cachelinks.relinked_record(fh.read(), link["source"],
-                                                          old["type"], link["type"])
-                    if data is not None:
-                        fd = os.open(meta / f"{rec.dist}.json",
-                                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                                     | os.O_CLOEXEC, 0o644)
-                        try:
-                            linking.write_all(fd, data)
-                        finally:
-                            os.close(fd)
+                    raw = confine.read_regular(str(rec.path))  # only the link type differs
+                    data = raw and cachelinks.relinked_record(raw, link["source"],
+                                                              old["type"], link["type"])
+                    if data:
+                        confine.write_new(str(meta / f"{rec.dist}.json"), data)
                         return
             data = rec.data  # ours to change: SRC's are not used after this
             data["extracted_package_dir"] = epd
@@ -378,23 +425,30 @@ def clone(
         rewritten: set[str] = set()
         with task("copying untracked files", len(files)) as advance:
             for rel in files:
-                if _copy_untracked(ctx, srcp, rel)[1]:
-                    rewritten.add(rel)
+                try:
+                    if _copy_untracked(ctx, srcp, rel)[1]:
+                        rewritten.add(rel)
+                except _NotRegular:
+                    report.warnings.append(f"{rel} is not a regular file (a FIFO, socket or "
+                                           "device): not copied")
+                except FileNotFoundError:
+                    report.warnings.append(f"{rel} was removed from the source while it was "
+                                           "cloned: not copied")
                 advance(1)
         for d in empty:
-            os.makedirs(os.path.join(tmp, d), exist_ok=True)
+            confine.makedirs(str(tmp), d)
         report.untracked = len(files)
         _fix_pip_records(tmp, rewritten)
         report.editable = find_editables(tmp)
         report.timings["untracked"] = time.monotonic() - t0
 
         for extra in ("history", "state", "pinned"):
-            s = srcp / "conda-meta" / extra
-            if s.is_file():
-                (meta / extra).write_bytes(s.read_bytes())
-        with open(meta / "history", "a") as fh:
-            fh.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} <==\n"
-                     f"# cmd: envtools clone {srcp} {destp}\n")
+            data = confine.read_regular(str(srcp / "conda-meta" / extra)) or b""
+            if extra == "history":
+                data += (f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} <==\n"
+                         f"# cmd: envtools clone {srcp} {destp}\n").encode()
+            if data:
+                confine.write_new(str(meta / extra), data)
         write_prefix_info(tmp, destp, cache_root_of(cache))
         _write_clone_stat_cache(tmp, groups, srcp)
         report.timings["stat cache"] = time.monotonic() - t0
@@ -450,19 +504,25 @@ def _plan_symlinks(ctx: Ctx, link_mode: str, records: list[Record], cache: dict[
                    groups: list[tuple[int, list[Item]]]) -> None:
     """Hardlinks are refused (protected_hardlinks: the cache is not ours): link to the
     cache files we may not change, in package directories only root (``auto``, ``dirs``)
-    or anyone but us (``symlink``) can change, where a link is transparent (cachelinks.py)."""
+    or anyone but us (``symlink``) can change, where a link is transparent (cachelinks.py).
+
+    A link's target is the package's cache directory as _find_cache resolved it (no
+    symlink on the way, checked here all the way up to /) joined with the file's path
+    from its record, which placement checks against the path rule before anything is
+    made; each file is vouched for by SRC's stat cache or hashed first, as for a
+    hardlink or a copy (placement.check_cache_file)."""
     ctx.symlinks, ctx.hardlink_ok = True, False
     ctx.link_owner = None if link_mode == "symlink" else 0
     trusted: dict[Path, bool] = {}
-    keys = []
+    roots: dict[int, str] = {}
     for key, _items in groups:
         cdir = cache.get(records[key].name)
         if cdir is not None:
             if cdir not in trusted:
                 trusted[cdir] = cachelinks.trusted_dir(cdir, ctx.link_owner, ctx.euid)
             if trusted[cdir]:
-                keys.append(key)
-    ctx.symlink_keys = frozenset(keys)
+                roots[key] = str(cdir)
+    ctx.symlink_roots = roots
     ctx.relocating = frozenset(str(cache[records[key].name]) for key, items in groups
                                if records[key].name in cache and any(it[3] for it in items))
 
@@ -471,8 +531,13 @@ def _plan_layers(ctx: Ctx, records: list[Record], cache: dict[str, Path],
                  groups: list[tuple[int, list[Item]]],
                  untracked_files: list[str]) -> list[tuple[int, list[Item]]]:
     """Directories that one package owns wholly become one link each (layers.py): each
-    is one item, its files kept in ``ctx.layers`` in case it must be placed file by file."""
-    chosen = layers.plan(groups, ctx.symlink_keys, untracked_files, _IN_ARCHIVE)
+    is one item, its files kept in ``ctx.layers`` in case it must be placed file by file.
+    The plan is made from the records' paths, so they are checked first (as placement
+    checks each chunk's): a directory link is never made from a path that is refused."""
+    for key, items in groups:
+        confine.check_paths([it[0] for it in items],
+                            f"package {records[key].name} {records[key].version}")
+    chosen = layers.plan(groups, ctx.symlink_roots or {}, untracked_files, _IN_ARCHIVE)
     if not chosen:
         return groups
     under: dict[str, str | None] = {}  # dir -> the chosen directory holding it, if any
@@ -498,7 +563,7 @@ def _plan_layers(ctx: Ctx, records: list[Record], cache: dict[str, Path],
             subs = ctx.layers.get(d)
             if subs is None:
                 subs = ctx.layers[d] = []
-                target = f"{cache[r.name]}/{_cache_rel(r, d)}"
+                target = f"{ctx.symlink_roots[key]}/{_cache_rel(r, d)}"
                 keep.append((d, target, layers.LAYER, None, None, True, None, 0))
             subs.append(it)
         out.append((key, [(it[0], it[1], it[2], None, None, True, None,

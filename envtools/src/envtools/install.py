@@ -17,9 +17,9 @@ from pathlib import Path
 
 import rattler
 
-from envtools import record_index, virtual
+from envtools import archives, cachetag, record_index, virtual
 from envtools.errors import EnvtoolsError
-from envtools.hashing import STAT_CACHE, write_stat_cache
+from envtools.hashing import STAT_CACHE, write_package_parts
 from envtools.prefix_records import Prefix
 from envtools.progress import info
 from envtools.readonly import (
@@ -30,7 +30,7 @@ from envtools.readonly import (
     refuse_readonly,
     write_prefix_info,
 )
-from envtools.tempdirs import atomic_dir
+from envtools.tempdirs import atomic_dir, remove_tree
 from envtools.untracked import write_cache as write_untracked_cache
 
 EXPLICIT = Path("conda-meta") / "envtools" / "explicit.txt"
@@ -90,12 +90,53 @@ async def solve(
         ) from e
 
 
+def run_installer(**kwargs) -> None:
+    """``rattler.install(**kwargs)``, its failures turned into one clear error.
+
+    py-rattler raises one exception per failed transaction with a chain of "Caused by:"
+    lines; the first line names the package and the last one the cause (a damaged
+    archive, a full disk). A Rust panic arrives as pyo3's PanicException, a
+    BaseException: caught here too, so it is reported rather than printed as a traceback.
+    """
+    try:
+        asyncio.run(rattler.install(**kwargs))
+    except (KeyboardInterrupt, SystemExit, EnvtoolsError):
+        raise
+    except BaseException as e:  # noqa: BLE001 - see the docstring
+        raise installer_error(e, kwargs.get("cache_dir")) from e
+
+
+#: words in py-rattler's errors that mean the archive itself is damaged
+_CORRUPT = ("corrupt", "checksum", "invalid zip", "failed to unpack", "fill whole buffer",
+            "unexpected end", "not a number", "invalid gzip", "bz2", "zstd", "panicked")
+
+
+def installer_error(e: BaseException, cache: Path | None) -> EnvtoolsError:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+    causes = [ln[len("Caused by:"):].strip() for ln in lines if ln.startswith("Caused by:")]
+    msg = lines[0] + (f": {causes[-1]}" if causes and causes[-1] not in lines[0] else "")
+    text = str(e).lower()
+    if "no space left" in text or "os error 28" in text or "quota exceeded" in text:
+        hint = ("the filesystem is full: free space for the environment and its package "
+                f"cache{f' ({cache})' if cache else ''}, or choose another place; nothing of "
+                "this run was kept")
+    elif any(w in text for w in _CORRUPT):
+        hint = ("the package archive is damaged: replace it in the channel (rebuild or copy "
+                "it again), re-index the channel, and run again; nothing of this run was kept")
+    else:
+        hint = "nothing of this run was kept; fix the cause above and run again"
+    return EnvtoolsError(f"cannot install the packages: {msg}", hint, exit_code=1)
+
+
 def write_explicit(prefix: Path, records: list[rattler.RepoDataRecord]) -> None:
-    """The explicit package set, in conda's ``@EXPLICIT`` format (reproducible installs)."""
+    """The explicit package set, in conda's ``@EXPLICIT`` format (reproducible installs).
+
+    Each sha256 is the repodata's, which every archive was checked against before it was
+    extracted (:mod:`envtools.archives`): the file records only what was installed.
+    """
     lines = ["# envtools: the explicit package set of this environment", "@EXPLICIT"]
     for r in sorted(records, key=lambda r: r.name.normalized):
-        sha = r.sha256.hex() if r.sha256 else ""
-        lines.append(f"{r.url}#sha256:{sha}" if sha else str(r.url))
+        lines.append(f"{r.url}#sha256:{archives.expected_digest(r)[0].hex()}")
     (prefix / EXPLICIT).parent.mkdir(parents=True, exist_ok=True)
     (prefix / EXPLICIT).write_text("\n".join(lines) + "\n")
 
@@ -130,21 +171,53 @@ def install(
     t0 = time.monotonic()
     records = asyncio.run(solve([src], specs, virtuals))
     info(f"solved {len(records)} packages in {time.monotonic() - t0:.1f}s")
-    if cache.exists():
+    timings = {"solve": time.monotonic() - t0}
+    cache_existed = cache.exists()
+    if cache_existed:
         # a cache left by an earlier install of this prefix; it was made read-only
         from envtools.readonly import make_writable
 
         make_writable(cache)
-    with atomic_dir(prefix) as tmp:
-        asyncio.run(
-            rattler.install(
-                records,
-                target_prefix=tmp,
-                alternative_target_prefix=prefix,
-                cache_dir=cache,
-                show_progress=os.isatty(2),
-            )
+    try:
+        # every archive checked against the repodata and its contents against the path
+        # rule, then extracted into the cache (replacing what was there), before anything
+        # is linked
+        prepared = archives.prepare(records, cache, archives.site_packages(records))
+        for stage, seconds in prepared.timings.items():
+            timings[stage] = timings["solve"] + seconds
+        _install_into(records, prepared, prefix, cache, src, specs, timings, t0)
+    except BaseException:
+        # a cache this run made goes with it, unless another run's env at the prefix
+        # (which won a race to it) uses it now
+        if not cache_existed and read_marker(prefix) is None:
+            remove_tree(cache, settle=True)
+        raise
+    os.chmod(prefix, 0o555)
+    timings["total"] = time.monotonic() - t0
+    info(f"installed {len(records)} packages into {prefix} (read-only) in "
+         f"{timings['total']:.1f}s; package cache: {cache}")
+    if os.environ.get("ENVTOOLS_TIMINGS"):
+        info(f"verified {prepared.archive_bytes} archive bytes in "
+             f"{prepared.timings.get('verify', 0) - prepared.timings.get('fetch', 0):.3f}s; "
+             "stages (s since start): " + ", ".join(f"{k} {v:.3f}" for k, v in timings.items()))
+    return prefix
+
+
+def _install_into(records: list, prepared: archives.Prepared, prefix: Path, cache: Path,
+                  src: str, specs: list[str], timings: dict[str, float], t0: float) -> None:
+    """Install ``records`` (their archives ``prepared``) beside ``prefix`` and rename them
+    into place, read-only."""
+    with atomic_dir(prefix, "envtools install", settle=True) as tmp:
+        _drop_cache_locks(cache)  # (a stale one naming another sha256 makes rattler re-fetch)
+        run_installer(
+            records=records,
+            target_prefix=tmp,
+            alternative_target_prefix=prefix,
+            cache_dir=cache,
+            show_progress=os.isatty(2),
         )
+        archives.check_linked(tmp, prepared)
+        timings["link"] = time.monotonic() - t0
         write_explicit(tmp, records)
         write_prefix_info(tmp, prefix, cache)
         marker = {
@@ -159,21 +232,20 @@ def install(
         }
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         _drop_cache_locks(cache)
+        cachetag.tag_cache(cache)
         make_readonly(cache)
         records = Prefix.load(tmp).records
         record_index.write(tmp, records)
         tracked = [e["_path"] for r in records for e in r.paths]
+        cachetag.drop_from_env(tmp, set(tracked))
         write_untracked_cache(tmp, set(tracked))
         make_readonly(tmp)
         os.chmod(tmp / STAT_CACHE.parent, 0o755)
-        os.chmod(write_stat_cache(tmp, tracked), 0o444)
+        for part in write_package_parts(tmp, records):
+            os.chmod(part, 0o444)
         os.chmod(tmp / STAT_CACHE, 0o555)
         os.chmod(tmp / STAT_CACHE.parent, 0o555)
         os.chmod(tmp, 0o755)  # renamed below; read-only again right after
-    os.chmod(prefix, 0o555)
-    info(f"installed {len(records)} packages into {prefix} (read-only) in "
-         f"{time.monotonic() - t0:.1f}s; package cache: {cache}")
-    return prefix
 
 
 def _drop_cache_locks(cache: Path) -> None:
@@ -188,13 +260,22 @@ def remove(prefix: Path) -> None:
     from envtools.readonly import make_writable, read_prefix_info
 
     prefix = Path(os.path.abspath(prefix))
+    if prefix.is_symlink():
+        raise EnvtoolsError(f"{prefix} is a symbolic link, not an environment",
+                            f"remove the link itself (rm {prefix}), or give the path it "
+                            "points to")
     if not (prefix / "conda-meta").is_dir():
         raise EnvtoolsError(f"{prefix} is not a conda environment", "check the path")
     pinfo = read_prefix_info(prefix)
     cache = pinfo.get("package_cache")
+    # Nothing outside the prefix is touched: the directories are made writable walking
+    # without following links, and rmtree removes a symlink, never what it points to.
+    # Paths in the records are not used: a file a hostile package put outside is not
+    # listed here to be "removed", and install refuses such packages in the first place.
     make_writable(prefix)
     shutil.rmtree(prefix)
-    # only the cache we created beside it; a cache shared with others stays
-    if cache and Path(cache) == default_cache_for(prefix) and Path(cache).exists():
-        make_writable(Path(cache))
-        shutil.rmtree(cache)
+    # only the cache we created beside it (never a link to elsewhere); a shared cache stays
+    default = default_cache_for(prefix)
+    if cache and Path(cache) == default and default.is_dir() and not default.is_symlink():
+        make_writable(default)
+        shutil.rmtree(default)

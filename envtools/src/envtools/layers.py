@@ -169,24 +169,32 @@ def _namespace(d: str, dirs: dict[str, _Dir]) -> bool:
 
 
 def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
-           relocating: frozenset[str]) -> dict[str, tuple] | None:
+           relocating: frozenset[str], euid: int | None = None,
+           owner: int | None = 0) -> dict[str, tuple] | None:
     """Check a layer before linking it: ``cache_dir`` (the package's cache copy of
-    ``rel_dir``) holds exactly ``items`` (its files and links, by path), no file there
-    is writable by anyone but root, no program there would run differently from the
-    cache, and every link stays inside. Returns each file's stat cache entry (size,
-    mtime_ns, inode), or None when the directory must be placed file by file."""
+    ``rel_dir``) holds exactly ``items`` (its files and links, by path), every
+    directory there is a real one that nobody but its owner can change, no file there
+    is writable or may not be a link's target (cachelinks.symlink_is_safe, when
+    ``euid`` is given: owned by ``owner``, None for anyone but us), no program there
+    would run differently from the cache, and every link stays inside. Returns each
+    file's stat cache entry (size, mtime_ns, inode), or None when the directory must be
+    placed file by file. (Whether SRC vouches for the files' contents is the caller's.)"""
     want = {it[0][len(rel_dir) + 1:]: it for it in items if it[2] != "directory"}
     found: dict[str, tuple] = {}
     found_links: set[str] = set()
     stack = [""]
     while stack:
         sub = stack.pop()
-        try:
-            fd = os.open(os.path.join(cache_dir, sub), os.O_RDONLY | os.O_DIRECTORY
-                         | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:  # (no trailing slash for the top: it would follow a link there)
+            fd = os.open(os.path.join(cache_dir, sub) if sub else cache_dir,
+                         os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return None
         try:
+            dst = os.fstat(fd)
+            if dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or (
+                    euid is not None and not cachelinks.owner_ok(dst.st_uid, owner, euid)):
+                return None
             with os.scandir(fd) as it:
                 for entry in it:
                     name = f"{sub}/{entry.name}" if sub else entry.name
@@ -211,6 +219,8 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
                         return None
                     if not stat.S_ISREG(st.st_mode) or st.st_mode & (stat.S_IWGRP |
                                                                       stat.S_IWOTH):
+                        return None
+                    if euid is not None and not cachelinks.symlink_is_safe(st, euid, owner):
                         return None
                     if st.st_mode & cachelinks.EXEC_BITS and cachelinks.stays_real(
                             f"{rel_dir}/{name}", os.path.join(cache_dir, name), st,
@@ -276,8 +286,6 @@ def detach(prefix: str | os.PathLike[str], names: list[str]) -> list[tuple[str, 
     root = Path(os.path.abspath(prefix))
     refuse_readonly(root, "detach directories in")
     records = load_prefix(root).records
-    caches = [(r.extracted_package_dir.rstrip("/") + "/", r.name) for r in records
-              if r.extracted_package_dir]
     known = {r.name for r in records}
     unknown = sorted(set(names) - known)
     if unknown:
@@ -285,9 +293,10 @@ def detach(prefix: str | os.PathLike[str], names: list[str]) -> list[tuple[str, 
                             f"the packages are: {', '.join(sorted(known))}")
     done: list[tuple[str, str]] = []
     for d, target in sorted(layer_links(root).items()):
-        owner = next((name for c, name in caches if target.startswith(c)), None)
+        owner = next((r.name for r in records if cachelinks.link_target(
+            r.extracted_package_dir, r.noarch_python, d) == target), None)
         if owner is None or (names and owner not in names):
-            continue  # (not a link into a package cache this env records)
+            continue  # (not a clone's link to its package cache: validate's rule)
         link = root / d
         tmp = Path(tempfile.mkdtemp(prefix=f".{link.name}.envtools-detach-", dir=link.parent))
         try:

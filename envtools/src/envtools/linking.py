@@ -17,14 +17,16 @@ import fcntl
 import os
 import stat
 
+from envtools import confine
+
 FICLONE = 0x40049409  # _IOW(0x94, 9, int), from linux/fs.h
 
 
 def reflink(src: str, dst: str, mode: int) -> None:
     """Clone ``src`` to a new ``dst`` sharing blocks; raises OSError where unsupported."""
-    sfd = os.open(src, os.O_RDONLY)
+    sfd = _open_source(src)
     try:
-        dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
         try:
             fcntl.ioctl(dfd, FICLONE, sfd)
         except OSError:
@@ -65,11 +67,11 @@ def copy(src: str, dst: str, mode: int | None = None) -> os.stat_result:
     one open each, one fstat, then copy_file_range (sendfile across filesystems). The new
     file gets ``mode`` or, by default, the source's bits plus owner write.
     """
-    fi = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    fi = _open_source(src)
     try:
         st = os.fstat(fi)
         want = writable_mode(st.st_mode) if mode is None else mode
-        fo = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, want)
+        fo = confine.create(dst, want)
         try:
             if want & _UMASK:
                 os.fchmod(fo, want)
@@ -93,6 +95,18 @@ def copy(src: str, dst: str, mode: int | None = None) -> os.stat_result:
     finally:
         os.close(fi)
     return st
+
+
+def _open_source(src: str) -> int:
+    """Open a file to copy it, never following a symlink: a file the records list as a
+    file but that is a link (to /etc/shadow, say) is refused, not copied."""
+    try:
+        return os.open(src, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise confine.UnsafePath(f"{src} is a symbolic link where a file was expected; "
+                                     "envtools does not copy what it points to") from None
+        raise
 
 
 def writable_mode(mode: int) -> int:

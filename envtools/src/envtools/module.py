@@ -1,4 +1,4 @@
-"""``envtools module``: modulefiles that do what ``conda activate`` does, reversibly.
+r"""``envtools module``: modulefiles that do what ``conda activate`` does, reversibly.
 
 The env's ``etc/conda/activate.d/*.sh`` scripts are run once, now, in a clean bash with
 the activation variables set, and the changes they make are written into the modulefile
@@ -12,12 +12,26 @@ Activation follows ``conda activate --stack``: PATH gets ``<prefix>/bin`` in fro
 CONDA_PREFIX / CONDA_DEFAULT_ENV / CONDA_PROMPT_MODIFIER are set, CONDA_SHLVL goes up by
 one and a previously active env is kept as CONDA_PREFIX_<n> (``setenv``: conda's own
 stacking never leaves one behind, so unload unsets it).
+
+Everything written into a modulefile from the env is data, never code: the prefix, the
+module name, package names and versions (from records anyone may have written),
+``conda-meta/state`` env_vars and what the activate.d scripts set. A prefix or a module
+name that cannot be written as a literal in both languages (a control character such as
+a newline, or bytes that are not UTF-8) is refused, and so is a prefix holding ``:``
+(PATH cannot). Everything else is escaped for each language: Lua gets double-quoted
+strings with ``\\``, ``\"`` and decimal escapes for control characters (``\ddd``),
+and the help text in a long bracket whose level is chosen so that nothing in the text
+can close it; Tcl gets double-quoted words with every character that Tcl substitutes
+(``\ " $ [ ] { }``) backslash-escaped and control characters as ``\uXXXX``. Text
+that is not ASCII (``café``, CJK) is written as UTF-8 and loads in both.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +44,7 @@ PATH_LIKE = {"PATH", "LD_LIBRARY_PATH", "MANPATH", "PYTHONPATH", "PKG_CONFIG_PAT
              "CPATH", "LIBRARY_PATH", "XDG_DATA_DIRS", "CMAKE_PREFIX_PATH", "INFOPATH"}
 # variables the scripts see but that are the shell's own business
 IGNORED = {"_", "SHLVL", "PWD", "OLDPWD", "BASH_EXECUTION_STRING", "RANDOM", "LINENO"}
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass
@@ -68,12 +83,12 @@ def activate_d_changes(prefix: Path, base_vars: dict[str, str]) -> list[Change]:
     base = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"),
             "LANG": "C", **base_vars}
     before = _env_of("true", base)
-    body = "\n".join(f". {json.dumps(str(s))}" for s in scripts)
+    body = "\n".join(f". {shlex.quote(str(s))}" for s in scripts)
     after = _env_of(body, base)
     changes: list[Change] = []
     for var in sorted(after):
-        if var in IGNORED:
-            continue
+        if var in IGNORED or not _VAR_NAME.fullmatch(var):
+            continue  # (exported bash functions, BASH_FUNC_f%%, are not variables)
         old, new = before.get(var), after[var]
         if old == new:
             continue
@@ -95,22 +110,98 @@ def _state_env_vars(prefix: Path) -> dict[str, str]:
     """``conda env config vars set`` stores these in conda-meta/state; conda activate sets them."""
     try:
         data = json.loads((prefix / "conda-meta" / "state").read_text())
-        return {str(k): str(v) for k, v in (data.get("env_vars") or {}).items()}
+        return {str(k): str(v) for k, v in (data.get("env_vars") or {}).items()
+                if _VAR_NAME.fullmatch(str(k))}
     except (OSError, ValueError, AttributeError):
         return {}
 
 
-def _lua_str(s: str) -> str:
-    return json.dumps(s)  # a JSON string is a valid Lua string literal for our content
+# ------------------------------------------------------------------ literals
+
+#: characters no literal in a modulefile may hold, with their names for the error
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROL_NAMES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab",
+                  "\x00": "a NUL byte", "\x1b": "an escape (ESC)"}
+#: words Environment Modules takes as options wherever they appear among a path or
+#: setenv command's values
+_TCL_OPTION_WORDS = {"--append-on-unload", "--prepend-on-unload", "--remove-on-unload",
+                     "--noop-on-unload", "--set-if-undef"}
 
 
-def _tcl_str(s: str) -> str:
-    return "{" + s + "}" if not any(c in s for c in "{}\\") else '"' + "".join(
-        "\\" + c if c in '"$[]\\{}' else c for c in s) + '"'
+def _char_name(c: str) -> str:
+    if 0xD800 <= ord(c) <= 0xDFFF:
+        return f"a byte that is not UTF-8 (0x{ord(c) - 0xDC00:02x})"
+    return _CONTROL_NAMES.get(c, f"the control character U+{ord(c):04X}")
+
+
+def check_literal(what: str, text: str, hint: str) -> None:
+    """Refuse ``text`` if a character in it cannot be written into a modulefile: control
+    characters (newlines included) and bytes that are not UTF-8."""
+    m = _CONTROL.search(text)
+    if m:
+        raise EnvtoolsError(
+            f"{what} {text!r} contains {_char_name(m.group())} (at position {m.start()}), "
+            "which cannot be written into a Lua or Tcl modulefile safely", hint)
+
+
+def _check_value(what: str, text: str) -> None:
+    """A value from the env: no control characters either. Both module systems print a
+    value with a newline into the shell code the user's shell evaluates, where the text
+    after the newline runs as a command (seen with Lmod 8.6 and Modules 5)."""
+    check_literal(what, text, "fix it in the env (its conda-meta records, conda-meta/state "
+                  "or etc/conda/activate.d scripts), then write the modulefiles again")
+    if text in _TCL_OPTION_WORDS:
+        raise EnvtoolsError(f"{what} is {text!r}, which Environment Modules would take as "
+                            "an option", "fix the value in the env")
+
+
+_LUA = {ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n"}
+_LUA.update({c: f"\\{c:03d}" for c in [*range(0x01, 0x20), 0x7F] if c != 0x0A})
+_TCL = {ord(c): "\\" + c for c in '\\"$[]{}'}
+_TCL.update({ord("\n"): "\\n"})
+_TCL.update({c: f"\\u{c:04x}" for c in [*range(0x01, 0x20), 0x7F] if c != 0x0A})
+
+
+def lua_str(s: str) -> str:
+    """A Lua string literal holding exactly ``s`` (UTF-8 text passes through as bytes;
+    Lua 5.3 has no \\uXXXX escape, which is why JSON strings are not Lua strings).
+    Control characters are escaped too, although every caller refuses them first."""
+    return '"' + s.translate(_LUA) + '"'
+
+
+def lua_long(s: str) -> str:
+    """A Lua long-bracket string holding ``s`` and a final newline: its level is the
+    lowest whose closing bracket does not occur in ``s`` (the opening newline is dropped
+    by Lua, and the newline before the closer keeps ``s`` from running into it). Used for
+    the help text, which stays readable in the file; anything with control characters
+    other than newlines is written as a quoted string."""
+    if re.search(r"[\x00-\x09\x0b-\x1f\x7f]", s):
+        return lua_str(s)
+    level = 0
+    while "]" + "=" * level + "]" in s:
+        level += 1
+    eq = "=" * level
+    return f"[{eq}[\n{s}\n]{eq}]"
+
+
+def tcl_str(s: str) -> str:
+    """A Tcl word holding exactly ``s``: double-quoted, with every character Tcl would
+    substitute (command ``[...]``, variable ``$``, backslash) or use to end the word
+    escaped, so nothing in ``s`` is ever evaluated. Other text is left as it is, not
+    written as \\uXXXX: Tcl reads the file and writes the environment in the same
+    system encoding (UTF-8, or ISO 8859-1 in the C locale, byte for byte), so UTF-8 text
+    arrives unchanged either way, where a \\u escape would be re-encoded."""
+    return '"' + s.translate(_TCL) + '"'
 
 
 def _help_text(prefix: Path, name: str, pkgs: list[tuple[str, str]], readonly: bool) -> str:
+    """The help text. Only the package list is wrapped: the prefix stays on one line, and
+    in the clone command it is shell-quoted, so the line can be copied into a shell
+    whatever the path holds."""
+    import textwrap
+
     ro = "read-only " if readonly else ""
+    packages = f"{len(pkgs)} packages: " + ", ".join(f"{n} {v}" for n, v in pkgs)
     lines = [
         f"{name}: a {ro}conda environment of the DDL-CE distribution at",
         f"  {prefix}",
@@ -121,44 +212,36 @@ def _help_text(prefix: Path, name: str, pkgs: list[tuple[str, str]], readonly: b
         "",
         "To add packages, clone it (fast: linked from its package cache), then use",
         "the clone:",
-        f"  envtools clone {prefix} $HOME/envs/mine --add SPEC",
+        f"  envtools clone {shlex.quote(str(prefix))} $HOME/envs/mine --add SPEC",
         "  conda activate $HOME/envs/mine    # or prepend $HOME/envs/mine/bin to PATH",
         "Then check that your additions still fit the curated set:",
         "  envtools validate $HOME/envs/mine",
         "",
-        f"{len(pkgs)} packages: " + ", ".join(f"{n} {v}" for n, v in pkgs),
+        *textwrap.wrap(packages, 78, subsequent_indent="  ", break_on_hyphens=False),
     ]
     return "\n".join(lines)
 
 
-def _wrap(text: str, width: int = 78) -> str:
-    import textwrap
-
-    out = []
-    for line in text.splitlines():
-        if len(line) <= width:
-            out.append(line)
-        else:
-            out += textwrap.wrap(line, width, subsequent_indent="  ")
-    return "\n".join(out)
+def _clone_hint(prefix: Path) -> str:
+    return f"Clone: envtools clone {shlex.quote(str(prefix))} DEST --add SPEC"
 
 
 def render_lua(prefix: Path, name: str, pkgs, changes, readonly: bool, desc: str) -> str:
     modname, _, version = name.partition("/")
-    help_text = _wrap(_help_text(prefix, name, pkgs, readonly))
+    help_text = _help_text(prefix, name, pkgs, readonly)
     ext = ", ".join(f"{n}/{v}" for n, v in pkgs)
     L = [
         "-- -*- lua -*-",
-        f"-- Generated by envtools module from {prefix}; re-run it instead of editing.",
-        f"whatis({_lua_str('Name: ' + modname)})",
-        f"whatis({_lua_str('Version: ' + (version or 'default'))})",
-        f"whatis({_lua_str('Description: ' + desc)})",
-        f"whatis({_lua_str('Prefix: ' + str(prefix))})",
-        f"whatis({_lua_str('Clone: envtools clone ' + str(prefix) + ' DEST --add SPEC')})",
-        f"help([==[\n{help_text}\n]==])",
+        "-- Generated by envtools module; re-run it instead of editing.",
+        f"whatis({lua_str('Name: ' + modname)})",
+        f"whatis({lua_str('Version: ' + (version or 'default'))})",
+        f"whatis({lua_str('Description: ' + desc)})",
+        f"whatis({lua_str('Prefix: ' + str(prefix))})",
+        f"whatis({lua_str(_clone_hint(prefix))})",
+        f"help({lua_long(help_text)})",
         'family("python")',
-        f"extensions({_lua_str(ext)})",
-        f"local prefix = {_lua_str(str(prefix))}",
+        f"extensions({lua_str(ext)})",
+        f"local prefix = {lua_str(str(prefix))}",
         "-- conda activate --stack: CONDA_SHLVL + 1, the previous env kept in CONDA_PREFIX_<n>",
         'local shlvl = tonumber(os.getenv("CONDA_SHLVL") or "") or 0',
         'if mode() == "unload" then shlvl = shlvl - 1 end',
@@ -170,33 +253,33 @@ def render_lua(prefix: Path, name: str, pkgs, changes, readonly: bool, desc: str
         'pushenv("CONDA_SHLVL", tostring(shlvl + 1))',
         'pushenv("CONDA_PREFIX", prefix)',
         'pushenv("CONDA_DEFAULT_ENV", prefix)',
-        f'pushenv("CONDA_PROMPT_MODIFIER", {_lua_str("(" + name + ") ")})',
+        f'pushenv("CONDA_PROMPT_MODIFIER", {lua_str("(" + name + ") ")})',
         'prepend_path("PATH", pathJoin(prefix, "bin"))',
     ]
     if changes:
         L.append("-- from the env's etc/conda/activate.d scripts and conda-meta/state env_vars")
     for c in changes:
         fn = {"prepend": "prepend_path", "append": "append_path", "set": "pushenv"}[c.op]
-        L.append(f"{fn}({_lua_str(c.var)}, {_lua_str(c.value)})")
+        L.append(f"{fn}({lua_str(c.var)}, {lua_str(c.value)})")
     return "\n".join(L) + "\n"
 
 
 def render_tcl(prefix: Path, name: str, pkgs, changes, readonly: bool, desc: str) -> str:
     modname, _, version = name.partition("/")
-    help_text = _wrap(_help_text(prefix, name, pkgs, readonly))
+    help_text = _help_text(prefix, name, pkgs, readonly)
     T = [
         "#%Module1.0",
-        f"## Generated by envtools module from {prefix}; re-run it instead of editing.",
-        f"module-whatis {_tcl_str('Name: ' + modname)}",
-        f"module-whatis {_tcl_str('Version: ' + (version or 'default'))}",
-        f"module-whatis {_tcl_str('Description: ' + desc)}",
-        f"module-whatis {_tcl_str('Prefix: ' + str(prefix))}",
-        f"module-whatis {_tcl_str('Clone: envtools clone ' + str(prefix) + ' DEST --add SPEC')}",
+        "## Generated by envtools module; re-run it instead of editing.",
+        f"module-whatis {tcl_str('Name: ' + modname)}",
+        f"module-whatis {tcl_str('Version: ' + (version or 'default'))}",
+        f"module-whatis {tcl_str('Description: ' + desc)}",
+        f"module-whatis {tcl_str('Prefix: ' + str(prefix))}",
+        f"module-whatis {tcl_str(_clone_hint(prefix))}",
         "proc ModulesHelp { } {",
-        *[f"    puts stderr {_tcl_str(line)}" for line in help_text.splitlines()],
+        *[f"    puts stderr {tcl_str(line)}" for line in help_text.splitlines()],
         "}",
         "family python",
-        f"set prefix {_tcl_str(str(prefix))}",
+        f"set prefix {tcl_str(str(prefix))}",
         "# conda activate --stack: CONDA_SHLVL + 1, the previous env kept in CONDA_PREFIX_<n>",
         "set shlvl 0",
         "if {[info exists ::env(CONDA_SHLVL)]",
@@ -212,14 +295,14 @@ def render_tcl(prefix: Path, name: str, pkgs, changes, readonly: bool, desc: str
         "pushenv CONDA_SHLVL [expr {$shlvl + 1}]",
         "pushenv CONDA_PREFIX $prefix",
         "pushenv CONDA_DEFAULT_ENV $prefix",
-        f"pushenv CONDA_PROMPT_MODIFIER {_tcl_str('(' + name + ') ')}",
+        f"pushenv CONDA_PROMPT_MODIFIER {tcl_str('(' + name + ') ')}",
         "prepend-path PATH $prefix/bin",
     ]
     if changes:
         T.append("# from the env's etc/conda/activate.d scripts and conda-meta/state env_vars")
     for c in changes:
         fn = {"prepend": "prepend-path", "append": "append-path", "set": "pushenv"}[c.op]
-        T.append(f"{fn} {c.var} {_tcl_str(c.value)}")
+        T.append(f"{fn} {tcl_str(c.var)} {tcl_str(c.value)}")
     return "\n".join(T) + "\n"
 
 
@@ -227,13 +310,25 @@ def write_modulefiles(prefix: Path, name: str, out: Path, fmt: str = "both") -> 
     """Write ``out/<name>.lua`` (Lmod) and/or ``out/<name>`` (Tcl); returns the paths."""
     if fmt not in ("lmod", "tcl", "both"):
         raise EnvtoolsError(f"unknown --format {fmt!r}", "use lmod, tcl or both")
-    if not name or name.startswith("/") or ".." in name.split("/") or name.count("/") > 3:
+    parts = name.split("/")
+    if not name or len(parts) > 4 or any(p in ("", ".", "..") for p in parts):
         raise EnvtoolsError(f"bad module name {name!r}", "use NAME/VERSION, e.g. powerai/1.0")
+    check_literal("the module name", name,
+                  "use NAME/VERSION in printable characters, e.g. powerai/1.0")
     pre = Prefix.load(prefix)
     root = pre.root
+    move = ("move or clone the environment to a path without it (envtools clone "
+            "OLD NEW), then write its modulefiles")
+    check_literal("the environment's path", str(root), move)
+    if ":" in str(root):
+        raise EnvtoolsError(f"the environment's path {str(root)!r} contains ':', which PATH "
+                            "and every other search path use to separate entries", move)
     out = Path(os.path.abspath(out))
     refuse_readonly(out, "write modulefiles into")
     pkgs = sorted((r.name, r.version) for r in pre.records)
+    for n, v in pkgs:
+        _check_value("a package name", n)
+        _check_value(f"the version of {n!r}", v)
     base = {
         "CONDA_PREFIX": str(root),
         "CONDA_DEFAULT_ENV": str(root),
@@ -246,6 +341,8 @@ def write_modulefiles(prefix: Path, name: str, out: Path, fmt: str = "both") -> 
     changes += activate_d_changes(root, {**base, **state_vars})
     changes = [c for c in changes if c.var not in base or c.var == "PATH" and c.value != str(
         root / "bin")]
+    for c in changes:
+        _check_value(f"the value {c.var} gets", c.value)
     readonly = read_marker(root) is not None
     top = next((r for r in pre.records if r.name == name.partition("/")[0]), None)
     desc = (f"{top.name} {top.version}: " if top else "") + (
@@ -255,9 +352,10 @@ def write_modulefiles(prefix: Path, name: str, out: Path, fmt: str = "both") -> 
     target.parent.mkdir(parents=True, exist_ok=True)
     if fmt in ("lmod", "both"):
         p = target.with_name(target.name + ".lua")
-        p.write_text(render_lua(root, name, pkgs, changes, readonly, desc))
+        p.write_text(render_lua(root, name, pkgs, changes, readonly, desc), encoding="utf-8")
         written.append(p)
     if fmt in ("tcl", "both"):
-        target.write_text(render_tcl(root, name, pkgs, changes, readonly, desc))
+        target.write_text(render_tcl(root, name, pkgs, changes, readonly, desc),
+                          encoding="utf-8")
         written.append(target)
     return written

@@ -24,9 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from envtools import cachelinks, layers, linking
+from envtools import cachelinks, confine, layers, linking, procs
 from envtools.errors import EnvtoolsError
-from envtools.hashing import stat_key, store_stat_part
+from envtools.hashing import (
+    load_part,
+    load_stat_cache,
+    sha256_fileobj,
+    stat_key,
+    store_stat_part,
+)
 from envtools.relocate import relocate_pieces
 
 #: relocated binaries at least this large are mapped rather than read
@@ -43,7 +49,8 @@ LINKED_DIR, IN_LINKED_DIR = "linked directories", "files in linked directories"
 #: one tracked file: (rel, source, path_type, placeholder, file_mode, from_cache, sha256,
 #: size in bytes as recorded, 0 if not)
 Item = tuple
-#: what placing it gave: (rel, how, sha256 if known, stat key of the new file if known)
+#: what placing it gave: (rel, how, sha256 if known, stat key of the new file if known,
+#: stat key of the package cache file it came from when that is not the new file's own)
 Placed = tuple
 
 
@@ -59,11 +66,23 @@ class Ctx:
     link_mode: str
     reflink_ok: bool | None = None
     hardlink_ok: bool = True
+    #: what a package cache file is checked against before it is used (see
+    #: :func:`vouched`): per package (its key), the part of SRC's stat cache install wrote
+    #: for it; SRC's whole stat cache for a package without one (a clone's SRC)
+    vouch_parts: dict[int, str] | None = None
+    #: per package key, "name version" (for messages)
+    names: dict[int, str] | None = None
+    #: the package whose files this process is placing (for messages)
+    unit: int = -1
+    #: per package key, SRC's record's (extracted_package_dir, noarch: python): where
+    #: SRC's own links to its cache lead, if it is a non-owner's clone (_src_link_target)
+    src_links: dict[int, tuple[str, bool]] | None = None
     #: place plain cache files as symlinks (hardlinks refused: see cachelinks.py) ...
     symlinks: bool = False
-    #: ... for these packages (their keys: a cache directory that only trusted owners
-    #: can change, cachelinks.trusted_dir), to files of this owner (None: any but us)
-    symlink_keys: frozenset[int] = frozenset()
+    #: ... for these packages: key -> its cache directory, canonical (no symlink on the
+    #: way) and one that only trusted owners can change (cachelinks.trusted_dir) ...
+    symlink_roots: dict[int, str] | None = None
+    #: ... to files of this owner (None: any but us)
     link_owner: int | None = 0
     #: the cache directories of packages that relocate files (cachelinks.stays_real)
     relocating: frozenset[str] = frozenset()
@@ -71,12 +90,16 @@ class Ctx:
     unit_symlinks: bool = False
     #: directories placed as one link (layers.py): dir -> the items under it
     layers: dict[str, list] | None = None
+    _vouch: dict | None = None
+    _vouch_all: dict | None = None
+    _dirs_ok: dict | None = None  # (cache directories checked by cachelinks.safe_subdir)
 
     def links_expected(self) -> bool:
         """Will cache files be linked (hard or symbolic) rather than copied: not root
-        (root never links), ``auto`` or ``symlink`` mode, and reflinks not known to work.
-        Each file is still checked (``linking.hardlink_is_safe``,
-        ``cachelinks.symlink_is_safe``); this is the method, for costs and the fast loop."""
+        (root never links), ``auto``, ``dirs`` or ``symlink`` mode, and reflinks not
+        known to work. Each file is still checked (``linking.hardlink_is_safe``,
+        ``cachelinks.symlink_is_safe``, and vouched for: :func:`check_cache_file`); this
+        is the method, for costs and the fast loop."""
         return (self.euid != 0 and self.link_mode in ("auto", "dirs", "symlink")
                 and self.reflink_ok is not True)
 
@@ -156,9 +179,10 @@ def link_or_copy(ctx: Ctx, src: str, dst: str, st: os.stat_result) -> str:
                 raise
     if (ctx.unit_symlinks and cachelinks.symlink_is_safe(st, ctx.euid, ctx.link_owner)
             and not cachelinks.stays_real(dst[len(str(ctx.dest_tmp)) + 1:], src, st,
-                                          ctx.src_root, ctx.relocating)):
+                                          ctx.src_root, ctx.relocating)
+            and _dirs_trusted(ctx, src)):
         try:
-            os.symlink(src, dst)
+            os.symlink(src, dst)  # (EEXIST, never over anything: see place())
             return CACHE_SYMLINK
         except OSError as e:
             if e.errno not in cachelinks.SYMLINK_GIVE_UP:
@@ -168,12 +192,102 @@ def link_or_copy(ctx: Ctx, src: str, dst: str, st: os.stat_result) -> str:
     return COPY
 
 
+def _dirs_trusted(ctx: Ctx, source: str) -> bool:
+    """May a symlink lead to ``source``, a file of the package being placed? Every
+    directory from its package's cache directory down to it must be a real directory
+    that only root or the trusted owner can change (cachelinks.safe_subdir): a link
+    reads whatever is at that path later, not the inode that was checked."""
+    if ctx._dirs_ok is None:
+        ctx._dirs_ok = {}
+    d = source.rpartition("/")[0]
+    ok = ctx._dirs_ok.get(d)
+    if ok is None:
+        root = (ctx.symlink_roots or {}).get(ctx.unit)
+        ok = root is not None and cachelinks.safe_subdir(root, d, ctx.link_owner, ctx.euid,
+                                                         ctx._dirs_ok)
+    return ok
+
+
+def vouched(ctx: Ctx, rel: str, source: str, st: os.stat_result, sha: str | None) -> bool:
+    """Does SRC's stat cache vouch that the package cache file ``source`` (stat ``st``)
+    still has its package's sha256? It does when an entry for the env's file shares the
+    cache file's (size, mtime, inode) (hardlinked at install) or one keyed by the cache
+    file's path does (written for the cache files the env does not share), and holds
+    that hash or leaves it out (three items: the package's). See :mod:`envtools.hashing`.
+    """
+    return _vouched_key(ctx, rel, source, (st.st_size, st.st_mtime_ns, st.st_ino), sha)
+
+
+def _vouched_key(ctx: Ctx, rel: str, source: str, key: tuple, sha: str | None) -> bool:
+    """:func:`vouched` for a stat key (size, mtime_ns, inode) already taken."""
+    v = _vouch_table(ctx)
+    for k in (rel, source):
+        sc = v.get(k)
+        if sc is not None and sc[:3] == key:
+            return len(sc) == 3 or sc[3] == sha
+    return False
+
+
+def _vouch_table(ctx: Ctx) -> dict:
+    """SRC's stat cache entries for the package being placed: its own part when install
+    wrote one, else all of SRC's stat cache (loaded once per process)."""
+    if ctx._vouch is None:
+        ctx._vouch = {}
+    table = ctx._vouch.get(ctx.unit)
+    if table is None:
+        part = (ctx.vouch_parts or {}).get(ctx.unit)
+        table = load_part(part) if part else None
+        if table is None:
+            if ctx._vouch_all is None:
+                ctx._vouch_all = load_stat_cache(Path(ctx.src_root))
+            table = ctx._vouch_all
+        ctx._vouch[ctx.unit] = table
+    return table
+
+
+class CacheMismatch(EnvtoolsError):
+    """A package cache file no longer has the content its record names."""
+
+
+def check_cache_file(ctx: Ctx, item: Item, st: os.stat_result, data=None) -> bool:
+    """Before a package cache file is linked, copied or relocated: vouched for by SRC's
+    stat cache, or hashed (``data``: its bytes, when they were read anyway) and equal to
+    its record's sha256 and size. Returns False when the record has no sha256 to check
+    against (the file is then taken from SRC); raises :class:`CacheMismatch` when the
+    file does not match."""
+    rel, source, _pt, _ph, _fm, _fc, sha, size = item
+    if not sha:
+        return False
+    if vouched(ctx, rel, source, st, sha):
+        return True
+    if data is not None:
+        got = hashlib.sha256(data).hexdigest()
+    else:
+        fd = confine.open_regular(source)
+        if fd is None:
+            got = "not a regular file"
+        else:
+            with os.fdopen(fd, "rb") as fh:
+                got = sha256_fileobj(fh)
+    if got != sha or (size and st.st_size != size and not item[3]):  # ([3]: placeholder)
+        what = (ctx.names or {}).get(ctx.unit, "a package")
+        raise CacheMismatch(
+            f"the package cache file {source} of {what} does not match its record "
+            f"(sha256 {got}, the record says {sha}): the package cache was changed after "
+            "it was installed",
+            "do not use that cache: ask its owner to reinstall the environment, or clone "
+            "with --no-cache to copy the source's own files (then run envtools validate "
+            "on the clone)", exit_code=1)
+    return True
+
+
 def place(ctx: Ctx, item: Item) -> Placed:
     """Create one tracked file in the clone.
 
     A file placed from the cache has the package's recorded hash, a relocated one the
     hash of what we wrote, and a hardlink shares the stat we already took of its source,
-    so the clone's stat cache costs no extra hashing and hardly any system calls.
+    so the clone's stat cache costs no extra hashing and hardly any system calls. A
+    cache file is used only once :func:`check_cache_file` has vouched for it.
     """
     rel, source, path_type, placeholder, file_mode, from_cache, sha, _size = item
     dst = os.path.join(ctx.dest_tmp, rel)
@@ -182,17 +296,21 @@ def place(ctx: Ctx, item: Item) -> Placed:
         for old in (placeholder, ctx.old_prefix):
             if old and target.startswith(old):
                 target = ctx.new_prefix + target[len(old):]
-        os.symlink(target, dst)
-        return rel, SYMLINK, None, None
+        confine.symlink(target, dst)  # (never followed: see envtools.confine)
+        return rel, SYMLINK, None, None, None
     if path_type == "directory":
-        os.makedirs(dst, exist_ok=True)
-        return rel, "directory", None, None
+        confine.makedirs(str(ctx.dest_tmp), rel)
+        return rel, "directory", None, None, None
     old = placeholder if from_cache else (ctx.old_prefix if placeholder else None)
     if not old and not from_cache:
-        linking.copy(source, dst)
-        return rel, COPY, None, None
+        try:
+            linking.copy(source, dst)
+        except confine.UnsafePath:  # (a link: SRC's own link to its cache, or refused)
+            linking.copy(_src_link_target(ctx, rel, source), dst)
+        return rel, COPY, None, None, None
     if old:
-        with open(source, "rb") as fh:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
             st = os.fstat(fh.fileno())
             # a large binary is mapped, not read: its pages are in the page cache already,
             # and a fresh buffer of tens of MB costs more in page faults than the copy. The
@@ -203,10 +321,11 @@ def place(ctx: Ctx, item: Item) -> Placed:
                     if mapped else fh.read())
         pieces: list = []
         try:
+            if from_cache and not check_cache_file(ctx, item, st, data):
+                return place(ctx, _from_src(ctx, item))
             pieces = relocate_pieces(data, old, ctx.new_prefix, file_mode or "text", what=rel)
             h = hashlib.sha256()
-            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                         linking.writable_mode(st.st_mode))
+            fd = confine.create(dst, linking.writable_mode(st.st_mode))
             try:
                 os.fchmod(fd, linking.writable_mode(st.st_mode))  # whatever the umask
                 for piece in pieces:
@@ -221,12 +340,41 @@ def place(ctx: Ctx, item: Item) -> Placed:
                     if isinstance(piece, memoryview):
                         piece.release()
                 data.close()
-        return rel, RELOCATED, h.hexdigest(), key
-    st = os.stat(source)
-    how = link_or_copy(ctx, source, dst, st)
+        return rel, RELOCATED, h.hexdigest(), key, stat_key(st) if from_cache else None
+    st = os.lstat(source)
+    if not check_cache_file(ctx, item, st):
+        return place(ctx, _from_src(ctx, item))
+    try:
+        how = link_or_copy(ctx, source, dst, st)
+    except FileExistsError:
+        raise confine.UnsafePath(f"{dst} exists already: the records list {rel!r} twice "
+                                 "(or as a link and a file)") from None
     if how in (HARDLINK, CACHE_SYMLINK):  # (the new entry is, or leads to, that inode)
-        return rel, how, sha, stat_key(st)
-    return rel, how, sha, stat_key(os.stat(dst))
+        return rel, how, sha, stat_key(st), None
+    return rel, how, sha, stat_key(os.stat(dst)), stat_key(st)
+
+
+def _src_link_target(ctx: Ctx, rel: str, source: str) -> str:
+    """SRC's file ``source`` is a symlink: a clone of a non-owner's clone copies what
+    it leads to if it is that clone's own link to its package cache (the one link
+    validate follows: cachelinks.link_target from SRC's record), and refuses any
+    other link, as linking.copy does."""
+    epd, noarch = (ctx.src_links or {}).get(ctx.unit, (None, False))
+    want = cachelinks.link_target(epd, noarch, rel)
+    try:
+        target = os.readlink(source)
+    except OSError:
+        target = None
+    if want is None or target != want:
+        raise confine.UnsafePath(f"{source} is a symbolic link where a file was expected; "
+                                 "envtools does not copy what it points to")
+    return want
+
+
+def _from_src(ctx: Ctx, item: Item) -> Item:
+    """The same file taken from SRC's own copy instead of the package cache."""
+    rel, _source, path_type, ph, fm, _from_cache, _sha, size = item
+    return rel, ctx.src_root + "/" + rel, path_type, ph, fm, False, None, size
 
 
 def place_or_fall_back(ctx: Ctx, item: Item) -> Placed:
@@ -234,26 +382,35 @@ def place_or_fall_back(ctx: Ctx, item: Item) -> Placed:
     try:
         return place(ctx, item)
     except (FileNotFoundError, PermissionError):
-        rel, _source, path_type, ph, fm, from_cache, _sha, size = item
-        if from_cache:
-            return place(ctx, (rel, ctx.src_root + "/" + rel, path_type, ph, fm, False, None,
-                               size))
+        if item[5]:
+            return place(ctx, _from_src(ctx, item))
         raise
 
 
 def place_layer(ctx: Ctx, item: Item) -> dict[str, tuple] | None:
     """Link a whole directory to the cache (layers.py) once :func:`layers.verify` says
-    its cache copy is what the plan says; returns the stat cache entries of its files.
-    None: place its files one by one (their directories are made here)."""
+    its cache copy holds exactly the package's files there, safe to link, and SRC's
+    stat cache vouches for every one of them (as for a file linked alone); returns the
+    stat cache entries of its files. None: place its files one by one (their
+    directories are made here), where each is checked, hashed if need be, on its own."""
     rel, source = item[0], item[1]
     subs = ctx.layers[rel] if ctx.layers else []
-    entries = layers.verify(source, subs, rel, ctx.src_root, ctx.relocating)
-    if entries is not None:
-        os.symlink(source, os.path.join(ctx.dest_tmp, rel))
+    bad = confine.first_unsafe([s[0] for s in subs])
+    if bad:
+        raise confine.UnsafePath(f"{(ctx.names or {}).get(ctx.unit, 'a package')}: "
+                                 f"refusing path {bad[0]!r} from its record: {bad[1]}")
+    entries = None
+    if ctx.unit_symlinks and _dirs_trusted(ctx, source):
+        entries = layers.verify(source, subs, rel, ctx.src_root, ctx.relocating,
+                                euid=ctx.euid, owner=ctx.link_owner)
+    if entries is not None and all(
+            s[6] and _vouched_key(ctx, s[0], s[1], entries[s[0]], s[6]) for s in subs
+            if s[0] in entries):
+        confine.symlink(source, os.path.join(ctx.dest_tmp, rel))
         return entries
     base = str(ctx.dest_tmp) + "/"
-    for d in [rel, *_dirs_of(subs)]:
-        os.makedirs(base + d, exist_ok=True)
+    for d in [rel, *_dirs_of([s[0] for s in subs])]:
+        confine.mkdir(base + d)
     return None
 
 
@@ -272,15 +429,9 @@ def probe_reflink(pkg_dir: Path, tmp: Path) -> bool | None:
     return None
 
 
-def _dirs_of(items: list[Item]) -> list[str]:
+def _dirs_of(rels: list[str]) -> list[str]:
     """Every directory these files need, parents first (a prefix sorts first)."""
-    dirs: set[str] = set()
-    for it in items:
-        d = it[0].rpartition("/")[0]
-        while d and d not in dirs:
-            dirs.add(d)
-            d = d.rpartition("/")[0]
-    return sorted(dirs)
+    return sorted(confine.ancestors(rels))
 
 
 @dataclass
@@ -376,6 +527,17 @@ def split_units(groups: list[tuple[int, list[Item]]], n: int,
     return [c for c in chunks if c]
 
 
+def _hold_for_tests() -> None:
+    """With ``ENVTOOLS_HOLD_FIFO`` naming a FIFO, wait until a writer opens it before
+    placing anything. Why: the crash-hygiene tests must kill a clone while its placement
+    processes are certainly running, and every source file is checked before it is read,
+    so nothing in an env can make placement block any more."""
+    fifo = os.environ.get("ENVTOOLS_HOLD_FIFO")
+    if fifo:
+        with open(fifo, "rb"):
+            pass
+
+
 def place_chunks(
     ctx: Ctx, chunks: list[list[Unit]], queue: int, advance: Callable[[int], None],
     on_unit: Callable[[int, dict[str, tuple[str, int]]], None], part: str,
@@ -393,6 +555,7 @@ def place_chunks(
     ``cachelinks.symlink_is_safe`` and not ``cachelinks.stays_real``) without its other
     per-file calls.
     """
+    _hold_for_tests()
     base = str(ctx.dest_tmp) + "/"
     # the fast loop: links are the method, and not root (links_expected), so a file is
     # safe to hardlink when it has no write bit (linking.hardlink_is_safe), and to
@@ -403,43 +566,55 @@ def place_chunks(
     counts: dict[str, int] = {}
     rewritten: dict[str, tuple[str, int]] = {}
     known: dict[str, tuple] = {}  # rel -> (size, mtime_ns, ino[, sha256]): hashing.py
-    link, symlink, stat_ = os.link, os.symlink, os.stat
+    link, symlink, lstat = os.link, os.symlink, os.lstat
     n = links = syms = 0
     while len(claimed := os.read(queue, 2)) == 2:
         units = chunks[int.from_bytes(claimed, "little")]
-        for d in _dirs_of([it for u in units for it in u.items]):
-            try:
-                os.mkdir(base + d)
-            except FileExistsError:
-                pass
+        rels = [it[0] for u in units for it in u.items]
+        dirs = _dirs_of(rels)
+        bad = confine.first_unsafe(rels, dirs)  # (before this chunk writes anything)
+        if bad:
+            key = next(u.key for u in units for it in u.items if it[0] == bad[0])
+            raise confine.UnsafePath(f"{(ctx.names or {}).get(key, 'a package')}: refusing "
+                                     f"path {bad[0]!r} from its record: {bad[1]}")
+        for d in dirs:  # (a real directory, or one made here: never a link to elsewhere)
+            confine.mkdir(base + d)
         for unit in units:
             unit_rewritten: dict[str, tuple[str, int]] = {}
-            symlinks = ctx.unit_symlinks = ctx.symlinks and unit.key in ctx.symlink_keys
+            ctx.unit = unit.key
+            vouch = _vouch_table(ctx) if fast else None
+            symlinks = ctx.unit_symlinks = bool(ctx.symlinks and ctx.symlink_roots
+                                                and unit.key in ctx.symlink_roots)
             for item in unit.items:
                 rel, source, path_type, placeholder, _fm, from_cache, sha, _size = item
                 if (fast and from_cache and not placeholder and path_type == "hardlink"
                         and (ctx.hardlink_ok or symlinks)):
                     try:
-                        st = stat_(source)
-                        linked = False
-                        if st.st_mode & write_bits:
-                            pass
+                        st = lstat(source)
+                        k = (st.st_size, st.st_mtime_ns, st.st_ino)
+                        sc = vouch.get(rel)  # (vouched(), inlined: SRC's hardlinked file)
+                        if st.st_mode & write_bits or not (
+                                sc == k or (sc is not None and sc[:3] == k and sc[3] == sha)):
+                            pass  # (not vouched for here, or writable: place() decides)
                         elif not symlinks:
                             link(source, base + rel)
                             links += 1
-                            linked = True
-                        elif (st.st_uid != euid and (owner is None or st.st_uid == owner)
-                              and not rel.endswith(".pth")) and not (
+                            if sha:  # (it holds the package's sha256: left out)
+                                known[rel] = k
+                            continue
+                        elif (sha and st.st_uid != euid
+                              and (owner is None or st.st_uid == owner)
+                              and not rel.endswith(".pth") and not (
                                 st.st_mode & exec_bits and cachelinks.stays_real(
-                                    rel, source, st, ctx.src_root, ctx.relocating)):
+                                    rel, source, st, ctx.src_root, ctx.relocating))
+                              and _dirs_trusted(ctx, source)):
                             symlink(source, base + rel)
                             syms += 1
-                            linked = True
-                        # (otherwise writable, ours or a program: place() decides)
-                        if linked:
-                            if sha:  # (it holds the package's sha256: left out)
-                                known[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+                            if sha:
+                                known[rel] = k
                             continue
+                        # (otherwise ours, a program, or in a directory others may
+                        # change: place() decides)
                     except OSError as e:
                         if e.errno in linking.LINK_GIVE_UP and not symlinks:
                             ctx.hardlink_ok = False
@@ -456,12 +631,14 @@ def place_chunks(
                 else:
                     subs = [item]
                 for sub in subs:
-                    rel, how, sha, key = place_or_fall_back(ctx, sub)
+                    rel, how, sha, key, cache_key = place_or_fall_back(ctx, sub)
                     counts[how] = counts.get(how, 0) + 1
                     if how == RELOCATED:
                         unit_rewritten[rel] = (sha, key[0])
                     if sha and key:
                         known[rel] = (*key, sha)
+                    if cache_key:  # vouches for the cache file to clones of this clone
+                        known[sub[1]] = cache_key
             rewritten.update(unit_rewritten)
             if unit.writes_record:
                 on_unit(unit.key, unit_rewritten)
@@ -510,6 +687,7 @@ def place_all(
     finally:
         os.close(w)
     children: list[tuple[int, int]] = []  # (pid, read end of its report pipe)
+    me = os.getpid()
     try:
         for worker in range(1, n_workers):
             r, w = os.pipe()
@@ -519,7 +697,7 @@ def place_all(
             try:
                 pid = os.fork()
                 if pid == 0:  # child: place, report, and leave without running anything else
-                    _child(ctx, chunks, queue, on_unit, r, w, f"placed-{worker}")
+                    _child(ctx, chunks, queue, on_unit, r, w, f"placed-{worker}", me)
             finally:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
             os.close(w)
@@ -562,10 +740,13 @@ _SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def _child(ctx: Ctx, chunks: list[list[Unit]], queue: int, on_unit: Callable, r: int,
-           w: int, part: str) -> None:
-    """A forked placement process: never returns (os._exit), whatever happens."""
+           w: int, part: str, parent: int) -> None:
+    """A forked placement process: never returns (os._exit), whatever happens. It is
+    killed when ``parent`` dies (even by SIGKILL, which runs no clean-up code there): a
+    worker left running would go on filling a temporary directory nobody renames."""
     code = 0
     try:
+        procs.die_with_parent(parent)
         for sig in _SIGNALS:  # die at once on Ctrl-C / SIGTERM: the parent cleans up
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
@@ -574,7 +755,7 @@ def _child(ctx: Ctx, chunks: list[list[Unit]], queue: int, on_unit: Callable, r:
             o = place_chunks(ctx, chunks, queue, lambda n: None, on_unit, part)
             out = ("ok", (o.counts, o.rewritten, o.files))
         except EnvtoolsError as e:
-            out = ("error", ("envtools", 0, "", e.message, e.hint))
+            out = ("error", ("envtools", e.exit_code, "", e.message, e.hint))
         except OSError as e:
             out = ("error", ("os", e.errno or 0, e.filename or "", e.strerror or str(e), ""))
         except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
@@ -600,7 +781,7 @@ def _raise_child_died(code: int) -> None:
 def _raise_child_error(payload) -> None:
     kind, err, filename, message, hint = payload
     if kind == "envtools":
-        raise EnvtoolsError(message, hint)
+        raise EnvtoolsError(message, hint, exit_code=err)
     if kind == "os":
         if err == errno.ENOENT:
             raise FileNotFoundError(err, message, filename or None)

@@ -109,7 +109,38 @@ def read_record_file(fp: Path) -> dict:
         raise EnvtoolsError(
             f"cannot read package record {fp}: {e}",
             "the environment's metadata is damaged; reinstall or re-clone it",
+            exit_code=1,
         ) from e
+
+
+def check_record(fp: Path, data: dict) -> None:
+    """Refuse a record missing what every reader of it relies on (name, version and build
+    as strings, each file entry a path string), naming the file, instead of failing later
+    somewhere with a KeyError."""
+    for key in ("name", "version", "build"):
+        if not isinstance(data.get(key), str):
+            what = "has no" if key not in data else "has a malformed"
+            raise _damaged(fp, f"it {what} {key!r}")
+    pd = data.get("paths_data")
+    entries = pd.get("paths") if isinstance(pd, dict) else pd
+    if pd is not None and not isinstance(entries, list):
+        raise _damaged(fp, "its 'paths_data' is not a list of files")
+    for e in entries or ():
+        if not isinstance(e, dict) or not isinstance(e.get("_path"), str):
+            raise _damaged(fp, f"its 'paths_data' has a malformed entry {str(e)[:80]!r}")
+    files = data.get("files")
+    if files is not None and not (isinstance(files, list)
+                                  and all(isinstance(f, str) for f in files)):
+        raise _damaged(fp, "its 'files' is not a list of paths")
+
+
+def _damaged(fp: Path, why: str) -> EnvtoolsError:
+    return EnvtoolsError(
+        f"package record {fp} is damaged: {why}",
+        "the environment's metadata was edited or corrupted: restore that file, or "
+        "reinstall (or re-clone) the environment",
+        exit_code=1,
+    )
 
 
 class Prefix:
@@ -149,6 +180,7 @@ class Prefix:
             data = read_record_file(fp)
             if not isinstance(data, dict) or "name" not in data:
                 continue
+            check_record(fp, data)
             records.append(Record(fp, data))
         return cls(p, records)
 
@@ -165,17 +197,23 @@ class Prefix:
 
 
 def record_file(meta_dir: Path, data: dict) -> Path:
-    """Where a record lives in conda-meta: ``name-version-build.json``."""
-    return meta_dir / f"{data['name']}-{data['version']}-{data['build']}.json"
+    """Where a record lives in conda-meta: ``name-version-build.json`` (one file name:
+    the fields come from data, see :mod:`envtools.confine`)."""
+    from envtools.confine import check_name
+
+    name = f"{data.get('name')}-{data.get('version')}-{data.get('build')}.json"
+    return meta_dir / check_name(name, "package record")
 
 
 def write_record(meta_dir: Path, data: dict) -> Path:
-    """Write one record as ``name-version-build.json``.
+    """Write one new record as ``name-version-build.json`` (never over a file, never
+    through a link).
 
     ``json.dumps`` without indent runs in C; ``json.dump(fh, indent=2)`` runs the pure
     Python encoder, which cost more than linking the files themselves in clone.
     """
+    from envtools.confine import write_new
+
     fp = record_file(meta_dir, data)
-    with open(fp, "w") as fh:
-        fh.write(json.dumps(data))
+    write_new(str(fp), json.dumps(data).encode())
     return fp

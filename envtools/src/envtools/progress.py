@@ -52,10 +52,19 @@ def task(description: str, total: int | None) -> Iterator[callable]:
         yield lambda n=1: prog.advance(tid, n)
 
 
-def info(msg: str) -> None:
-    """One message for the person running the command (markup allowed)."""
+def info(msg: str, text: str = "") -> None:
+    """One message for the person running the command: ``msg`` with markup, then ``text``
+    printed as it is (paths and names from data may hold anything, brackets included)."""
     if _quiet():
-        sys.stderr.write(_TAGS.sub("", msg) + "\n")
+        sys.stderr.write(_TAGS.sub("", msg) + text + "\n")
         sys.stderr.flush()
         return
-    get_console().print(msg, highlight=False, soft_wrap=True)
+    if text:
+        from rich.markup import escape
+
+        msg += escape(text)
+    try:
+        get_console().print(msg, highlight=False, soft_wrap=True)
+    except Exception:  # noqa: BLE001 - a path with "[/x]" in it is not markup: print plain
+        sys.stderr.write(_TAGS.sub("", msg) + "\n")
+        sys.stderr.flush()

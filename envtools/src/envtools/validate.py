@@ -21,13 +21,22 @@ JSON output (``--json``), schema version 1::
       ]
     }
 
-Checks (the ``check`` field): depends, constrains, missing-file, altered-file,
-clobbered-file, pip-duplicate, pip-requires, pip-overwrote, editable-install,
-linked-directories, elf-arch, elf-unresolved, duplicate-library, python-abi, cuda-driver.
+Checks (the ``check`` field): depends, constrains, unsafe-path, missing-file,
+altered-file, clobbered-file, explicit, pip-duplicate, pip-requires, pip-overwrote,
+editable-install, linked-directories, elf-arch, elf-unresolved, duplicate-library,
+python-abi, cuda-driver.
+
+A record's path is data (see :mod:`envtools.confine`): one that is absolute, holds
+``..``, or lies under a symlink is reported as ``unsafe-path`` and never opened. The one
+kind of link validate follows is a clone's own link to its package cache
+(cachelinks.link_target: a package file, or with ``--link-mode dirs`` a directory, that
+leads to the same path in the cache directory its record names); any other link where
+a record has a file is reported as ``altered-file``, and its target is not read.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -39,7 +48,7 @@ from pathlib import Path
 
 import rattler
 
-from envtools import elf, virtual
+from envtools import cachelinks, confine, elf, virtual
 from envtools.errors import EnvtoolsError
 from envtools.hashing import hash_many, load_stat_cache, stat_key
 from envtools.prefix_records import Prefix, Record
@@ -75,6 +84,10 @@ class Context:
     #: rel path -> owning conda record names (more than one means clobbered)
     owners: dict[str, list[Record]] = field(default_factory=dict)
     pip_owned: dict[str, str] = field(default_factory=dict)
+    #: a clone's own links to its package cache that check_files accepted (and so the
+    #: only links check_binaries follows): files (rel) and directories ({rel: target})
+    cache_links: set[str] = field(default_factory=set)
+    linked_dirs: dict[str, str] = field(default_factory=dict)
 
     def add(self, check: str, severity: str, message: str, packages=(), paths=(), hint=""):
         self.findings.append(Finding(check, severity, message, list(packages), list(paths),
@@ -204,6 +217,8 @@ def check_files(ctx: Context) -> None:
             rel = e["_path"]
             ctx.owners.setdefault(rel, []).append(r)
             expected[rel] = (r, e)
+    for rel in _unsafe(ctx, expected):
+        del expected[rel]
     for rel, owners in ctx.owners.items():
         if len(owners) > 1:
             names = [o.name for o in owners]
@@ -219,16 +234,28 @@ def check_files(ctx: Context) -> None:
         fp = os.path.join(root, rel)
         pt = e.get("path_type", "hardlink")
         try:
-            # a package file may be a symlink to the package cache (a non-owner's clone):
-            # what counts is the content read through it, wherever it points
-            st = os.lstat(fp) if pt in ("softlink", "directory") else os.stat(fp)
+            st = os.lstat(fp)
+            if stat.S_ISLNK(st.st_mode) and pt not in ("softlink", "directory"):
+                # a package file may be a clone's link to its package cache (a
+                # non-owner's clone): then what counts is the content read through it.
+                # Any other link is not the package's file, and is not followed.
+                target = os.readlink(fp)
+                if target != cachelinks.link_target(r.extracted_package_dir,
+                                                    r.noarch_python, rel):
+                    ctx.add("altered-file", "error", f"{rel} of {r.name} {r.version} is a "
+                            f"symbolic link to {target}, not the package's file", [r.name],
+                            [rel], hint=f"remove the link and reinstall {r.name} (or clone "
+                            "the env again)")
+                    continue
+                ctx.cache_links.add(rel)
+                st = os.stat(fp)
         except FileNotFoundError:
-            if os.path.islink(fp):
+            if rel in ctx.cache_links:
                 ctx.add("missing-file", "error",
                         f"{rel} of {r.name} {r.version} is a symlink to {os.readlink(fp)}, "
                         "which is gone", [r.name], [rel], hint=_CACHE_GONE)
                 continue
-            gone = _dangling_link(root, rel)
+            gone = _dangling_link(root, rel, ctx.linked_dirs)
             if gone:  # (a clone's directory link to a package cache that is gone)
                 ctx.add("missing-file", "error",
                         f"{rel} of {r.name} {r.version} is missing: {gone[0]} is a link to "
@@ -276,15 +303,121 @@ _CACHE_GONE = ("the package cache this env links to is gone or unreadable: clone
                "does not depend on the cache)")
 
 
-def _dangling_link(root: Path, rel: str) -> tuple[str, str] | None:
-    """The directory link on the way to ``rel`` whose target is gone, if any."""
+def _dangling_link(root: Path, rel: str, linked: dict[str, str]) -> tuple[str, str] | None:
+    """The clone's directory link (``linked``) on the way to ``rel`` whose target is
+    gone, if any."""
     d = rel.rpartition("/")[0]
     while d:
-        p = os.path.join(root, d)
-        if os.path.islink(p) and not os.path.exists(p):
-            return d, os.readlink(p)
+        if d in linked and not os.path.exists(os.path.join(root, d)):
+            return d, linked[d]
         d = d.rpartition("/")[0]
     return None
+
+
+def _unsafe(ctx: Context, expected: dict[str, tuple[Record, dict]]) -> list[str]:
+    """Record paths validate must not open: unsafe by the path rule, or under a directory
+    that is a symlink (or not a directory) in the env; one finding per cause."""
+    bad: list[str] = []
+    rels = list(expected)
+    dirs = confine.ancestors(rels)
+    if confine.first_unsafe(rels, dirs):
+        for rel in rels:
+            why = confine.unsafe_reason(rel)
+            if why:
+                r = expected[rel][0]
+                ctx.add("unsafe-path", "error", f"the record of {r.name} {r.version} lists "
+                        f"{rel!r}, which is {why}: a path outside the environment",
+                        [r.name], [rel], hint="the record is damaged or hostile; do not use "
+                        "this environment: clone it from a trusted source or reinstall it")
+                bad.append(rel)
+        unsafe = set(bad)
+        rels = [rel for rel in rels if rel not in unsafe]
+        dirs = confine.ancestors(rels)
+    root = str(ctx.prefix.root)
+    linked: list[str] = []
+    skip: tuple[str, ...] = ()  # (below a link: the first one on the way decides)
+    ordered = sorted(rels)
+
+    def under_dir(d: str) -> list[str]:  # (the record paths under d: a slice)
+        return ordered[bisect.bisect_left(ordered, d + "/"):bisect.bisect_left(ordered, d + "0")]
+
+    for d in sorted(dirs):
+        if skip and d.startswith(skip):
+            continue
+        try:
+            st = os.lstat(f"{root}/{d}")
+        except OSError:
+            continue  # (its files are reported missing)
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        skip += (d + "/",)
+        if stat.S_ISLNK(st.st_mode):
+            target = _clone_dir_link(root, d, under_dir(d), ctx.owners)
+            if target is not None:
+                ctx.linked_dirs[d] = target
+                continue
+        linked.append(d)
+    for d in linked:
+        under = under_dir(d)
+        names = sorted({expected[rel][0].name for rel in under})
+        ctx.add("unsafe-path", "error", f"{d} is a symbolic link or a file, and the records of "
+                f"{', '.join(names)} list {len(under)} file(s) under it; they were not read",
+                names, under[:20], hint="something replaced a directory of the environment "
+                "with a link; remove the link and reinstall those packages")
+        bad += under
+    return bad
+
+
+def _clone_dir_link(root: str, d: str, under: list[str],
+                    owners: dict[str, list[Record]]) -> str | None:
+    """The target of ``d`` if it is a clone's directory link to its package cache
+    (layers.py): one package owns every record path under it, and it leads to the
+    same directory in that package's cache directory (cachelinks.link_target)."""
+    recs = {id(r): r for rel in under for r in owners.get(rel, ())}
+    if len(recs) != 1:
+        return None
+    r = next(iter(recs.values()))
+    target = os.readlink(f"{root}/{d}")
+    return target if target == cachelinks.link_target(r.extracted_package_dir,
+                                                      r.noarch_python, d) else None
+
+
+def check_explicit(ctx: Context) -> None:
+    """``conda-meta/envtools/explicit.txt`` (written by install) and the records agree:
+    the same packages, from the same URLs, with the same archive sha256."""
+    from envtools.install import EXPLICIT
+
+    try:
+        text = (ctx.prefix.root / EXPLICIT).read_text()
+    except FileNotFoundError:
+        return
+    except OSError as ex:
+        ctx.add("explicit", "error", f"cannot read {EXPLICIT}: {ex.strerror}",
+                hint="check its permissions")
+        return
+    listed: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "@")):
+            url, _, sha = line.partition("#sha256:")
+            listed[url] = sha
+    hint = ("explicit.txt is written by envtools install from the verified archives; a "
+            "difference means the records or the file were changed since: reinstall")
+    seen: set[str] = set()
+    for r in ctx.prefix.records:
+        url, sha = r.data.get("url"), r.data.get("sha256")
+        if url not in listed:
+            ctx.add("explicit", "error", f"{r.name} {r.version} is installed but "
+                    f"{EXPLICIT} does not list it ({url})", [r.name], hint=hint)
+            continue
+        seen.add(url)
+        if sha != listed[url]:
+            ctx.add("explicit", "error", f"{r.name} {r.version}: its record says archive "
+                    f"sha256 {sha}, {EXPLICIT} says {listed[url] or 'none'}", [r.name],
+                    hint=hint)
+    for url in sorted(set(listed) - seen):
+        ctx.add("explicit", "error", f"{EXPLICIT} lists {url}, which is not installed",
+                hint=hint)
 
 
 def _altered(ctx: Context, r: Record, rel: str) -> None:
@@ -439,14 +572,17 @@ def check_pip(ctx: Context) -> None:
 _NO_ELF = ("include", "share", "man", "doc")
 
 
-def _elf_candidates(root: Path, linked_dirs: dict[str, str]) -> list[str]:
+def _elf_candidates(root: Path, cache_links: set[str],
+                    linked_dirs: dict[str, str]) -> list[str]:
     """Files that may be ELF objects (``.so`` in the name, or executable). A clone's links
-    to the package cache count as the files they lead to, and its directory links
-    (layers.py) are walked by the clone's path, where a library in one is opened (its
-    $ORIGIN is the clone's); ``linked_dirs`` gets them ({rel: target}). The package's own
-    links inside the env are left out: their targets are checked."""
+    to the package cache (``cache_links``, accepted by check_files) count as the files
+    they lead to, and its directory links (``linked_dirs``: layers.py) are walked by the
+    clone's path, where a library in one is opened (its $ORIGIN is the clone's). No
+    other link is followed: a package's own links are checked at their targets, and
+    anything else is data (see the module docstring)."""
     out: list[str] = []
     roots = str(root)
+    cut = len(roots) + 1
     stack = [(roots, False)]
     while stack:
         dirpath, quiet = stack.pop()
@@ -466,14 +602,13 @@ def _elf_candidates(root: Path, linked_dirs: dict[str, str]) -> list[str]:
                         stack.append((fp, skip))
                         continue
                     if entry.is_symlink():
-                        target = os.readlink(fp)
-                        if not target.startswith("/") or target.startswith(roots + "/"):
-                            continue  # (a package's own link)
-                        st = os.stat(fp)
-                        if stat.S_ISDIR(st.st_mode):
-                            linked_dirs[os.path.relpath(fp, roots)] = target
+                        rel = fp[cut:]
+                        if rel in linked_dirs:
                             stack.append((fp, skip))
                             continue
+                        if skip or rel not in cache_links:
+                            continue
+                        st = None if ".so" in entry.name else os.stat(fp)
                     elif skip or ".so" in entry.name:
                         st = None
                     else:
@@ -517,16 +652,14 @@ def check_binaries(ctx: Context) -> None:
     # $ORIGIN is the directory it is opened in (the link's); a program's, its real one.
     # (A package's own links inside the env are checked at their targets.)
     real_dir: dict[str, str] = {}
-    linked_dirs: dict[str, str] = {}
-    for fp in _elf_candidates(root, linked_dirs):
-        linked = os.path.islink(fp)
+    for fp in _elf_candidates(root, ctx.cache_links, ctx.linked_dirs):
         info = elf.read_elf(fp)
         if info is not None:
             elves[fp] = info
-            if linked and elf.is_program(fp):
+            if os.path.islink(fp) and elf.is_program(fp):
                 real_dir[fp] = os.path.dirname(os.path.realpath(fp))
     ctx.checked["elf_files"] = len(elves)
-    linked = linked_dirs
+    linked = ctx.linked_dirs
     if linked:
         by_pkg: dict[str, list[str]] = {}
         caches = [(r.extracted_package_dir + "/", r.name) for r in ctx.prefix.records
@@ -606,7 +739,7 @@ def check_binaries(ctx: Context) -> None:
                         hint=f"reinstall that package for python {pyver[0]}.{pyver[1]}")
 
 
-CHECKS = (check_depends, check_cuda, check_files, check_pip, check_binaries)
+CHECKS = (check_depends, check_cuda, check_files, check_explicit, check_pip, check_binaries)
 
 
 def validate(prefix: str | os.PathLike[str], full: bool = False,

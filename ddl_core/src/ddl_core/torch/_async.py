@@ -7,6 +7,16 @@ on the requests in submission order (libddl's progress thread also runs them in 
 order, so nothing behind a finished request waits for a slower one) and completes the
 futures; the training thread never blocks on communication it has not asked for.
 
+A failed collective must fail its future for C++ too. `Future.set_exception()` from Python
+does not: it stores the exception as the future's *value* and raises it only when Python
+unwraps it, so DDP's reducer, which reads the value in C++, took the exception object for
+its gradient tensors and crashed (a segfault in Reducer::finalize_backward). So every
+future handed out is the child of a private one, made with `then()`: the callback returns
+the value or raises the error, and a callback that raises is how torch marks a future as
+failed in C++ (`value()` throws; DDP's backward raises RuntimeError). The original
+DDLError is kept in an Outcome so that `Work.wait()` and `Work.exception()` give it back
+unchanged.
+
 Only this thread waits on a request: two threads waiting on one libddl request would race
 on freeing it.
 """
@@ -20,7 +30,32 @@ from typing import Any
 
 import torch
 
-_Item = tuple[Sequence[Any], "torch.futures.Future[Any]", Any, "Callable[[], None] | None"]
+
+class Outcome:
+    """How a collective ended: set once by the completer, read by DDLWork."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+_Item = tuple[Sequence[Any], "torch.futures.Future[Any]", Any, "Callable[[], None] | None",
+              Outcome]
+
+
+def _unwrap(fut: torch.futures.Future[Any]) -> Any:
+    error, value = fut.value()
+    if error is not None:
+        raise error
+    return value
+
+
+def _pair() -> tuple[torch.futures.Future[Any], torch.futures.Future[Any]]:
+    """(the future the completer sets, the one handed out: it fails in C++ on error)."""
+    inner: torch.futures.Future[Any] = torch.futures.Future()
+    return inner, inner.then(_unwrap)
 
 
 class Completer:
@@ -39,40 +74,49 @@ class Completer:
                 self._thread.start()
 
     def submit(self, handles: Sequence[Any], value: Any,
-               post: Callable[[], None] | None = None) -> torch.futures.Future[Any]:
+               post: Callable[[], None] | None = None
+               ) -> tuple[torch.futures.Future[Any], Outcome]:
         """A future that gets `value` once every handle is done and `post()` has run
-        (post copies results back into tensors that could not be used in place)."""
-        fut: torch.futures.Future[Any] = torch.futures.Future()
+        (post copies results back into tensors that could not be used in place), or fails
+        with the first error; and the Outcome that records it."""
+        inner, fut = _pair()
+        outcome = Outcome()
         if not handles:
-            if post is not None:
-                post()
-            fut.set_result(value)
-            return fut
+            _finish(inner, outcome, value, post)
+            return fut, outcome
         self._start()
-        self._q.put((handles, fut, value, post))
-        return fut
+        self._q.put((handles, inner, value, post, outcome))
+        return fut, outcome
 
     def _run(self) -> None:
         while True:
             item = self._q.get()
             if item is None:
                 return
-            handles, fut, value, post = item
-            try:
-                for h in handles:
-                    h.wait()
-                if post is not None:
-                    post()
-            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-                fut.set_exception(exc)
-                continue
-            fut.set_result(value)
+            handles, inner, value, post, outcome = item
+            _finish(inner, outcome, value, post, handles)
+
+
+def _finish(inner: torch.futures.Future[Any], outcome: Outcome, value: Any,
+            post: Callable[[], None] | None, handles: Sequence[Any] = ()) -> None:
+    try:
+        for h in handles:
+            h.wait()
+        if post is not None:
+            post()
+    except Exception as exc:  # noqa: BLE001 - handed to whoever waits
+        outcome.error = exc
+        inner.set_result((exc, None))
+    else:
+        inner.set_result((None, value))
+    # Only now: set_result ran the then() callback, so the future handed out is complete
+    # too when Work.wait() returns (its callers may look at get_future().done()).
+    outcome.done.set()
 
 
 COMPLETER = Completer()
 
 
-def completed(value: Any) -> torch.futures.Future[Any]:
-    fut: torch.futures.Future[Any] = torch.futures.Future()
-    fut.set_result(value)
-    return fut
+def completed(value: Any) -> tuple[torch.futures.Future[Any], Outcome]:
+    """An already successful future (work that finished inside the call)."""
+    return COMPLETER.submit((), value)

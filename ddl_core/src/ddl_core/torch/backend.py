@@ -14,6 +14,13 @@ libddl runs on MPI_COMM_WORLD, so a `ddl` group must span the whole job (the def
 group, or `new_group()` of every rank); `dist.new_group(ranks, backend="gloo")` serves
 subsets.
 
+Failures: a collective that fails in libddl (a mismatch, a rank that exited or died, a
+timeout) fails its Work: `wait()` raises the ddl_core error (a RuntimeError), `exception()`
+returns it, and the future fails in C++ too, so DDP's backward raises RuntimeError on every
+rank instead of crashing. `timeout=` of `init_process_group`/`new_group` is the deadline of
+that group's collectives (libddl's per-call deadline); left at torch's default (30 min), the
+deadline is DDL_TIMEOUT. A rank that exits or dies is reported at once, whatever the timeout.
+
 Rendezvous: under `ddlrun`/`mpirun` there is no MASTER_ADDR; `init_method="ddl://"`
 (and the default `env://` when MASTER_ADDR is unset in an MPI job) starts a TCPStore on
 rank 0 and tells the other ranks where it is with a DDL broadcast, so the store that
@@ -22,6 +29,7 @@ torch (and NCCL, for `cpu:ddl,cuda:nccl`) needs exists without any launcher sett
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import pickle
@@ -34,10 +42,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
+from torch.distributed.constants import default_pg_timeout
 
 import ddl_core
+from ddl_core import _ddl
+from ddl_core.netaddr import local_addresses
 
-from ._async import COMPLETER, completed
+from ._async import COMPLETER, Outcome, completed
 from ._tensors import chain, check_cpu, prepare
 
 BACKEND_NAME = "ddl"
@@ -67,28 +78,35 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 class DDLWork(dist.Work):
-    """A collective in flight; `wait()` blocks until libddl has finished it."""
+    """A collective in flight; `wait()` blocks until libddl has finished it and raises its
+    error (a ddl_core.DDLError, which is a RuntimeError) if it failed."""
 
-    def __init__(self, fut: torch.futures.Future[Any], value: Any) -> None:
+    def __init__(self, fut: torch.futures.Future[Any], outcome: Outcome, value: Any) -> None:
         super().__init__()
         self._fut = fut
+        self._outcome = outcome
         self._value = value
 
-    def wait(self, timeout: timedelta | None = None) -> bool:  # noqa: ARG002
-        self._fut.wait()  # raises the collective's error, if any
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Block until done (at most `timeout`, when one is given: then a RuntimeError if
+        it has not finished, as torch documents). Raises the collective's error."""
+        seconds = timeout.total_seconds() if timeout else 0.0
+        if seconds > 0 and not self._outcome.done.wait(seconds):
+            raise RuntimeError(f"ddl backend: the collective did not finish within "
+                               f"{seconds:g} s (Work.wait timeout)")
+        self._outcome.done.wait()
+        if self._outcome.error is not None:
+            raise self._outcome.error
         return True
+
+    def exception(self) -> BaseException | None:
+        return self._outcome.error
 
     def is_completed(self) -> bool:
-        return self._fut.done()
+        return self._outcome.done.is_set()
 
     def is_success(self) -> bool:
-        if not self._fut.done():
-            return False
-        try:
-            self._fut.value()
-        except Exception:  # noqa: BLE001
-            return False
-        return True
+        return self._outcome.done.is_set() and self._outcome.error is None
 
     def get_future(self) -> torch.futures.Future[Any]:
         return self._fut
@@ -101,11 +119,40 @@ class DDLWork(dist.Work):
 
 
 def _work(handles: list[Any], value: Any, post: Any = None) -> DDLWork:
-    return DDLWork(COMPLETER.submit(handles, value, post), value)
+    fut, outcome = COMPLETER.submit(handles, value, post)
+    return DDLWork(fut, outcome, value)
 
 
 def _done(value: Any) -> DDLWork:
-    return DDLWork(completed(value), value)
+    fut, outcome = completed(value)
+    return DDLWork(fut, outcome, value)
+
+
+def _timeout_seconds(timeout: timedelta | None) -> float | None:
+    """A process group's deadline in seconds; None (DDL_TIMEOUT) for torch's default."""
+    if timeout is None or timeout == default_pg_timeout:
+        return None
+    seconds = timeout.total_seconds()
+    if not seconds > 0:
+        raise ValueError(f"timeout={timeout!r}: a process group's timeout must be positive")
+    return seconds
+
+
+def _deadline(method: Any) -> Any:
+    """Run a collective under its group's timeout (libddl's per-thread deadline, which an
+    asynchronous request keeps from the moment it is submitted)."""
+    @functools.wraps(method)
+    def wrapped(self: ProcessGroupDDL, *args: Any, **kwargs: Any) -> Any:
+        seconds = self._timeout_s
+        if seconds is None:
+            return method(self, *args, **kwargs)
+        prev = _ddl.set_thread_timeout(seconds)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _ddl.set_thread_timeout(prev)
+
+    return wrapped
 
 
 class ProcessGroupDDL(dist.ProcessGroup):
@@ -121,7 +168,11 @@ class ProcessGroupDDL(dist.ProcessGroup):
                 "Use dist.new_group(ranks, backend='gloo') for a subset of ranks.")
         self._rank = rank
         self._size = size
-        self._timeout = timeout
+        self._timeout_s = _timeout_seconds(timeout)
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """The deadline of this group's later collectives (torch's ProcessGroup API)."""
+        self._timeout_s = _timeout_seconds(timeout)
 
     # -- identity ------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -140,6 +191,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         return f"ProcessGroupDDL(rank={self._rank}, size={self._size})"
 
     # -- reductions ----------------------------------------------------------------------
+    @_deadline
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> DDLWork:
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
@@ -167,6 +219,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         # are unspecified after reduce in torch's contract.
         return self.allreduce(tensors, opts)
 
+    @_deadline
     def _reduce_scatter_base(self, output: torch.Tensor, inp: torch.Tensor,
                              opts: Any = None) -> DDLWork:
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
@@ -196,6 +249,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         return works[-1] if works else _done(outputs)
 
     # -- data movement ------------------------------------------------------------------
+    @_deadline
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> DDLWork:
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
@@ -208,6 +262,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             posts.append(None if work is t else (lambda t=t, w=work: t.copy_(w)))
         return _work(handles, tensors, chain(posts))
 
+    @_deadline
     def _allgather_base(self, output: torch.Tensor, inp: torch.Tensor,
                         opts: Any = None) -> DDLWork:  # noqa: ARG002
         check_cpu(inp)
@@ -227,6 +282,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
         return works[-1] if works else _done(outputs)
 
+    @_deadline
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                   opts: Any = None) -> DDLWork:  # noqa: ARG002
         handles, posts = [], []
@@ -257,6 +313,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         scratch = [[torch.empty_like(inputs[0]) for _ in range(self._size)]]
         return self.allgather(scratch, inputs)
 
+    @_deadline
     def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                 opts: Any = None) -> DDLWork:
         root = opts.rootRank if opts is not None else 0
@@ -267,6 +324,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         h = ddl_core.broadcast_async(_bytes(flat), root)
         return _work([h], outputs, lambda: out.copy_(flat[self._rank]))
 
+    @_deadline
     def alltoall_base(self, output: torch.Tensor, inp: torch.Tensor,
                       output_split_sizes: list[int], input_split_sizes: list[int],
                       opts: Any = None) -> DDLWork:  # noqa: ARG002
@@ -286,6 +344,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         output.copy_(torch.cat(result).reshape(output.shape))
         return _done([output])
 
+    @_deadline
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                  opts: Any = None) -> DDLWork:
         flat = torch.cat([t.reshape(-1) for t in inputs])
@@ -302,13 +361,26 @@ class ProcessGroupDDL(dist.ProcessGroup):
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
     all_to_all_single = alltoall_base
 
+    @_deadline
     def barrier(self, opts: Any = None) -> DDLWork:  # noqa: ARG002
         # Through the queue, so a barrier also waits for collectives issued before it.
         z = torch.zeros(1, dtype=torch.int32)
         return _work([ddl_core.allreduce_async(z, out=z)], [])
 
-    def monitored_barrier(self, opts: Any = None, wait_all_ranks: bool = False) -> None:  # noqa: ARG002
-        self.barrier().wait()
+    def monitored_barrier(self, timeout: timedelta | None = None,
+                          wait_all_ranks: bool = False) -> None:  # noqa: ARG002
+        """A barrier that fails after `timeout` (else the group's deadline) with an error
+        naming the ranks that did not reach it (libddl asks every rank), as gloo's does."""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+        if seconds is None or seconds <= 0:
+            self.barrier().wait()
+            return
+        prev = _ddl.set_thread_timeout(seconds)
+        try:
+            z = torch.zeros(1, dtype=torch.int32)
+            ddl_core.allreduce(z, out=z)  # blocking, under this deadline
+        finally:
+            _ddl.set_thread_timeout(prev)
 
     def send(self, *args: Any, **kwargs: Any) -> DDLWork:
         raise NotImplementedError("the ddl backend has no point-to-point send/recv; create a "
@@ -348,26 +420,6 @@ def under_mpi() -> bool:
                                           "PMI_RANK"))
 
 
-def _local_addresses() -> list[str]:
-    """This host's IPv4 addresses, the resolvable ones first, loopback last."""
-    addrs: list[str] = []
-    try:
-        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
-            addrs.append(str(info[4][0]))
-    except OSError:
-        pass
-    try:  # every local address, also in network namespaces without a hosts entry
-        with open("/proc/net/fib_trie") as fh:
-            lines = fh.read().splitlines()
-        for prev, line in zip(lines, lines[1:], strict=False):
-            if "/32 host LOCAL" in line:
-                addrs.append(prev.split()[-1])
-    except OSError:
-        pass
-    seen = [a for i, a in enumerate(addrs) if a not in addrs[:i] and not a.startswith("127.")]
-    return seen + ["127.0.0.1"]
-
-
 def _bcast_object(obj: Any, root: int = 0) -> Any:
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if ddl_core.rank() == root else None
     n = np.array([0 if data is None else data.size], dtype=np.int64)
@@ -385,7 +437,7 @@ def make_store(timeout: timedelta) -> tuple[dist.Store, int, int]:
         store = dist.TCPStore("0.0.0.0", int(os.environ.get("MASTER_PORT", 0) or 0), size, True,
                               timeout, wait_for_workers=False)
         where = (os.environ.get("MASTER_ADDR") and [os.environ["MASTER_ADDR"]]
-                 or _local_addresses(), store.port)
+                 or local_addresses(), store.port)
         _bcast_object(where)
         return store, rank, size
     addrs, port = _bcast_object(None)

@@ -31,7 +31,8 @@ def allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[
     buf = bucket.buffer()
     work, op, post = prepare(buf, "avg")
     h = ddl_core.allreduce_async(work, op=op, out=work)
-    return COMPLETER.submit([h], buf, post)
+    fut, _ = COMPLETER.submit([h], buf, post)  # fails in C++ too when the allreduce fails
+    return fut
 
 
 def fp16_compress_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:  # noqa: ARG001
@@ -44,4 +45,5 @@ def fp16_compress_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Fut
     buf = bucket.buffer()
     half = buf.div(ddl_core.size()).to(torch.float16)
     h = ddl_core.allreduce_async(half, op="sum", out=half)
-    return COMPLETER.submit([h], buf, lambda: buf.copy_(half))
+    fut, _ = COMPLETER.submit([h], buf, lambda: buf.copy_(half))
+    return fut

@@ -89,7 +89,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             wire.div_(self._ddl_predivide)
             op = "sum"
         work, wop, post = prepare(wire, op)
-        return ddl_core.allreduce_async(work, op=wop, out=work), wire, ctx, post
+        # Matched by the parameter's name: hooks that fire in another order on another
+        # rank still meet the right gradient.
+        h = ddl_core.allreduce_async(work, op=wop, out=work, name=self._ddl_names[p],
+                                     shape=tuple(work.shape))
+        return h, wire, ctx, post
 
     def synchronize(self) -> None:
         """Wait for every gradient's average (queueing the ones whose hook did not fire,
@@ -165,6 +169,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horov
     return dist_opt
 
 
+_instances = 0  # DistributedOptimizers made in this process
+
+
 def _init_wrapper(self: Any, named_parameters: Any, compression: Any, passes: int, op: str,
                   predivide: float) -> None:
     """Set up the averaging state; the base optimizer's own __init__ already ran for the
@@ -183,6 +190,15 @@ def _init_wrapper(self: Any, named_parameters: Any, compression: Any, passes: in
     self._ddl_synchronized = False
     self._ddl_skip_sync = False
     all_params = [p for g in self.param_groups for p in g["params"]]
+    # Each gradient's request is named as Horovod names it ("allreduce.<parameter name>",
+    # else by position), so ranks match gradients by name, not by hook order; a second
+    # optimizer in the process gets its own names (created in the same order everywhere).
+    global _instances
+    prefix = "allreduce." if _instances == 0 else f"allreduce.opt{_instances}."
+    _instances += 1
+    self._ddl_names = {p: f"{prefix}noname.{gi}.{i}"
+                       for gi, g in enumerate(self.param_groups)
+                       for i, p in enumerate(g["params"])}
     if named_parameters is not None:
         named = list(named_parameters)
         ids = {id(p) for _, p in named}
@@ -192,6 +208,8 @@ def _init_wrapper(self: Any, named_parameters: Any, compression: Any, passes: in
                              "optimizer's parameters")
         if len({n for n, _ in named}) != len(named):
             raise ValueError("named_parameters has duplicate names")
+        mine = {id(p) for p in all_params}
+        self._ddl_names.update({p: prefix + n for n, p in named if id(p) in mine})
     self._ddl_hooks = [p.register_post_accumulate_grad_hook(self._ddl_grad_ready)
                        for p in all_params if p.requires_grad]
 

@@ -47,6 +47,7 @@ from ..common.basics import (  # noqa: F401 - re-exported Horovod API
     start_timeline,
     stop_timeline,
 )
+from ..common.matching import alltoall_parts, op_name, submit_alltoall
 
 _HOROVOD_OP = {"avg": "average", "sum": "sum", "min": "min", "max": "max", "prod": "product"}
 
@@ -75,48 +76,174 @@ class Compression:
             return t if ctx is None else tf.cast(t, ctx)
 
 
+def _tf_error(exc: ddl_core.DDLError) -> Exception:
+    """The TensorFlow error Horovod raises for a failed collective: ranks that disagree on
+    it are a FailedPreconditionError (as upstream's coordinator reports them), a duplicate
+    name an InvalidArgumentError, a rank that never submitted it DeadlineExceededError.
+    (Eager execution keeps these classes; inside a tf.function TensorFlow reports errors
+    raised in a numpy_function as UnknownError, with the same message.)"""
+    if isinstance(exc, ddl_core.MismatchError):
+        cls = tf.errors.FailedPreconditionError
+    elif isinstance(exc, ddl_core.InvalidArgumentError):
+        cls = tf.errors.InvalidArgumentError
+    elif isinstance(exc, ddl_core.DDLTimeoutError):
+        cls = tf.errors.DeadlineExceededError
+    else:
+        cls = tf.errors.UnknownError
+    return cls(None, None, str(exc))
+
+
+def _waited(submit: Any) -> Any:
+    """Queue requests (submit() returns their handles) and wait for all of them; every
+    handle is waited for even when one fails, so nothing is left in flight."""
+    try:
+        handles = submit()
+    except ddl_core.DDLError as exc:
+        raise _tf_error(exc) from exc
+    single = not isinstance(handles, list)
+    results, failure = [], None
+    for h in [handles] if single else handles:
+        try:
+            results.append(h.wait())
+        except ddl_core.DDLError as exc:
+            failure = failure or exc
+            results.append(None)
+    if failure is not None:
+        raise _tf_error(failure) from failure
+    return results[0] if single else results
+
+
+def _name(kind: str, t: Any, name: str | None) -> str | None:
+    """Horovod's naming: a given name; inside a tf.function, one derived from the tensor's
+    name (the same on every rank that traced the same function); eagerly, none (matched by
+    order)."""
+    if name is not None or tf.executing_eagerly():
+        return name
+    return f"Horovod{kind}_" + "".join(c if c.isalnum() or c in "._-" else "_" for c in t.name)
+
+
+def _op_label(name: str | None, kind: str) -> str:
+    """A valid TensorFlow op name for the numpy_function."""
+    if not name:
+        return f"Horovod{kind}"
+    return "".join(c if c.isalnum() or c in "._-/" else "_" for c in name).lstrip("_-/") or kind
+
+
+def _np(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x)
+    return x.reshape(1) if x.ndim == 0 else x
+
+
 def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",  # noqa: ARG001
               device_sparse: str = "", compression: Any = Compression.none, op: Any = None,  # noqa: ARG001
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:  # noqa: ARG001
-    """`tensor` reduced over all ranks (IndexedSlices are densified)."""
-    dop = _HOROVOD_OP[ddl_op(op, average)]
+    """`tensor` reduced over all ranks (IndexedSlices are densified). Matched across ranks
+    by name (any order) or, unnamed, by order; shapes and dtypes must agree."""
+    ddl_core.init()
+    dop = ddl_op(op, average)
     t = tf.convert_to_tensor(tensor)
     if prescale_factor != 1.0:
         t = t * tf.cast(prescale_factor, t.dtype)
     wire, ctx = compression.compress(t)
-    out = compression.decompress(_dtf.allreduce(wire, dop, name), ctx)
+    full = op_name("allreduce", _name("Allreduce", wire, name))
+
+    def run(x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x)
+        return _waited(lambda: ddl_core.allreduce_async(x, op=dop, name=full, shape=x.shape))
+
+    out = tf.numpy_function(run, [wire], wire.dtype, stateful=True,
+                            name=_op_label(name, "Allreduce"))
+    out = compression.decompress(tf.reshape(out, tf.shape(wire)), ctx)
     if postscale_factor != 1.0:
         out = out * tf.cast(postscale_factor, out.dtype)
     return out
 
 
 def grouped_allreduce(tensors: list[Any], average: bool | None = None, op: Any = None,
-                      **kwargs: Any) -> list[Any]:  # noqa: ARG001
-    return _dtf.allreduce_list(tensors, _HOROVOD_OP[ddl_op(op, average)])
+                      name: str | None = None, **kwargs: Any) -> list[Any]:  # noqa: ARG001
+    """Every tensor reduced over all ranks: one request each (libddl fuses them), named
+    `<name>.<i>` when named."""
+    ddl_core.init()
+    dop = ddl_op(op, average)
+    ts = [tf.convert_to_tensor(t) for t in tensors]
+    if not ts:
+        return []
+    names = [op_name("grouped_allreduce", None if name is None else f"{name}.{i}")
+             for i in range(len(ts))]
+
+    def run(*xs: np.ndarray) -> list[np.ndarray]:
+        xs = tuple(np.ascontiguousarray(x) for x in xs)
+        return _waited(lambda: [ddl_core.allreduce_async(x, op=dop, name=nm, shape=x.shape)
+                                for x, nm in zip(xs, names, strict=True)])
+
+    outs = tf.numpy_function(run, ts, [t.dtype for t in ts], stateful=True,
+                             name=_op_label(name, "GroupedAllreduce"))
+    return [tf.reshape(o, tf.shape(t)) for o, t in zip(outs, ts, strict=True)]
 
 
 def allgather(tensor: Any, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> Any:  # noqa: ARG001
-    return _dtf.allgather(tensor, name)
+    """Every rank's tensor concatenated along the first dimension (which may differ; the
+    others, and the dtype, must agree)."""
+    ddl_core.init()
+    t = tf.convert_to_tensor(tensor)
+    full = op_name("allgather", _name("Allgather", t, name))
+
+    def run(x: np.ndarray) -> np.ndarray:
+        x = _np(x)
+        return _waited(lambda: ddl_core.allgatherv_async(x, name=full, shape=x.shape))
+
+    out = tf.numpy_function(run, [t], t.dtype, stateful=True, name=_op_label(name, "Allgather"))
+    if t.shape.rank:
+        out.set_shape([None, *t.shape[1:]])
+    return out
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> Any:  # noqa: ARG001
-    return _dtf.broadcast(tensor, root_rank, name)
+    """root_rank's `tensor` on every rank (shapes and dtypes must agree)."""
+    ddl_core.init()
+    t = tf.convert_to_tensor(tensor)
+    full = op_name("broadcast", _name("Broadcast", t, name))
+
+    def run(x: np.ndarray) -> np.ndarray:
+        x = np.array(x, copy=True, order="C")
+        _waited(lambda: ddl_core.broadcast_async(x, root_rank, name=full, shape=x.shape))
+        return x
+
+    out = tf.numpy_function(run, [t], t.dtype, stateful=True, name=_op_label(name, "Broadcast"))
+    return tf.reshape(out, tf.shape(t))
 
 
-def alltoall(tensor: Any, splits: Any = None, name: str | None = None,  # noqa: ARG001
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
              process_set: ProcessSet = global_process_set) -> tuple[Any, Any]:  # noqa: ARG001
-    """Eager alltoall: splits[j] rows to rank j; returns (received, received_splits)."""
-    import torch
+    """splits[j] rows of `tensor` to rank j; returns (received rows, received splits)."""
+    ddl_core.init()
+    n, me = ddl_core.size(), ddl_core.rank()
+    t = tf.convert_to_tensor(tensor)
+    rows_t = tf.shape(t)[0]
+    sp = (tf.fill([n], rows_t // n) if splits is None
+          else tf.cast(tf.convert_to_tensor(splits), tf.int64))
+    full_name = _name("Alltoall", t, name)
 
-    from horovod.torch import alltoall as _a2a
+    def run(x: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x = np.ascontiguousarray(x)
+        s = [int(v) for v in np.asarray(s).reshape(-1)]
+        if splits is None and x.shape[0] % n:
+            raise ValueError(f"alltoall: {x.shape[0]} rows do not split evenly over {n} "
+                             "ranks; pass splits")
+        sh, dh = _waited(lambda: list(submit_alltoall(x, s, full_name)))
+        parts, received = alltoall_parts(sh.reshape(n, n), me)
+        out = np.concatenate([dh[a:b] for a, b in parts]) if parts else dh[:0]
+        return out, np.asarray(received, dtype=np.int32)
 
-    arr = np.asarray(tf.convert_to_tensor(tensor))
-    s = None if splits is None else np.asarray(splits).tolist()
-    out, rs = _a2a(torch.from_numpy(np.ascontiguousarray(arr)), splits=s)
-    return tf.convert_to_tensor(out.numpy()), tf.convert_to_tensor(rs.numpy())
+    out, rsplits = tf.numpy_function(run, [t, sp], [t.dtype, tf.int32], stateful=True,
+                                     name=_op_label(name, "Alltoall"))
+    if t.shape.rank:
+        out.set_shape([None, *t.shape[1:]])
+    rsplits.set_shape([n])
+    return out, rsplits
 
 
 def broadcast_variables(variables: Any, root_rank: int) -> None:
