@@ -446,6 +446,172 @@ def test_clone_of_a_good_cache_still_links_and_validates(world, case, who):
     assert doc["exit_status"] == 0 and doc["checked"]["hashed"] == 0, doc
 
 
+# ---------------------------------------------------------------- clone by a non-owner: symlinks
+def _trusted_site(world: World, case: Path) -> Path:
+    """A site env (root's) in a directory only root can change all the way up, so that
+    a user's clone of it is made of symlinks to its package cache (cachelinks.py)."""
+    top = world.root / f"trusted-{case.name}"
+    top.mkdir(mode=0o755)
+    site = top / "envs" / "p"
+    run_envtools("install", "--channel", world.base, "--prefix", site, "demo-meta")
+    return site
+
+
+def _cache_links(root: Path) -> dict[str, str]:
+    return {os.path.relpath(os.path.join(d, n), root): os.readlink(os.path.join(d, n))
+            for d, dirs, files in os.walk(root) for n in dirs + files
+            if os.path.islink(os.path.join(d, n))
+            and os.readlink(os.path.join(d, n)).startswith("/")}
+
+
+TAMPER = ["replaced", "edited", "symlink", "writable-dir"]
+
+
+@pytest.mark.parametrize("how", TAMPER)
+@pytest.mark.parametrize(("mode", "what"), [("auto", "include/demo.h"),
+                                            ("dirs", "share/demo-meta/README")])
+def test_a_nonowner_clone_links_only_vouched_cache_files(world, case, how, mode, what):
+    """A user's clone of a root-owned site links each cache file (or, with --link-mode
+    dirs, a directory of them) only as a hardlink or a copy would use it: vouched for by
+    the site's stat cache or hashed. A changed cache file (replaced, or edited in place)
+    is refused, and so is one replaced by a link (even to the same bytes: a link's
+    target can change later). Under a package directory others may write, files are
+    copied, not linked."""
+    site = _trusted_site(world, case)
+    good = case / "good"
+    p = as_who("user", world, "clone", "--link-mode", mode, site, good)
+    assert p.returncode == 0 and "symlinks to the cache" in p.stderr, p.stderr
+    linked = good / what if mode == "auto" else (good / what).parent
+    assert linked.is_symlink()
+    target = Path(os.path.realpath(good / what))
+    original = target.read_bytes()
+    os.chmod(target.parent, 0o755)
+    if how == "replaced":
+        tmp = target.with_name("demo.h.new")
+        tmp.write_bytes(original.replace(b"demo", b"evil", 1))
+        os.chmod(tmp, 0o444)
+        os.rename(tmp, target)
+    elif how == "edited":  # (same inode; its mtime tells)
+        os.chmod(target, 0o644)
+        target.write_bytes(original.replace(b"demo", b"evil", 1))
+        os.chmod(target, 0o444)
+    elif how == "symlink":
+        (world.outside / "demo.h").write_bytes(original)
+        target.unlink()
+        target.symlink_to(world.outside / "demo.h")
+    else:
+        os.chmod(target.parent, 0o777)
+    if how != "writable-dir":
+        os.chmod(target.parent, 0o555)
+    before = snapshot(world, case)
+    dest = case / "dest"
+    p = as_who("user", world, "clone", "--link-mode", mode, site, dest)
+    if how == "writable-dir":
+        assert p.returncode == 0, p.stderr
+        for x in (dest / what, (dest / what).parent):
+            assert not x.is_symlink(), x
+        assert (dest / what).read_bytes() == original
+        links = _cache_links(dest)
+        assert links and not [t for t in links.values()
+                              if t.startswith(f"{target.parent}/")]
+        doc = json.loads(as_who("user", world, "validate", dest, "--json").stdout)
+        assert doc["exit_status"] == 0, doc["findings"]
+        return
+    refused(p, str(target), "does not match its record")
+    assert snapshot(world, case) == before
+    no_leftovers(case)
+    if how == "symlink":
+        (world.outside / "demo.h").unlink()
+
+
+NONOWNER_MODES = ["auto", "dirs", "no-cache"]
+
+
+@pytest.mark.parametrize("mode", NONOWNER_MODES)
+@pytest.mark.parametrize("how", FORGED)
+def test_a_users_symlinked_clone_made_hostile_writes_nothing_outside(world, case, how, mode):
+    """The source is a user's clone of the site (symlinks to the root-owned cache),
+    forged afterwards; cloning it by a non-owner, with per-file links, linked
+    directories or no cache, is refused and writes nothing anywhere."""
+    src = case / "src"
+    link_mode = "dirs" if mode == "dirs" else "auto"
+    p = as_who("user", world, "clone", "--link-mode", link_mode, world.site, src)
+    assert p.returncode == 0 and "symlinks to the cache" in p.stderr, p.stderr
+    fragment = _forge(world, src, how)
+    before = snapshot(world, case)
+    args = ["clone", src, case / "dest"] + (
+        ["--no-cache"] if mode == "no-cache" else ["--link-mode", link_mode])
+    refused(as_who("user", world, *args), fragment)
+    assert snapshot(world, case) == before
+    if how == "record-symlink":
+        (world.outside / ".bash_profile").unlink()
+
+
+def test_a_symlinked_clone_is_copied_only_through_its_own_links(world, case):
+    """--no-cache of a non-owner's clone copies what its links to the package cache
+    lead to (the clone's files); a link turned elsewhere is refused, not followed.
+    With the cache, the package's files come from the cache, never through SRC's links."""
+    src = case / "src"
+    p = as_who("user", world, "clone", world.site, src)
+    assert p.returncode == 0 and (src / "include" / "demo.h").is_symlink(), p.stderr
+    original = (src / "include" / "demo.h").read_bytes()
+    p = as_who("user", world, "clone", "--no-cache", src, case / "copied")
+    assert p.returncode == 0, p.stderr
+    copied = case / "copied" / "include" / "demo.h"
+    assert not copied.is_symlink() and copied.read_bytes() == original
+    (world.outside / "demo.h").write_bytes(b"not the package's\n")
+    (src / "include" / "demo.h").unlink()
+    (src / "include" / "demo.h").symlink_to(world.outside / "demo.h")
+    before = snapshot(world, case)
+    refused(as_who("user", world, "clone", "--no-cache", src, case / "dest"),
+            f"{src}/include/demo.h is a symbolic link")
+    assert snapshot(world, case) == before
+    p = as_who("user", world, "clone", src, case / "dest")
+    assert p.returncode == 0, p.stderr
+    assert Path(os.path.realpath(case / "dest" / "include" / "demo.h")).read_bytes() == original
+    (world.outside / "demo.h").unlink()
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_validate_follows_only_a_clones_own_links_to_its_cache(world, case, who):
+    """A non-owner's clone: its links to the package cache are read through (no hashing,
+    exit 0). A package file whose link was turned elsewhere, and a linked directory
+    turned elsewhere, are reported and not opened (they lead to FIFOs, which would
+    block a reader until the timeout); ELF files are not looked for through them."""
+    files, dirs = case / "files", case / "dirs"
+    for dest, mode in ((files, "auto"), (dirs, "dirs")):
+        p = as_who("user", world, "clone", "--link-mode", mode, world.site, dest)
+        assert p.returncode == 0, p.stderr
+        doc = json.loads(as_who(who, world, "validate", dest, "--json").stdout)
+        assert doc["exit_status"] == 0 and doc["checked"]["hashed"] == 0, doc["findings"]
+    site = next(files.glob("lib/python*/site-packages"))
+    ext = next(site.glob("demo_py/_ext.*.so"))
+    assert ext.is_symlink()
+    os.mkfifo(case / "fifo.so")
+    ext.unlink()
+    ext.symlink_to(case / "fifo.so")
+    p = as_who(who, world, "validate", files, "--json", timeout=60)
+    doc = json.loads(p.stdout)
+    assert doc["exit_status"] == 1
+    altered = [f for f in doc["findings"] if f["check"] == "altered-file"]
+    assert [f["paths"] for f in altered] == [[str(ext.relative_to(files))]]
+    assert "symbolic link" in altered[0]["message"]
+    linked = next(d for d in ("share/demo-meta", "share/cuda-version")
+                  if (dirs / d).is_symlink())
+    elsewhere = case / "elsewhere"
+    elsewhere.mkdir()
+    for name in os.listdir(dirs / linked):
+        os.mkfifo(elsewhere / name)
+    (dirs / linked).unlink()
+    (dirs / linked).symlink_to(elsewhere)
+    doc = json.loads(as_who(who, world, "validate", dirs, "--json", timeout=60).stdout)
+    unsafe = [f for f in doc["findings"] if f["check"] == "unsafe-path"]
+    assert doc["exit_status"] == 1 and len(unsafe) == 1, doc["findings"]
+    assert unsafe[0]["paths"] and all(x.startswith(linked + "/") for x in unsafe[0]["paths"])
+    assert not [f for f in doc["findings"] if f["check"] == "linked-directories"
+                and linked in f["paths"]]
+
+
 # ---------------------------------------------------------------- validate
 @pytest.mark.parametrize("who", WHO)
 def test_validate_reports_unsafe_paths_without_following_them(world, case, who):

@@ -28,6 +28,13 @@ fast against ``cp -a`` as it is.
 * ``cp -al`` for reference: GNU cp hardlinking every file, as root, in one process. It
   relocates nothing and writes no records, so it is not a clone, but it is about the
   least a clone that links its files can cost;
+* a **non-owner**: a real uid other than the cache's owner (as root, one without an
+  account, through ``setpriv``: see asuser.py), cloning the root-owned env as users of a
+  site do (a symlink per file to the cache: cachelinks.py), with ``--link-mode dirs``
+  (whole directories linked: layers.py) and with ``--link-mode copy`` (what such users
+  got before), against ``cp -a``, ``cp -as`` (a symlink per file: the least a
+  clone that symlinks every file can cost) and ``cp -al`` by the same user (refused by
+  the kernel under ``fs.protected_hardlinks=1``), and ``validate`` of that user's clone;
 * a fresh ``envtools install`` of the env's specs from its channel (a new prefix and
   package cache), with the time it spent checking every archive's sha256 against the
   repodata (``ENVTOOLS_TIMINGS``), and for comparison a py-rattler install of the same
@@ -39,7 +46,9 @@ By default it generates an environment of ``--files`` files in ``--packages`` pa
 under 8 KiB, 0.5% of 1-4 MiB), ~2% text files and 0.5% binaries carrying the prefix;
 ``--large-libs 8`` adds eight 64-256 MiB libraries, like the few huge ones (libtorch_cuda,
 libcudnn, libcublasLt, libnccl...) that make up most of a real PyTorch/TensorFlow env.
-``--prefix envs/powerai`` measures an existing env installed by ``envtools install``.
+``--prefix envs/powerai`` measures an existing env installed by ``envtools install``;
+with ``--read-only-source`` nothing of it or its cache is changed (the py-rattler row,
+which needs a writable cache, is left out).
 """
 
 from __future__ import annotations
@@ -58,6 +67,8 @@ import time
 import warnings
 from pathlib import Path
 
+from envtools import asuser
+from envtools.errors import EnvtoolsError
 from envtools.progress import get_console
 
 GEN = r'''
@@ -201,6 +212,30 @@ def _time(cmd: list[str], env: dict | None = None) -> float:
     return dt
 
 
+def _findings(cmd: list[str], env: dict | None = None) -> tuple[int, set[tuple]]:
+    """``validate --json``'s exit status and its errors and warnings, for comparing two
+    envs (a clone's notes say more: which directories are links to the cache)."""
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    doc = json.loads(p.stdout)
+    return doc["exit_status"], {(f["check"], f["severity"], tuple(f["paths"]))
+                                for f in doc.get("findings", []) if f["severity"] != "info"}
+
+
+def _non_owner(work: Path, src: Path, cache: str | None) -> tuple[asuser.User | None, str]:
+    """The user whose clones the non-owner rows time, or None and why not."""
+    if not cache:
+        return None, "the env has no package cache"
+    if os.geteuid() != 0 and os.stat(cache).st_uid == os.geteuid():
+        return None, "we own the package cache: run the bench as root, or as another user"
+    try:
+        user = asuser.unprivileged(work / "non-owner")
+    except EnvtoolsError as e:
+        return None, e.message
+    if user.run(user.cmd("test", "-r", src / "conda-meta")).returncode != 0:
+        return None, f"uid {user.uid} cannot read {src} (a parent directory is private?)"
+    return user, ""
+
+
 RATTLER_FRESH = r'''
 import asyncio, glob, sys, time, rattler
 src, dest, cache = sys.argv[1:4]
@@ -236,6 +271,17 @@ print(time.perf_counter() - t)
 '''
 
 
+NON_OWNER_CLONE = "envtools clone (cache, non-owner: a symlink per file)"
+NON_OWNER_DIRS = "envtools clone (cache, non-owner, --link-mode dirs: linked directories)"
+
+
+def _sysctl(name: str) -> str:
+    try:
+        return Path("/proc/sys", name).read_text().strip()
+    except OSError:
+        return "?"
+
+
 def _count_files(p: Path) -> tuple[int, int]:
     n = size = 0
     for dirpath, _d, files in os.walk(p):
@@ -265,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=35.0, metavar="SECONDS",
                     help="rest after removing each round's trees, so no command pays for "
                     "the removal (see above) [default: 35]")
+    ap.add_argument("--read-only-source", action="store_true",
+                    help="change nothing in the env or its cache (leaves out the py-rattler "
+                    "install, which needs a writable cache)")
+    ap.add_argument("--only", choices=("all", "non-owner"), default="all",
+                    help="non-owner: only cp -a (as root) and the non-owner rows")
     a = ap.parse_args(argv)
     envtools = [sys.executable, "-m", "envtools"]
     # envtools runs byte-compiled, as an installed package does (pip and conda compile at
@@ -290,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         channel = build_bench_channel(a.files, a.packages, a.large_libs)
         install_from = (str(channel), ["bench-env"])
         tmp_root = Path(tempfile.mkdtemp(prefix="envtools-bench-", dir=a.workdir or "/tmp"))
+        os.chmod(tmp_root, 0o755)  # (the non-owner reads the env)
         src = tmp_root / "site" / "envs" / "bench"
         get_console().print(f"installing the bench env into {src}")
         subprocess.run([*envtools, "install", "--channel", str(channel), "--prefix", str(src),
@@ -298,6 +350,13 @@ def main(argv: list[str] | None = None) -> int:
 
     cache = read_prefix_info(src).get("package_cache")
     work = Path(tempfile.mkdtemp(prefix="clones-", dir=a.workdir or src.parent))
+    os.chmod(work, 0o755)
+    user, why_not = _non_owner(work, src, cache)
+    if user is None:
+        get_console().print(f"no non-owner rows: {why_not}")
+    else:
+        ud = user.home / "dest"
+        get_console().print(f"non-owner: uid {user.uid}, running {' '.join(user.python)}")
     nfiles, nbytes = _count_files(src)
     load_start = os.getloadavg()
     get_console().print(f"env: {src}: {nfiles} files, {nbytes / 2**20:.0f} MiB; cache: {cache}")
@@ -323,10 +382,51 @@ def main(argv: list[str] | None = None) -> int:
         os.sync()
         time.sleep(a.settle)
 
-    def timed(name: str, cmd: list[str], dest: Path | None) -> None:
-        results.setdefault(name, []).append(_time(cmd))
+    def timed(name: str, cmd: list[str], dest: Path | None, env: dict | None = None) -> None:
+        results.setdefault(name, []).append(_time(cmd, env))
         if dest is not None:
             set_aside(dest)
+
+    notes: list[str] = []
+    cp_al_refused: list[str] = []
+
+    def non_owner_round(first: bool) -> None:
+        """The non-owner's commands (see the module docstring), into their own directory."""
+        assert user is not None
+        env = user.env
+        timed("cp -a (non-owner)", user.cmd("cp", "-a", src, ud), ud, env)
+        clone = user.envtools("clone", src, ud)
+        timed(NON_OWNER_CLONE, clone, None, env)
+        if first:  # (untimed) does it validate as cleanly as the env it was cloned from?
+            mine = _findings(user.envtools("validate", "--json", ud), env)
+            site = _findings(user.envtools("validate", "--json", src), env)
+            extra, gone = mine[1] - site[1], site[1] - mine[1]
+            notes.append(f"validate of the non-owner's clone: exit status {mine[0]} (the "
+                         f"env's own: {site[0]}), {len(mine[1])} errors and warnings: "
+                         + ("the same as the env's" if not extra and not gone else
+                            f"{len(extra)} not in the env's, {len(gone)} of the env's "
+                            f"missing: {sorted(extra)[:3]} {sorted(gone)[:3]}"))
+        timed("envtools validate (the non-owner's clone)", user.envtools("validate", ud),
+              None, env)
+        set_aside(ud)
+        timed(NON_OWNER_DIRS, user.envtools("clone", "--link-mode", "dirs", src, ud), ud,
+              env)
+        timed("envtools clone (cache, non-owner, --link-mode copy)",
+              user.envtools("clone", "--link-mode", "copy", src, ud), ud, env)
+        timed("(cp -as: a symlink per file, non-owner)", user.cmd("cp", "-as", src, ud), ud,
+              env)
+        if first or not cp_al_refused:
+            os.sync()
+            t = time.perf_counter()
+            p = user.run(user.cmd("cp", "-al", src, ud))
+            dt = time.perf_counter() - t
+            if p.returncode == 0:
+                results.setdefault("(cp -al: hardlinks only, non-owner)", []).append(dt)
+            else:
+                cp_al_refused.append((p.stderr.strip().splitlines() or ["?"])[0])
+            set_aside(ud)
+        timed("(python -m envtools --help as the non-owner: start-up)",
+              user.envtools("--help"), None, env)
 
     def rattler_install() -> None:
         # py-rattler refuses a read-only cache ("no eligible writable layers"), so the cache
@@ -377,15 +477,20 @@ def main(argv: list[str] | None = None) -> int:
 
     fresh = work / "rattler_fresh.py"
     fresh.write_text(RATTLER_FRESH)
-    if a.no_install:
+    if a.no_install or a.only == "non-owner":
         install_from = None
     # rounds interleave every command, so load from other users hits them all alike
     for i in range(a.repeat):
         get_console().print(f"round {i + 1}/{a.repeat} (after {a.settle:.0f} s to settle)")
         settle()
         timed("cp -a", ["cp", "-a", str(src), str(d)], d)
-        if cache:
+        if user is not None:
+            non_owner_round(i == 0)
+        if a.only == "non-owner":
+            continue
+        if cache and not a.read_only_source:
             rattler_install()
+        if cache:
             timed(clone_label, [*userns, *envtools, "clone", str(src), str(d)], d)
             if userns:
                 timed("envtools clone (cache, as root: copies)",
@@ -416,23 +521,51 @@ def main(argv: list[str] | None = None) -> int:
     out.print(t)
     cpa = med["cp -a"]
     lines = []
-    clone_key = next((k for k in med if k.startswith("envtools clone (cache")), None)
+
+    def rounds(base: str, key: str) -> str:
+        per = [x / y for x, y in zip(results[base], results[key], strict=True)]
+        return (f"round by round {' '.join(f'{x:.1f}' for x in per)}, median "
+                f"{statistics.median(per):.1f}x")
+
+    clone_key = next((k for k in med if k.startswith("envtools clone (cache, non-root")
+                      or k == "envtools clone (cache)"), None)
     if clone_key:
-        r = med["py-rattler install (same cache), whole process"]
         c = med[clone_key]
-        per_round = [x / y for x, y in zip(results["cp -a"], results[clone_key], strict=True)]
+        rattler = med.get("py-rattler install (same cache), whole process")
         lines.append(f"clone with cache: {cpa / c:.1f}x faster than cp -a (target >= 10x; "
-                     f"round by round {' '.join(f'{x:.1f}' for x in per_round)}, median "
-                     f"{statistics.median(per_round):.1f}x); {c / r:.2f}x the time of a "
-                     f"py-rattler install from the same cache, whole processes (target <= "
-                     f"1.0x)")
+                     f"{rounds('cp -a', clone_key)})" + (
+                         f"; {c / rattler:.2f}x the time of a py-rattler install from the "
+                         f"same cache, whole processes (target <= 1.0x)" if rattler else ""))
         floor = med["(cp -al: hardlinks only, as root)"]
         lines.append(f"(cp -al, hardlinks only, one process: {cpa / floor:.1f}x faster than "
                      f"cp -a; the clone takes {c / floor:.2f}x its time)")
-    n = med["envtools clone --no-cache"]
-    lines.append(f"clone without cache: {n / cpa:.2f}x the time of cp -a (target <= 1.5x)")
-    lines.append(f"validate: {med['envtools validate']:.2f} s (target <= 3 s); "
-                 f"--full: {med['envtools validate --full']:.2f} s")
+    if user is not None:
+        ucpa = med["cp -a (non-owner)"]
+        c = med[NON_OWNER_CLONE]
+        lines.append(f"non-owner clone (uid {user.uid}; a symlink per file to the root-owned "
+                     f"cache): {ucpa / c:.1f}x faster than cp -a by the same user (target >= "
+                     f"10x; {rounds('cp -a (non-owner)', NON_OWNER_CLONE)})")
+        dirs = med[NON_OWNER_DIRS]
+        lines.append(f"non-owner clone with linked directories (--link-mode dirs): "
+                     f"{ucpa / dirs:.1f}x faster than cp -a by the same user ("
+                     f"{rounds('cp -a (non-owner)', NON_OWNER_DIRS)})")
+        ccopy = med["envtools clone (cache, non-owner, --link-mode copy)"]
+        lines.append(f"non-owner clone with copies (--link-mode copy, what non-owners got "
+                     f"before): {ucpa / ccopy:.1f}x faster than cp -a by the same user")
+        cpas = med["(cp -as: a symlink per file, non-owner)"]
+        lines.append(f"(cp -as by that user, a symlink per file, nothing relocated, no "
+                     f"records: {ucpa / cpas:.1f}x faster than cp -a; the clone takes "
+                     f"{c / cpas:.2f}x its time)")
+        al = med.get("(cp -al: hardlinks only, non-owner)")
+        lines.append(f"(cp -al by that user: {ucpa / al:.1f}x faster than cp -a)" if al else
+                     f"(cp -al by that user: refused: {cp_al_refused[0]}; "
+                     f"fs.protected_hardlinks={_sysctl('fs/protected_hardlinks')})")
+        lines += notes
+    if "envtools clone --no-cache" in med:
+        n = med["envtools clone --no-cache"]
+        lines.append(f"clone without cache: {n / cpa:.2f}x the time of cp -a (target <= 1.5x)")
+        lines.append(f"validate: {med['envtools validate']:.2f} s (target <= 3 s); "
+                     f"--full: {med['envtools validate --full']:.2f} s")
     if install_from:
         inst = med["envtools install (fresh prefix and cache)"]
         ver = med["(of which: sha256 of the archives)"]

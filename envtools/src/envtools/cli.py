@@ -69,8 +69,10 @@ def _cmd_clone(a: argparse.Namespace) -> int:
     """Clone SRC to DEST quickly and exactly, then optionally --add packages.
 
     Package files are linked from SRC's package cache when it is readable (reflink, or a
-    hardlink to a cache file nobody may write, never as root), else copied from SRC; prefixes
-    are relocated; pip-installed files are carried over. Built beside DEST and renamed
+    hardlink to a cache file nobody may write, never as root; for a user who does not own
+    a root-owned cache, a symlink to each file of it, or with --link-mode dirs to whole
+    directories, they cannot change), else copied from SRC; prefixes are relocated;
+    pip-installed files are carried over. Built beside DEST and renamed
     into place: on failure or Ctrl-C nothing is left at DEST.
     """
     from envtools.clone import clone
@@ -95,6 +97,26 @@ def _writing(dest: Path) -> Iterator[None]:
         if not e.filename:
             e.filename = f"while writing {os.path.abspath(dest)}"
         raise
+
+
+def _cmd_detach(a: argparse.Namespace) -> int:
+    """Give packages of a clone directories of their own, so pip and conda can change them.
+
+    A user's clone made with --link-mode dirs links whole directories of packages to the
+    site's read-only package cache (one link for thousands of files). pip and conda cannot
+    uninstall or upgrade such a package in place (pip stops with "Permission denied" on
+    a path in the cache, and changes nothing). This replaces each such link of the named
+    packages (all, if none is named) by a real directory holding a symlink per file:
+    nothing is copied, and the site env is not changed. `envtools validate` lists the
+    linked packages (check linked-directories).
+    """
+    from envtools.layers import detach
+
+    done = detach(a.prefix, a.package or [])
+    pkgs = sorted({p for p, _d in done})
+    info(f"detached {len(done)} directories of {len(pkgs)} packages"
+         + (f": {', '.join(pkgs)}" if pkgs else " (none were linked)"))
+    return 0
 
 
 def _cmd_module(a: argparse.Namespace) -> int:
@@ -195,12 +217,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let --add change the versions of already installed packages")
     p.add_argument("--channel", action="append",
                    help="channel for --add [default: the channels the env came from]")
-    p.add_argument("--link-mode", choices=("auto", "reflink", "copy"), default="auto",
+    p.add_argument("--link-mode", choices=("auto", "dirs", "reflink", "symlink", "copy"),
+                   default="auto",
                    help="auto: reflink, else hardlink to read-only cache files when not root, "
-                   "else copy")
+                   "else (a root-owned cache, hardlinks refused) a symlink per file to it, "
+                   "else copy; dirs: as auto, and one link for each directory a package owns "
+                   "wholly (fastest; pip/conda need `envtools detach` before they change such "
+                   "a package); symlink: a symlink per file, also to a cache another user owns")
     p.add_argument("--no-cache", action="store_true",
                    help="ignore the package cache: copy from SRC and relocate")
     _virtual_opt(p)
+
+    p = _subcommand(sub, "detach", _cmd_detach)
+    p.add_argument("prefix", type=Path, help="your clone")
+    p.add_argument("package", nargs="*", help="package names [default: all]")
 
     p = _subcommand(sub, "module", _cmd_module)
     p.add_argument("prefix", type=Path, help="the environment to publish")

@@ -14,13 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envtools import cachetag, confine, linking, placement, record_index
+from envtools import cachelinks, cachetag, confine, layers, linking, placement, record_index
 from envtools.errors import EnvtoolsError
 from envtools.hashing import (
     STAT_CACHE,
@@ -37,7 +36,10 @@ from envtools.relocate import looks_binary
 from envtools.tempdirs import atomic_dir
 from envtools.untracked import untracked
 
-_SITE_RE = re.compile(r"^lib/python\d+\.\d+/site-packages/")
+#: --link-mode values: auto (reflink, else hardlink, else a symlink per file to a cache
+#: only root can change, else copy), dirs (auto, linking whole directories where a
+#: package owns them: layers.py), or one method where possible (copy otherwise)
+LINK_MODES = ("auto", "dirs", "reflink", "symlink", "copy")
 
 
 @dataclass
@@ -111,20 +113,15 @@ def _find_cache(src: Path, records: list[Record]) -> dict[str, Path]:
             if (meta.get("name"), str(meta.get("version")), meta.get("build")) == (
                 r.name, r.version, r.build
             ) and os.access(c, os.R_OK | os.X_OK):
-                found[r.name] = c
+                # canonical: what a clone links to, and records, has no symlink on the way
+                found[r.name] = Path(os.path.realpath(c))
                 break
     return found
 
 
 def _cache_rel(r: Record, rel: str) -> str:
     """Where an installed path lives inside the extracted package (noarch: python moves)."""
-    if r.noarch_python:
-        m = _SITE_RE.match(rel)
-        if m:
-            return "site-packages/" + rel[m.end():]
-        if rel.startswith("bin/"):
-            return "python-scripts/" + rel[4:]
-    return rel
+    return cachelinks.cache_rel(r.noarch_python, rel)
 
 
 def _copy_untracked(ctx: Ctx, src: Path, rel: str) -> tuple[str, bool]:
@@ -320,9 +317,9 @@ def clone(
 ) -> CloneReport:
     """Clone SRC to DEST (see module docstring); returns what was done."""
     t0 = time.monotonic()
-    if link_mode not in ("auto", "reflink", "copy"):
+    if link_mode not in LINK_MODES:
         raise EnvtoolsError(
-            f"unknown --link-mode {link_mode!r}", "use auto, reflink or copy"
+            f"unknown --link-mode {link_mode!r}", f"use one of {', '.join(LINK_MODES)}"
         )
     srcp = Path(os.path.abspath(src))
     destp = Path(os.path.abspath(dest))
@@ -348,14 +345,35 @@ def clone(
             vouch_parts={k: str(srcp / STAT_CACHE / f"{package_part(r.dist)}.marshal")
                          for k, r in enumerate(prefix.records)},
             names={k: f"package {r.name} {r.version}" for k, r in enumerate(prefix.records)},
+            src_links={k: (r.extracted_package_dir, r.noarch_python)
+                       for k, r in enumerate(prefix.records)},
         )
         groups = _plan(prefix.records, cache, srcp, old_prefix)
         report.timings["load"] = load_s
         report.timings["plan"] = time.monotonic() - t0
-        if cache and link_mode == "auto":
+        if cache and link_mode in ("auto", "dirs"):
             ctx.reflink_ok = placement.probe_reflink(next(iter(cache.values())), tmp)
+        elif link_mode == "symlink":
+            ctx.reflink_ok = False
+        # untracked files: pip installs and anything else users put there
+        files, empty = untracked(srcp, lambda: {f[0] for r in prefix.records
+                                                for f in r.plan_fields()})
+        if cachetag.NAME in files and cachetag.is_tag(srcp / cachetag.NAME):
+            files = [f for f in files if f != cachetag.NAME]  # (see envtools.cachetag)
+        confine.check_paths(files, f"the untracked files of {srcp}")
+        confine.check_paths(empty, f"the empty directories of {srcp}")
+        if cache and ctx.links_expected() and ctx.reflink_ok is not True and (
+                link_mode == "symlink"
+                or not cachelinks.probe_hardlink(next(iter(cache.values())), tmp)):
+            _plan_symlinks(ctx, link_mode, prefix.records, cache, groups)
+            if link_mode == "dirs" and not add:  # (--add: rattler may remove any file)
+                groups = _plan_layers(ctx, prefix.records, cache, groups, files)
+            report.timings["links planned"] = time.monotonic() - t0
         meta = tmp / "conda-meta"
         (tmp / STAT_CACHE).mkdir(parents=True)  # (placement writes its parts there)
+
+        # conda's link type for packages placed from the cache (symlinks where allowed)
+        soft = ctx.symlink_roots if ctx.symlinks else None
 
         def write_package_record(key: int, rewritten: dict[str, tuple[str, int]]) -> None:
             """conda-meta: the same record, pointing at its new link source (this runs in
@@ -363,11 +381,22 @@ def clone(
             rec = prefix.records[key]
             cdir = cache.get(rec.name)
             epd = str(cdir) if cdir else ""
-            link = {"source": str(cdir) if cdir else str(srcp), "type": 1 if cdir else 3}
-            if not rewritten and rec.extracted_package_dir == epd and rec.link == link:
-                # unchanged (linked from the same cache): copy its bytes, unparsed
-                linking.copy(str(rec.path), str(meta / f"{rec.dist}.json"), 0o644)
-                return
+            link = {"source": str(cdir) if cdir else str(srcp),
+                    "type": (cachelinks.LINK_COPY if not cdir else cachelinks.LINK_SOFTLINK
+                             if soft and key in soft else cachelinks.LINK_HARDLINK)}
+            if not rewritten and rec.extracted_package_dir == epd:
+                if rec.link == link:
+                    # unchanged (linked from the same cache): copy its bytes, unparsed
+                    linking.copy(str(rec.path), str(meta / f"{rec.dist}.json"), 0o644)
+                    return
+                old = rec.link if isinstance(rec.link, dict) else {}
+                if old.get("source") == link["source"] and isinstance(old.get("type"), int):
+                    raw = confine.read_regular(str(rec.path))  # only the link type differs
+                    data = raw and cachelinks.relinked_record(raw, link["source"],
+                                                              old["type"], link["type"])
+                    if data:
+                        confine.write_new(str(meta / f"{rec.dist}.json"), data)
+                        return
             data = rec.data  # ours to change: SRC's are not used after this
             data["extracted_package_dir"] = epd
             data["link"] = link
@@ -393,13 +422,6 @@ def clone(
         report.placed = placed.counts
         report.timings["files and records"] = time.monotonic() - t0
 
-        # untracked files: pip installs and anything else users put there
-        files, empty = untracked(srcp, lambda: {f[0] for r in prefix.records
-                                                for f in r.plan_fields()})
-        if cachetag.NAME in files and cachetag.is_tag(srcp / cachetag.NAME):
-            files = [f for f in files if f != cachetag.NAME]  # (see envtools.cachetag)
-        confine.check_paths(files, f"the untracked files of {srcp}")
-        confine.check_paths(empty, f"the empty directories of {srcp}")
         rewritten: set[str] = set()
         with task("copying untracked files", len(files)) as advance:
             for rel in files:
@@ -476,6 +498,78 @@ def _plan(
 #: installer (see _plan). A file the cache lacks after all is taken from SRC when
 #: placing it (placement.place_or_fall_back).
 _IN_ARCHIVE = frozenset({"hardlink", "softlink", "directory", None})
+
+
+def _plan_symlinks(ctx: Ctx, link_mode: str, records: list[Record], cache: dict[str, Path],
+                   groups: list[tuple[int, list[Item]]]) -> None:
+    """Hardlinks are refused (protected_hardlinks: the cache is not ours): link to the
+    cache files we may not change, in package directories only root (``auto``, ``dirs``)
+    or anyone but us (``symlink``) can change, where a link is transparent (cachelinks.py).
+
+    A link's target is the package's cache directory as _find_cache resolved it (no
+    symlink on the way, checked here all the way up to /) joined with the file's path
+    from its record, which placement checks against the path rule before anything is
+    made; each file is vouched for by SRC's stat cache or hashed first, as for a
+    hardlink or a copy (placement.check_cache_file)."""
+    ctx.symlinks, ctx.hardlink_ok = True, False
+    ctx.link_owner = None if link_mode == "symlink" else 0
+    trusted: dict[Path, bool] = {}
+    roots: dict[int, str] = {}
+    for key, _items in groups:
+        cdir = cache.get(records[key].name)
+        if cdir is not None:
+            if cdir not in trusted:
+                trusted[cdir] = cachelinks.trusted_dir(cdir, ctx.link_owner, ctx.euid)
+            if trusted[cdir]:
+                roots[key] = str(cdir)
+    ctx.symlink_roots = roots
+    ctx.relocating = frozenset(str(cache[records[key].name]) for key, items in groups
+                               if records[key].name in cache and any(it[3] for it in items))
+
+
+def _plan_layers(ctx: Ctx, records: list[Record], cache: dict[str, Path],
+                 groups: list[tuple[int, list[Item]]],
+                 untracked_files: list[str]) -> list[tuple[int, list[Item]]]:
+    """Directories that one package owns wholly become one link each (layers.py): each
+    is one item, its files kept in ``ctx.layers`` in case it must be placed file by file.
+    The plan is made from the records' paths, so they are checked first (as placement
+    checks each chunk's): a directory link is never made from a path that is refused."""
+    for key, items in groups:
+        confine.check_paths([it[0] for it in items],
+                            f"package {records[key].name} {records[key].version}")
+    chosen = layers.plan(groups, ctx.symlink_roots or {}, untracked_files, _IN_ARCHIVE)
+    if not chosen:
+        return groups
+    under: dict[str, str | None] = {}  # dir -> the chosen directory holding it, if any
+
+    def layer_of(d: str) -> str | None:
+        hit = under.get(d, "")
+        if hit != "":
+            return hit
+        hit = d if d in chosen else (layer_of(d.rpartition("/")[0]) if d else None)
+        under[d] = hit
+        return hit
+
+    ctx.layers = {}
+    out = []
+    for key, items in groups:
+        keep: list[Item] = []
+        r = records[key]
+        for it in items:
+            d = layer_of(it[0].rpartition("/")[0])
+            if d is None:
+                keep.append(it)
+                continue
+            subs = ctx.layers.get(d)
+            if subs is None:
+                subs = ctx.layers[d] = []
+                target = f"{ctx.symlink_roots[key]}/{_cache_rel(r, d)}"
+                keep.append((d, target, layers.LAYER, None, None, True, None, 0))
+            subs.append(it)
+        out.append((key, [(it[0], it[1], it[2], None, None, True, None,
+                           len(ctx.layers[it[0]])) if it[2] == layers.LAYER else it
+                          for it in keep]))
+    return out
 
 
 def cache_root_of(cache: dict[str, Path]) -> Path | None:

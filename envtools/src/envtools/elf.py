@@ -48,6 +48,41 @@ def is_elf(path: str) -> bool:
         return False
 
 
+PT_INTERP = 3
+
+
+def is_program(path: str | os.PathLike[str]) -> bool:
+    """Is this an ELF *program* (ET_EXEC, or a PIE: ET_DYN with a PT_INTERP header), as
+    opposed to a shared library? The kernel resolves a program's symlinks before it runs
+    it (its ``$ORIGIN`` is its real directory); a library's ``$ORIGIN`` is the directory
+    of the path the loader opened, symlink or not."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+            if len(head) < 52 or head[:4] != ELF_MAGIC:
+                return False
+            end = "<" if head[5] == 1 else ">"
+            etype, = struct.unpack_from(end + "H", head, 16)
+            if etype == ET_EXEC:
+                return True
+            if etype != ET_DYN:
+                return False
+            if head[4] == 2:
+                phoff, = struct.unpack_from(end + "Q", head, 32)
+                phentsize, phnum = struct.unpack_from(end + "HH", head, 54)
+            else:
+                phoff, = struct.unpack_from(end + "I", head, 28)
+                phentsize, phnum = struct.unpack_from(end + "HH", head, 42)
+            if not phoff or not phnum or phnum > 4096 or phentsize < 4:
+                return False
+            fh.seek(phoff)
+            ph = fh.read(phentsize * phnum)
+            return any(struct.unpack_from(end + "I", ph, i * phentsize)[0] == PT_INTERP
+                       for i in range(len(ph) // phentsize))
+    except (OSError, struct.error):
+        return False
+
+
 def read_elf(path: str | os.PathLike[str]) -> ElfInfo | None:
     """Parse the header and the dynamic section; None if not an ELF file (or truncated)."""
     try:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from envtools import confine, linking, procs
+from envtools import cachelinks, confine, layers, linking, procs
 from envtools.errors import EnvtoolsError
 from envtools.hashing import (
     load_part,
@@ -41,6 +41,10 @@ _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # (Linux)
 
 # how a file was placed, for the report and conda-meta "link.type"
 REFLINK, HARDLINK, COPY, RELOCATED, SYMLINK = "reflink", "hardlink", "copy", "relocated", "symlink"
+#: a plain package file placed as a symlink to the cache (SYMLINK is a package's own link)
+CACHE_SYMLINK = "symlinks to the cache"
+#: a directory placed as one link to the cache (layers.py), and the files in them
+LINKED_DIR, IN_LINKED_DIR = "linked directories", "files in linked directories"
 
 #: one tracked file: (rel, source, path_type, placeholder, file_mode, from_cache, sha256,
 #: size in bytes as recorded, 0 if not)
@@ -70,14 +74,34 @@ class Ctx:
     names: dict[int, str] | None = None
     #: the package whose files this process is placing (for messages)
     unit: int = -1
+    #: per package key, SRC's record's (extracted_package_dir, noarch: python): where
+    #: SRC's own links to its cache lead, if it is a non-owner's clone (_src_link_target)
+    src_links: dict[int, tuple[str, bool]] | None = None
+    #: place plain cache files as symlinks (hardlinks refused: see cachelinks.py) ...
+    symlinks: bool = False
+    #: ... for these packages: key -> its cache directory, canonical (no symlink on the
+    #: way) and one that only trusted owners can change (cachelinks.trusted_dir) ...
+    symlink_roots: dict[int, str] | None = None
+    #: ... to files of this owner (None: any but us)
+    link_owner: int | None = 0
+    #: the cache directories of packages that relocate files (cachelinks.stays_real)
+    relocating: frozenset[str] = frozenset()
+    #: (per unit while placing: symlinks are the method for this package's files)
+    unit_symlinks: bool = False
+    #: directories placed as one link (layers.py): dir -> the items under it
+    layers: dict[str, list] | None = None
     _vouch: dict | None = None
     _vouch_all: dict | None = None
+    _dirs_ok: dict | None = None  # (cache directories checked by cachelinks.safe_subdir)
 
-    def hardlinks_expected(self) -> bool:
-        """Will cache files be hardlinked: not root (root never hardlinks), ``auto``
-        mode, and reflinks not known to work. Each file is still checked by
-        ``linking.hardlink_is_safe``; this is the method, for costs and the fast loop."""
-        return self.euid != 0 and self.link_mode == "auto" and self.reflink_ok is not True
+    def links_expected(self) -> bool:
+        """Will cache files be linked (hard or symbolic) rather than copied: not root
+        (root never links), ``auto``, ``dirs`` or ``symlink`` mode, and reflinks not
+        known to work. Each file is still checked (``linking.hardlink_is_safe``,
+        ``cachelinks.symlink_is_safe``, and vouched for: :func:`check_cache_file`); this
+        is the method, for costs and the fast loop."""
+        return (self.euid != 0 and self.link_mode in ("auto", "dirs", "symlink")
+                and self.reflink_ok is not True)
 
 
 #: filesystems where each metadata operation is a network round trip: many in flight
@@ -126,7 +150,7 @@ def workers(dest: str | os.PathLike[str]) -> int:
 
 def link_or_copy(ctx: Ctx, src: str, dst: str, st: os.stat_result) -> str:
     """Place an unmodified package file from the cache, the safest fast way available."""
-    if ctx.link_mode in ("auto", "reflink") and ctx.reflink_ok is not False:
+    if ctx.link_mode in ("auto", "dirs", "reflink") and ctx.reflink_ok is not False:
         try:
             linking.reflink(src, dst, linking.writable_mode(st.st_mode))
             ctx.reflink_ok = True
@@ -141,7 +165,7 @@ def link_or_copy(ctx: Ctx, src: str, dst: str, st: os.stat_result) -> str:
             if e.errno in linking.LINK_GIVE_UP or e.errno == errno.ENOTSUP:
                 ctx.reflink_ok = False
     if (
-        ctx.link_mode == "auto"
+        ctx.link_mode in ("auto", "dirs")
         and ctx.hardlink_ok
         and linking.hardlink_is_safe(st, ctx.euid)
     ):
@@ -153,8 +177,35 @@ def link_or_copy(ctx: Ctx, src: str, dst: str, st: os.stat_result) -> str:
                 ctx.hardlink_ok = False  # protected_hardlinks, other filesystem...
             else:
                 raise
+    if (ctx.unit_symlinks and cachelinks.symlink_is_safe(st, ctx.euid, ctx.link_owner)
+            and not cachelinks.stays_real(dst[len(str(ctx.dest_tmp)) + 1:], src, st,
+                                          ctx.src_root, ctx.relocating)
+            and _dirs_trusted(ctx, src)):
+        try:
+            os.symlink(src, dst)  # (EEXIST, never over anything: see place())
+            return CACHE_SYMLINK
+        except OSError as e:
+            if e.errno not in cachelinks.SYMLINK_GIVE_UP:
+                raise
+            ctx.symlinks = ctx.unit_symlinks = False
     linking.copy(src, dst, linking.writable_mode(st.st_mode))
     return COPY
+
+
+def _dirs_trusted(ctx: Ctx, source: str) -> bool:
+    """May a symlink lead to ``source``, a file of the package being placed? Every
+    directory from its package's cache directory down to it must be a real directory
+    that only root or the trusted owner can change (cachelinks.safe_subdir): a link
+    reads whatever is at that path later, not the inode that was checked."""
+    if ctx._dirs_ok is None:
+        ctx._dirs_ok = {}
+    d = source.rpartition("/")[0]
+    ok = ctx._dirs_ok.get(d)
+    if ok is None:
+        root = (ctx.symlink_roots or {}).get(ctx.unit)
+        ok = root is not None and cachelinks.safe_subdir(root, d, ctx.link_owner, ctx.euid,
+                                                         ctx._dirs_ok)
+    return ok
 
 
 def vouched(ctx: Ctx, rel: str, source: str, st: os.stat_result, sha: str | None) -> bool:
@@ -164,11 +215,15 @@ def vouched(ctx: Ctx, rel: str, source: str, st: os.stat_result, sha: str | None
     file's path does (written for the cache files the env does not share), and holds
     that hash or leaves it out (three items: the package's). See :mod:`envtools.hashing`.
     """
+    return _vouched_key(ctx, rel, source, (st.st_size, st.st_mtime_ns, st.st_ino), sha)
+
+
+def _vouched_key(ctx: Ctx, rel: str, source: str, key: tuple, sha: str | None) -> bool:
+    """:func:`vouched` for a stat key (size, mtime_ns, inode) already taken."""
     v = _vouch_table(ctx)
     for k in (rel, source):
         sc = v.get(k)
-        if (sc is not None and sc[2] == st.st_ino and sc[1] == st.st_mtime_ns
-                and sc[0] == st.st_size):
+        if sc is not None and sc[:3] == key:
             return len(sc) == 3 or sc[3] == sha
     return False
 
@@ -248,7 +303,10 @@ def place(ctx: Ctx, item: Item) -> Placed:
         return rel, "directory", None, None, None
     old = placeholder if from_cache else (ctx.old_prefix if placeholder else None)
     if not old and not from_cache:
-        linking.copy(source, dst)
+        try:
+            linking.copy(source, dst)
+        except confine.UnsafePath:  # (a link: SRC's own link to its cache, or refused)
+            linking.copy(_src_link_target(ctx, rel, source), dst)
         return rel, COPY, None, None, None
     if old:
         fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -291,9 +349,26 @@ def place(ctx: Ctx, item: Item) -> Placed:
     except FileExistsError:
         raise confine.UnsafePath(f"{dst} exists already: the records list {rel!r} twice "
                                  "(or as a link and a file)") from None
-    if how == HARDLINK:
+    if how in (HARDLINK, CACHE_SYMLINK):  # (the new entry is, or leads to, that inode)
         return rel, how, sha, stat_key(st), None
     return rel, how, sha, stat_key(os.stat(dst)), stat_key(st)
+
+
+def _src_link_target(ctx: Ctx, rel: str, source: str) -> str:
+    """SRC's file ``source`` is a symlink: a clone of a non-owner's clone copies what
+    it leads to if it is that clone's own link to its package cache (the one link
+    validate follows: cachelinks.link_target from SRC's record), and refuses any
+    other link, as linking.copy does."""
+    epd, noarch = (ctx.src_links or {}).get(ctx.unit, (None, False))
+    want = cachelinks.link_target(epd, noarch, rel)
+    try:
+        target = os.readlink(source)
+    except OSError:
+        target = None
+    if want is None or target != want:
+        raise confine.UnsafePath(f"{source} is a symbolic link where a file was expected; "
+                                 "envtools does not copy what it points to")
+    return want
 
 
 def _from_src(ctx: Ctx, item: Item) -> Item:
@@ -310,6 +385,33 @@ def place_or_fall_back(ctx: Ctx, item: Item) -> Placed:
         if item[5]:
             return place(ctx, _from_src(ctx, item))
         raise
+
+
+def place_layer(ctx: Ctx, item: Item) -> dict[str, tuple] | None:
+    """Link a whole directory to the cache (layers.py) once :func:`layers.verify` says
+    its cache copy holds exactly the package's files there, safe to link, and SRC's
+    stat cache vouches for every one of them (as for a file linked alone); returns the
+    stat cache entries of its files. None: place its files one by one (their
+    directories are made here), where each is checked, hashed if need be, on its own."""
+    rel, source = item[0], item[1]
+    subs = ctx.layers[rel] if ctx.layers else []
+    bad = confine.first_unsafe([s[0] for s in subs])
+    if bad:
+        raise confine.UnsafePath(f"{(ctx.names or {}).get(ctx.unit, 'a package')}: "
+                                 f"refusing path {bad[0]!r} from its record: {bad[1]}")
+    entries = None
+    if ctx.unit_symlinks and _dirs_trusted(ctx, source):
+        entries = layers.verify(source, subs, rel, ctx.src_root, ctx.relocating,
+                                euid=ctx.euid, owner=ctx.link_owner)
+    if entries is not None and all(
+            s[6] and _vouched_key(ctx, s[0], s[1], entries[s[0]], s[6]) for s in subs
+            if s[0] in entries):
+        confine.symlink(source, os.path.join(ctx.dest_tmp, rel))
+        return entries
+    base = str(ctx.dest_tmp) + "/"
+    for d in [rel, *_dirs_of([s[0] for s in subs])]:
+        confine.mkdir(base + d)
+    return None
 
 
 def probe_reflink(pkg_dir: Path, tmp: Path) -> bool | None:
@@ -368,12 +470,15 @@ DIR_COST, NEW_FILE_COST, BYTES_PER_COST = 4, 4, 2048
 
 
 def item_cost(item: Item, hardlinks: bool) -> int:
-    """The cost of placing one item (see DIR_COST), its directories aside."""
+    """The cost of placing one item (see DIR_COST), its directories aside; ``hardlinks``:
+    cache files are linked (hard or symbolic links: about the same cost)."""
     _rel, _source, path_type, placeholder, _fm, from_cache, _sha, size = item
     if path_type == "directory":
         return DIR_COST
     if path_type == "softlink":
         return NEW_FILE_COST
+    if path_type == layers.LAYER:  # (size: its file count; each is looked at once)
+        return NEW_FILE_COST + size // 4
     if placeholder or not from_cache or not hardlinks:
         return NEW_FILE_COST + (size or 0) // BYTES_PER_COST  # (a reflink copies no data,
     return 1  # but is rare enough not to be told apart)
@@ -445,21 +550,24 @@ def place_chunks(
 
     A chunk creates every directory its files need before its files: another process
     may be creating a shared parent at the same moment, so an existing one is fine.
-    Plain cache files go through a tight hardlink loop when hardlinks are the method (no
-    reflink, not root): the same rule as :func:`link_or_copy`
-    (``linking.hardlink_is_safe``) without its other per-file calls.
+    Plain cache files go through a tight loop when links are the method (no reflink, not
+    root): the same rules as :func:`link_or_copy` (``linking.hardlink_is_safe``, or
+    ``cachelinks.symlink_is_safe`` and not ``cachelinks.stays_real``) without its other
+    per-file calls.
     """
     _hold_for_tests()
     base = str(ctx.dest_tmp) + "/"
-    # the fast loop: hardlinks are the method, and not root (hardlinks_expected), so a
-    # file is safe to link when it has no write bit (linking.hardlink_is_safe)
-    fast = ctx.hardlinks_expected() and ctx.reflink_ok is False  # (no reflink to try first)
+    # the fast loop: links are the method, and not root (links_expected), so a file is
+    # safe to hardlink when it has no write bit (linking.hardlink_is_safe), and to
+    # symlink when it is also not ours (cachelinks.symlink_is_safe)
+    fast = ctx.links_expected() and ctx.reflink_ok is False  # (no reflink to try first)
+    euid, owner, exec_bits = ctx.euid, ctx.link_owner, cachelinks.EXEC_BITS
     write_bits = linking.WRITE_BITS
     counts: dict[str, int] = {}
     rewritten: dict[str, tuple[str, int]] = {}
     known: dict[str, tuple] = {}  # rel -> (size, mtime_ns, ino[, sha256]): hashing.py
-    link, lstat = os.link, os.lstat
-    n = links = 0
+    link, symlink, lstat = os.link, os.symlink, os.lstat
+    n = links = syms = 0
     while len(claimed := os.read(queue, 2)) == 2:
         units = chunks[int.from_bytes(claimed, "little")]
         rels = [it[0] for u in units for it in u.items]
@@ -475,32 +583,62 @@ def place_chunks(
             unit_rewritten: dict[str, tuple[str, int]] = {}
             ctx.unit = unit.key
             vouch = _vouch_table(ctx) if fast else None
+            symlinks = ctx.unit_symlinks = bool(ctx.symlinks and ctx.symlink_roots
+                                                and unit.key in ctx.symlink_roots)
             for item in unit.items:
                 rel, source, path_type, placeholder, _fm, from_cache, sha, _size = item
                 if (fast and from_cache and not placeholder and path_type == "hardlink"
-                        and ctx.hardlink_ok):
+                        and (ctx.hardlink_ok or symlinks)):
                     try:
                         st = lstat(source)
                         k = (st.st_size, st.st_mtime_ns, st.st_ino)
                         sc = vouch.get(rel)  # (vouched(), inlined: SRC's hardlinked file)
-                        if not st.st_mode & write_bits and (
+                        if st.st_mode & write_bits or not (
                                 sc == k or (sc is not None and sc[:3] == k and sc[3] == sha)):
+                            pass  # (not vouched for here, or writable: place() decides)
+                        elif not symlinks:
                             link(source, base + rel)
                             links += 1
                             if sha:  # (it holds the package's sha256: left out)
                                 known[rel] = k
                             continue
+                        elif (sha and st.st_uid != euid
+                              and (owner is None or st.st_uid == owner)
+                              and not rel.endswith(".pth") and not (
+                                st.st_mode & exec_bits and cachelinks.stays_real(
+                                    rel, source, st, ctx.src_root, ctx.relocating))
+                              and _dirs_trusted(ctx, source)):
+                            symlink(source, base + rel)
+                            syms += 1
+                            if sha:
+                                known[rel] = k
+                            continue
+                        # (otherwise ours, a program, or in a directory others may
+                        # change: place() decides)
                     except OSError as e:
-                        if e.errno in linking.LINK_GIVE_UP:
+                        if e.errno in linking.LINK_GIVE_UP and not symlinks:
                             ctx.hardlink_ok = False
-                rel, how, sha, key, cache_key = place_or_fall_back(ctx, item)
-                counts[how] = counts.get(how, 0) + 1
-                if how == RELOCATED:
-                    unit_rewritten[rel] = (sha, key[0])
-                if sha and key:
-                    known[rel] = (*key, sha)
-                if cache_key:  # vouches for the cache file to clones of this clone
-                    known[source] = cache_key
+                        elif symlinks and e.errno in cachelinks.SYMLINK_GIVE_UP:
+                            ctx.symlinks = ctx.unit_symlinks = symlinks = False
+                if path_type == layers.LAYER:
+                    entries = place_layer(ctx, item)
+                    if entries is not None:
+                        known.update(entries)
+                        counts[LINKED_DIR] = counts.get(LINKED_DIR, 0) + 1
+                        counts[IN_LINKED_DIR] = counts.get(IN_LINKED_DIR, 0) + _size
+                        continue
+                    subs = ctx.layers[rel] if ctx.layers else []  # (placed one by one)
+                else:
+                    subs = [item]
+                for sub in subs:
+                    rel, how, sha, key, cache_key = place_or_fall_back(ctx, sub)
+                    counts[how] = counts.get(how, 0) + 1
+                    if how == RELOCATED:
+                        unit_rewritten[rel] = (sha, key[0])
+                    if sha and key:
+                        known[rel] = (*key, sha)
+                    if cache_key:  # vouches for the cache file to clones of this clone
+                        known[sub[1]] = cache_key
             rewritten.update(unit_rewritten)
             if unit.writes_record:
                 on_unit(unit.key, unit_rewritten)
@@ -508,6 +646,8 @@ def place_chunks(
             advance(len(unit.items))
     if links:
         counts[HARDLINK] = counts.get(HARDLINK, 0) + links
+    if syms:
+        counts[CACHE_SYMLINK] = counts.get(CACHE_SYMLINK, 0) + syms
     store_stat_part(ctx.dest_tmp, part, known)
     return Outcome(counts, rewritten, n)
 
@@ -539,7 +679,7 @@ def place_all(
         n_workers = min(n_workers, total // 512)  # a fork and its page faults cost ~ 1 ms
     n_workers = max(1, min(n_workers, total))
     chunks = split_units(groups, max(1, min(n_workers * CHUNKS_PER_WORKER, total, MAX_CHUNKS)),
-                         ctx.hardlinks_expected())
+                         ctx.links_expected())
     order = sorted(range(len(chunks)), key=lambda i: -sum(u.cost for u in chunks[i]))
     queue, w = os.pipe()  # (filled and closed before any fork: readers see its end)
     try:

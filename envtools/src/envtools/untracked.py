@@ -18,7 +18,10 @@ UNTRACKED_CACHE = Path("conda-meta") / "envtools" / "untracked.json"
 
 
 def scan(src: Path, owned: set[str]) -> tuple[list[str], list[str], dict[str, int]]:
-    """Walk SRC: (untracked files, empty dirs, {dir: mtime_ns}); conda-meta is skipped."""
+    """Walk SRC: (untracked files, empty dirs, {dir: mtime_ns}); conda-meta is skipped,
+    and so is a symlink where a package has a directory (a clone's directory link to
+    the package cache, layers.py: its files are the package's)."""
+    owned_dirs: set[str] | None = None
     files: list[str] = []
     empty: list[str] = []
     mtimes: dict[str, int] = {"": os.lstat(src).st_mtime_ns}
@@ -38,10 +41,22 @@ def scan(src: Path, owned: set[str]) -> tuple[list[str], list[str], dict[str, in
                     mtimes[rel] = entry.stat(follow_symlinks=False).st_mtime_ns
                     stack.append(rel)
                 elif rel not in owned:
+                    if entry.is_symlink() and entry.is_dir():
+                        if owned_dirs is None:
+                            owned_dirs = {d for f in owned for d in _parents(f)}
+                        if rel in owned_dirs:
+                            continue
                     files.append(rel)  # (a symlink to a directory is copied as a link)
         if n_entries == 0 and rel_dir:
             empty.append(rel_dir)
     return sorted(files), sorted(empty), mtimes
+
+
+def _parents(rel: str):
+    d = rel.rpartition("/")[0]
+    while d:
+        yield d
+        d = d.rpartition("/")[0]
 
 
 def write_cache(prefix: Path, owned: set[str]) -> None:

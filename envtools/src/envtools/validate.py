@@ -23,14 +23,20 @@ JSON output (``--json``), schema version 1::
 
 Checks (the ``check`` field): depends, constrains, unsafe-path, missing-file,
 altered-file, clobbered-file, explicit, pip-duplicate, pip-requires, pip-overwrote,
-editable-install, elf-arch, elf-unresolved, duplicate-library, python-abi, cuda-driver.
+editable-install, linked-directories, elf-arch, elf-unresolved, duplicate-library,
+python-abi, cuda-driver.
 
 A record's path is data (see :mod:`envtools.confine`): one that is absolute, holds
-``..``, or lies under a symlink is reported as ``unsafe-path`` and never opened.
+``..``, or lies under a symlink is reported as ``unsafe-path`` and never opened. The one
+kind of link validate follows is a clone's own link to its package cache
+(cachelinks.link_target: a package file, or with ``--link-mode dirs`` a directory, that
+leads to the same path in the cache directory its record names); any other link where
+a record has a file is reported as ``altered-file``, and its target is not read.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -42,7 +48,7 @@ from pathlib import Path
 
 import rattler
 
-from envtools import confine, elf, virtual
+from envtools import cachelinks, confine, elf, virtual
 from envtools.errors import EnvtoolsError
 from envtools.hashing import hash_many, load_stat_cache, stat_key
 from envtools.prefix_records import Prefix, Record
@@ -78,6 +84,10 @@ class Context:
     #: rel path -> owning conda record names (more than one means clobbered)
     owners: dict[str, list[Record]] = field(default_factory=dict)
     pip_owned: dict[str, str] = field(default_factory=dict)
+    #: a clone's own links to its package cache that check_files accepted (and so the
+    #: only links check_binaries follows): files (rel) and directories ({rel: target})
+    cache_links: set[str] = field(default_factory=set)
+    linked_dirs: dict[str, str] = field(default_factory=dict)
 
     def add(self, check: str, severity: str, message: str, packages=(), paths=(), hint=""):
         self.findings.append(Finding(check, severity, message, list(packages), list(paths),
@@ -222,9 +232,35 @@ def check_files(ctx: Context) -> None:
     want: dict[str, str] = {}
     for rel, (r, e) in expected.items():
         fp = os.path.join(root, rel)
+        pt = e.get("path_type", "hardlink")
         try:
             st = os.lstat(fp)
+            if stat.S_ISLNK(st.st_mode) and pt not in ("softlink", "directory"):
+                # a package file may be a clone's link to its package cache (a
+                # non-owner's clone): then what counts is the content read through it.
+                # Any other link is not the package's file, and is not followed.
+                target = os.readlink(fp)
+                if target != cachelinks.link_target(r.extracted_package_dir,
+                                                    r.noarch_python, rel):
+                    ctx.add("altered-file", "error", f"{rel} of {r.name} {r.version} is a "
+                            f"symbolic link to {target}, not the package's file", [r.name],
+                            [rel], hint=f"remove the link and reinstall {r.name} (or clone "
+                            "the env again)")
+                    continue
+                ctx.cache_links.add(rel)
+                st = os.stat(fp)
         except FileNotFoundError:
+            if rel in ctx.cache_links:
+                ctx.add("missing-file", "error",
+                        f"{rel} of {r.name} {r.version} is a symlink to {os.readlink(fp)}, "
+                        "which is gone", [r.name], [rel], hint=_CACHE_GONE)
+                continue
+            gone = _dangling_link(root, rel, ctx.linked_dirs)
+            if gone:  # (a clone's directory link to a package cache that is gone)
+                ctx.add("missing-file", "error",
+                        f"{rel} of {r.name} {r.version} is missing: {gone[0]} is a link to "
+                        f"{gone[1]}, which is gone", [r.name], [rel], hint=_CACHE_GONE)
+                continue
             ctx.add("missing-file", "error", f"{rel} of {r.name} {r.version} is missing",
                     [r.name], [rel], hint=f"reinstall {r.name} (clone the env again, or "
                     f"restore the file)")
@@ -233,8 +269,10 @@ def check_files(ctx: Context) -> None:
             ctx.add("missing-file", "error", f"cannot read {rel}: {ex.strerror}", [r.name], [rel],
                     hint="check the file's permissions")
             continue
-        pt = e.get("path_type", "hardlink")
-        if pt in ("softlink", "directory") or stat.S_ISLNK(st.st_mode):
+        if pt in ("softlink", "directory"):
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            _altered(ctx, r, rel)
             continue
         sha = e.get("sha256_in_prefix") or e.get("sha256")
         if not sha:
@@ -260,6 +298,22 @@ def check_files(ctx: Context) -> None:
     ctx.checked["hashed"] = len(to_hash)
 
 
+_CACHE_GONE = ("the package cache this env links to is gone or unreadable: clone the "
+               "environment again from its source (--link-mode copy gives a clone that "
+               "does not depend on the cache)")
+
+
+def _dangling_link(root: Path, rel: str, linked: dict[str, str]) -> tuple[str, str] | None:
+    """The clone's directory link (``linked``) on the way to ``rel`` whose target is
+    gone, if any."""
+    d = rel.rpartition("/")[0]
+    while d:
+        if d in linked and not os.path.exists(os.path.join(root, d)):
+            return d, linked[d]
+        d = d.rpartition("/")[0]
+    return None
+
+
 def _unsafe(ctx: Context, expected: dict[str, tuple[Record, dict]]) -> list[str]:
     """Record paths validate must not open: unsafe by the path rule, or under a directory
     that is a symlink (or not a directory) in the env; one finding per cause."""
@@ -281,17 +335,30 @@ def _unsafe(ctx: Context, expected: dict[str, tuple[Record, dict]]) -> list[str]
         dirs = confine.ancestors(rels)
     root = str(ctx.prefix.root)
     linked: list[str] = []
+    skip: tuple[str, ...] = ()  # (below a link: the first one on the way decides)
+    ordered = sorted(rels)
+
+    def under_dir(d: str) -> list[str]:  # (the record paths under d: a slice)
+        return ordered[bisect.bisect_left(ordered, d + "/"):bisect.bisect_left(ordered, d + "0")]
+
     for d in sorted(dirs):
-        if any(d.startswith(x + "/") for x in linked):
+        if skip and d.startswith(skip):
             continue
         try:
             st = os.lstat(f"{root}/{d}")
         except OSError:
             continue  # (its files are reported missing)
-        if not stat.S_ISDIR(st.st_mode):
-            linked.append(d)
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        skip += (d + "/",)
+        if stat.S_ISLNK(st.st_mode):
+            target = _clone_dir_link(root, d, under_dir(d), ctx.owners)
+            if target is not None:
+                ctx.linked_dirs[d] = target
+                continue
+        linked.append(d)
     for d in linked:
-        under = [rel for rel in rels if rel.startswith(d + "/")]
+        under = under_dir(d)
         names = sorted({expected[rel][0].name for rel in under})
         ctx.add("unsafe-path", "error", f"{d} is a symbolic link or a file, and the records of "
                 f"{', '.join(names)} list {len(under)} file(s) under it; they were not read",
@@ -299,6 +366,20 @@ def _unsafe(ctx: Context, expected: dict[str, tuple[Record, dict]]) -> list[str]
                 "with a link; remove the link and reinstall those packages")
         bad += under
     return bad
+
+
+def _clone_dir_link(root: str, d: str, under: list[str],
+                    owners: dict[str, list[Record]]) -> str | None:
+    """The target of ``d`` if it is a clone's directory link to its package cache
+    (layers.py): one package owns every record path under it, and it leads to the
+    same directory in that package's cache directory (cachelinks.link_target)."""
+    recs = {id(r): r for rel in under for r in owners.get(rel, ())}
+    if len(recs) != 1:
+        return None
+    r = next(iter(recs.values()))
+    target = os.readlink(f"{root}/{d}")
+    return target if target == cachelinks.link_target(r.extracted_package_dir,
+                                                      r.noarch_python, d) else None
 
 
 def check_explicit(ctx: Context) -> None:
@@ -487,25 +568,59 @@ def check_pip(ctx: Context) -> None:
 
 
 # ---------------------------------------------------------------- binaries
-def _elf_candidates(root: Path) -> list[str]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        if dirpath == str(root):
-            dirnames[:] = [d for d in dirnames if d not in ("conda-meta", "include", "share",
-                                                            "man", "doc")]
-        for f in filenames:
-            fp = os.path.join(dirpath, f)
-            if ".so" in f:
-                out.append(fp)
-                continue
-            try:
-                st = os.lstat(fp)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode) and st.st_mode & 0o111 and not f.endswith(
-                (".py", ".sh", ".txt")
-            ):
-                out.append(fp)
+#: top-level directories with no ELF files worth checking (their links are still found)
+_NO_ELF = ("include", "share", "man", "doc")
+
+
+def _elf_candidates(root: Path, cache_links: set[str],
+                    linked_dirs: dict[str, str]) -> list[str]:
+    """Files that may be ELF objects (``.so`` in the name, or executable). A clone's links
+    to the package cache (``cache_links``, accepted by check_files) count as the files
+    they lead to, and its directory links (``linked_dirs``: layers.py) are walked by the
+    clone's path, where a library in one is opened (its $ORIGIN is the clone's). No
+    other link is followed: a package's own links are checked at their targets, and
+    anything else is data (see the module docstring)."""
+    out: list[str] = []
+    roots = str(root)
+    cut = len(roots) + 1
+    stack = [(roots, False)]
+    while stack:
+        dirpath, quiet = stack.pop()
+        try:
+            it = os.scandir(dirpath)
+        except OSError:
+            continue
+        with it:
+            for entry in it:
+                fp = entry.path
+                top = dirpath == roots
+                if top and entry.name == "conda-meta":
+                    continue
+                skip = quiet or (top and entry.name in _NO_ELF)
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append((fp, skip))
+                        continue
+                    if entry.is_symlink():
+                        rel = fp[cut:]
+                        if rel in linked_dirs:
+                            stack.append((fp, skip))
+                            continue
+                        if skip or rel not in cache_links:
+                            continue
+                        st = None if ".so" in entry.name else os.stat(fp)
+                    elif skip or ".so" in entry.name:
+                        st = None
+                    else:
+                        st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if skip:
+                    continue
+                if ".so" in entry.name or (
+                        st is not None and stat.S_ISREG(st.st_mode) and st.st_mode & 0o111
+                        and not entry.name.endswith((".py", ".sh", ".txt"))):
+                    out.append(fp)
     return out
 
 
@@ -533,13 +648,32 @@ def check_binaries(ctx: Context) -> None:
         return ["(untracked)"]
 
     elves: dict[str, elf.ElfInfo] = {}
-    for fp in _elf_candidates(root):
-        if os.path.islink(fp):
-            continue
+    # a package file linked to the cache is checked where it is used: a library's
+    # $ORIGIN is the directory it is opened in (the link's); a program's, its real one.
+    # (A package's own links inside the env are checked at their targets.)
+    real_dir: dict[str, str] = {}
+    for fp in _elf_candidates(root, ctx.cache_links, ctx.linked_dirs):
         info = elf.read_elf(fp)
         if info is not None:
             elves[fp] = info
+            if os.path.islink(fp) and elf.is_program(fp):
+                real_dir[fp] = os.path.dirname(os.path.realpath(fp))
     ctx.checked["elf_files"] = len(elves)
+    linked = ctx.linked_dirs
+    if linked:
+        by_pkg: dict[str, list[str]] = {}
+        caches = [(r.extracted_package_dir + "/", r.name) for r in ctx.prefix.records
+                  if r.extracted_package_dir]
+        for d, target in linked.items():
+            owner = next((name for c, name in caches if target.startswith(c)), "?")
+            by_pkg.setdefault(owner, []).append(d)
+        names = sorted(by_pkg)
+        ctx.add("linked-directories", "info",
+                f"{len(linked)} directories of {len(names)} packages are links to the site's "
+                f"package cache (read-only): {', '.join(names[:12])}"
+                + (" ..." if len(names) > 12 else ""), names, sorted(linked)[:50],
+                hint=f"pip and conda cannot remove or replace these packages' files; first "
+                f"run: envtools detach {root} PACKAGE")
     envlib = str(root / "lib")
     resolved_system: dict[str, set[str]] = defaultdict(set)
     for fp, info in elves.items():
@@ -549,7 +683,7 @@ def check_binaries(ctx: Context) -> None:
                     f"{rel} is built for {info.machine_name}, not {ctx.subdir}", owner_of(fp),
                     [rel], hint="install the package built for this platform")
             continue
-        origin = os.path.dirname(fp)
+        origin = real_dir.get(fp) or os.path.dirname(fp)
         search = [p.replace("$ORIGIN", origin).replace("${ORIGIN}", origin)
                   for p in (info.runpath or info.rpath)]
         for lib in info.needed:

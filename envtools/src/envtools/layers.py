@@ -1,0 +1,327 @@
+"""Directory links ("layers") in a non-owner's clone: one symlink for a whole directory
+that one package owns, instead of a symlink per file.
+
+A symlink per file is an inode per file, and on ext4 a 4 KiB block per link whose target
+is 60 bytes or longer (every path into a package cache). Creating 46,000 of them costs
+about what ``cp -as`` costs and, on a shared machine, can cost as much as copying. A
+directory link is one inode for hundreds or thousands of files: the clone of the 46,000
+file powerai env makes a few hundred.
+
+What a directory link costs the user, and so where there is none:
+
+* its files cannot be removed, replaced or added to by the user (the directory is the
+  site's), so pip and conda cannot uninstall or upgrade the package in place: pip stops
+  with "Permission denied" on a cache path and rolls back, changing nothing.
+  ``envtools detach PREFIX PKG`` gives the package directories of the user's own (a
+  symlink per file) first. Directories where anything is commonly added (the prefix's
+  top level, ``lib/pythonX.Y``, ``site-packages`` and its namespace packages,
+  ``include/pythonX.Y``, ``share/man``, ``etc``, ...) are never links;
+* python cannot write ``__pycache__`` there: a directory is linked only if every ``.py``
+  in it comes with its compiled ``.pyc`` (a noarch: python package does not);
+* everything in it is read from the cache: so no file in it may need to be the clone's
+  own (relocated, made by the installer, an ELF program that would not run the same from
+  the cache, a ``.pth``), no other package and no untracked file may live in it, and its
+  package's symlinks must stay inside it;
+* ``..`` from inside it is resolved by the kernel after following the link, so it leads
+  into the package's cache directory, not the clone: no library in it may search
+  ``$ORIGIN/..`` out of it (checked), and code that opens ``dirname(__file__)/../x``
+  without normalising the path finds its own package's cache directory (not checked:
+  the reason this is ``--link-mode dirs``, not the default).
+
+Each directory link is checked when it is placed, by the process that places it: the
+cache directory must hold exactly the package's files there (a scandir of the cache), none
+writable by anyone but root, and none a program that would not run from the cache;
+otherwise that directory's files are placed one by one. The stats taken then are the
+clone's stat cache entries for its files.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+
+from envtools import cachelinks, elf
+
+#: the path type of a layer item (a directory link) in a placement plan
+LAYER = "layer"
+
+#: directories right under the prefix's top ones that many packages add to: never
+#: links, nor anything under them (share/man/man1, lib/pkgconfig, lib/cmake/Foo, ...)
+SHARED_SUBTREES = frozenset({
+    "man", "doc", "licenses", "locale", "info", "aclocal", "pkgconfig", "cmake",
+    "jupyter", "applications", "icons", "mime", "bash-completion", "zsh", "fish",
+    "conda", "gir-1.0", "girepository-1.0", "glib-2.0", "fonts", "themes", "metainfo",
+    "vim", "emacs", "gtk-doc", "terminfo",
+})
+#: top-level directories whose contents are never links: configuration is edited in
+#: place, programs are run by path, and conda's own
+SHARED_TOPS = frozenset({"etc", "bin", "sbin", "conda-meta", "envs", "pkgs", "var", "tmp"})
+_PY_DIR = re.compile(r"^python\d+(\.\d+)?t?$")
+
+
+def shared(d: str) -> bool:
+    """Is the directory ``d`` one that packages, pip or users commonly add to? The
+    prefix's top two levels' usual places, ``lib/pythonX.Y`` and its ``site-packages``,
+    ``include/pythonX.Y`` (pip's headers)."""
+    parts = d.split("/")
+    if len(parts) < 2 or parts[0] in SHARED_TOPS or parts[1] in SHARED_SUBTREES:
+        return True
+    if _PY_DIR.match(parts[1]):
+        return len(parts) == 2 or (len(parts) == 3 and parts[2] in ("site-packages",
+                                                                    "dist-packages"))
+    return False
+
+
+class _Dir:
+    """What the files directly in one directory say about it."""
+
+    __slots__ = ("keys", "dirty", "py", "pyc", "init")
+
+    def __init__(self) -> None:
+        self.keys: set[int] = set()  # the packages with files here
+        self.dirty = False  # a file here must be the clone's own
+        self.py: set[str] = set()  # stems of the .py files here
+        self.pyc: set[str] = set()  # stems of the .pyc files in its __pycache__
+        self.init = False  # holds __init__.py (a regular python package)
+
+
+def plan(groups: list[tuple[int, list[tuple]]], linkable: Iterable[int],
+         untracked: Iterable[str], in_archive: frozenset) -> dict[str, int]:
+    """Which directories become links: ``{dir: key of its package}``, the top-most ones.
+
+    ``linkable``: the keys of packages whose files may be symlinked (a trusted cache);
+    ``untracked``: SRC's files no package owns (they pin their directories);
+    ``in_archive``: the path types a package archive has (others are the installer's).
+    Only paths are looked at here (no system calls): the checks that need the cache's
+    files are made when each link is placed (:func:`verify`).
+    """
+    linkable = frozenset(linkable)
+    dirs: dict[str, _Dir] = {}
+
+    def at(d: str) -> _Dir:
+        e = dirs.get(d)
+        if e is None:
+            e = dirs[d] = _Dir()
+        return e
+
+    for key, items in groups:
+        ok = key in linkable
+        for rel, _source, path_type, placeholder, _fm, from_cache, _sha, _size in items:
+            d, _, name = rel.rpartition("/")
+            e = at(d)
+            e.keys.add(key)
+            if (not ok or placeholder or not from_cache or path_type not in in_archive
+                    or name.endswith(".pth")):
+                e.dirty = True
+            if name.endswith(".py"):
+                e.py.add(name[:-3])
+                e.init = e.init or name == "__init__.py"
+            elif name.endswith(".pyc") and d.endswith("/__pycache__"):
+                at(d[:-12]).pyc.add(name.split(".", 1)[0])
+    for rel in untracked:
+        at(rel.rpartition("/")[0]).dirty = True
+    # fold each directory into its parent, deepest first: a directory may be a link
+    # only if nothing under it says otherwise and one package owns all of it
+    depth = {d: d.count("/") + 1 if d else 0 for d in dirs}
+    for d in list(dirs):
+        while d:
+            d = d.rpartition("/")[0]
+            if d in depth:
+                break
+            depth[d] = d.count("/") + 1 if d else 0
+    bad: dict[str, bool] = {}
+    keys: dict[str, set[int]] = {}
+    for d in sorted(depth, key=depth.__getitem__, reverse=True):
+        e = dirs.get(d)
+        k = keys.setdefault(d, set())
+        b = bad.get(d, False)
+        if e is not None:
+            k |= e.keys
+            b = b or e.dirty or bool(e.py - e.pyc)
+        bad[d] = b = b or len(k) > 1
+        if d:
+            parent = d.rpartition("/")[0]
+            bad[parent] = bad.get(parent, False) or b
+            keys.setdefault(parent, set()).update(k)
+    chosen: dict[str, int] = {}
+    for d in sorted(depth, key=depth.__getitem__):
+        if bad[d] or len(keys[d]) != 1 or shared(d) or _namespace(d, dirs):
+            continue
+        parent = d.rpartition("/")[0]
+        while parent and parent not in chosen:
+            parent = parent.rpartition("/")[0]
+        if not parent:  # (no link above it already)
+            chosen[d] = next(iter(keys[d]))
+    return chosen
+
+
+def _namespace(d: str, dirs: dict[str, _Dir]) -> bool:
+    """A directory right under site-packages without ``__init__.py`` (a namespace
+    package, or data) other than a distribution's metadata: others may install into it."""
+    if not d.rpartition("/")[0].endswith("/site-packages"):
+        return False
+    e = dirs.get(d)
+    return not (e is not None and e.init) and not d.endswith((".dist-info", ".egg-info"))
+
+
+def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
+           relocating: frozenset[str], euid: int | None = None,
+           owner: int | None = 0) -> dict[str, tuple] | None:
+    """Check a layer before linking it: ``cache_dir`` (the package's cache copy of
+    ``rel_dir``) holds exactly ``items`` (its files and links, by path), every
+    directory there is a real one that nobody but its owner can change, no file there
+    is writable or may not be a link's target (cachelinks.symlink_is_safe, when
+    ``euid`` is given: owned by ``owner``, None for anyone but us), no program there
+    would run differently from the cache, and every link stays inside. Returns each
+    file's stat cache entry (size, mtime_ns, inode), or None when the directory must be
+    placed file by file. (Whether SRC vouches for the files' contents is the caller's.)"""
+    want = {it[0][len(rel_dir) + 1:]: it for it in items if it[2] != "directory"}
+    found: dict[str, tuple] = {}
+    found_links: set[str] = set()
+    stack = [""]
+    while stack:
+        sub = stack.pop()
+        try:  # (no trailing slash for the top: it would follow a link there)
+            fd = os.open(os.path.join(cache_dir, sub) if sub else cache_dir,
+                         os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            dst = os.fstat(fd)
+            if dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or (
+                    euid is not None and not cachelinks.owner_ok(dst.st_uid, owner, euid)):
+                return None
+            with os.scandir(fd) as it:
+                for entry in it:
+                    name = f"{sub}/{entry.name}" if sub else entry.name
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                            return None
+                        stack.append(name)
+                        continue
+                    kind = want.get(name, (None, None, None))[2]
+                    if kind is None:
+                        return None  # (not the package's: the cache was changed)
+                    if stat.S_ISLNK(st.st_mode):
+                        target = os.readlink(entry.name, dir_fd=fd)
+                        inside = os.path.normpath(os.path.join(os.path.dirname(name), target))
+                        if (kind != "softlink" or target.startswith("/")
+                                or inside.startswith("..")):
+                            return None
+                        found_links.add(name)
+                        continue
+                    if kind == "softlink":
+                        return None
+                    if not stat.S_ISREG(st.st_mode) or st.st_mode & (stat.S_IWGRP |
+                                                                      stat.S_IWOTH):
+                        return None
+                    if euid is not None and not cachelinks.symlink_is_safe(st, euid, owner):
+                        return None
+                    if st.st_mode & cachelinks.EXEC_BITS and cachelinks.stays_real(
+                            f"{rel_dir}/{name}", os.path.join(cache_dir, name), st,
+                            src_root, relocating):
+                        return None
+                    if (".so" in entry.name or st.st_mode & cachelinks.EXEC_BITS) and \
+                            _origin_escapes(os.path.join(cache_dir, name), name):
+                        return None
+                    found[name] = (st.st_size, st.st_mtime_ns, st.st_ino)
+        finally:
+            os.close(fd)
+    if len(found) + len(found_links) != len(want):  # (something is missing)
+        return None
+    return {f"{rel_dir}/{n}": v for n, v in found.items()}
+
+
+def _origin_escapes(path: str, name: str) -> bool:
+    """Does this ELF file's RUNPATH/RPATH climb out of the linked directory through
+    ``$ORIGIN/..``? The kernel resolves ``..`` after following the directory link, so
+    the loader would search the package's cache directory, not the clone's."""
+    info = elf.read_elf(path)
+    if info is None:
+        return False
+    here = posixpath.dirname(name) or "."
+    for entry in info.runpath + info.rpath:
+        if "$ORIGIN" in entry or "${ORIGIN}" in entry:
+            d = posixpath.normpath(entry.replace("${ORIGIN}", here).replace("$ORIGIN", here))
+            if d == ".." or d.startswith("../"):
+                return True
+    return False
+
+
+def layer_links(prefix: Path) -> dict[str, str]:
+    """The directory links of a clone: ``{rel dir: target}`` (symlinked directories that
+    lead out of the prefix)."""
+    root = str(prefix)
+    out: dict[str, str] = {}
+    for dirpath, dirnames, _files in os.walk(root):
+        for d in dirnames:
+            p = os.path.join(dirpath, d)
+            if os.path.islink(p):
+                target = os.readlink(p)
+                if target.startswith("/") and not target.startswith(root + "/"):
+                    out[os.path.relpath(p, root)] = target
+    return out
+
+
+def detach(prefix: str | os.PathLike[str], names: list[str]) -> list[tuple[str, str]]:
+    """Give the packages ``names`` (all if empty) of the clone ``prefix`` directories of
+    its own where it has links to the package cache: each becomes a real directory
+    holding a symlink per file, as a clone without directory links has, so that pip and
+    conda can remove or replace the files. Returns (package, directory) for each one.
+
+    Each is built beside the link, then swapped in (the link is removed just before the
+    rename: a directory cannot be renamed over a symlink).
+    """
+    import tempfile
+
+    from envtools.errors import EnvtoolsError
+    from envtools.readonly import refuse_readonly
+    from envtools.record_index import load_prefix
+
+    root = Path(os.path.abspath(prefix))
+    refuse_readonly(root, "detach directories in")
+    records = load_prefix(root).records
+    known = {r.name for r in records}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise EnvtoolsError(f"{root} has no package named {', '.join(unknown)}",
+                            f"the packages are: {', '.join(sorted(known))}")
+    done: list[tuple[str, str]] = []
+    for d, target in sorted(layer_links(root).items()):
+        owner = next((r.name for r in records if cachelinks.link_target(
+            r.extracted_package_dir, r.noarch_python, d) == target), None)
+        if owner is None or (names and owner not in names):
+            continue  # (not a clone's link to its package cache: validate's rule)
+        link = root / d
+        tmp = Path(tempfile.mkdtemp(prefix=f".{link.name}.envtools-detach-", dir=link.parent))
+        try:
+            for dirpath, dirnames, filenames in os.walk(target):
+                rel = os.path.relpath(dirpath, target)
+                here = tmp if rel == "." else tmp / rel
+                for name in dirnames + filenames:
+                    src = os.path.join(dirpath, name)
+                    if os.path.islink(src):
+                        os.symlink(os.readlink(src), here / name)
+                    elif name in dirnames:
+                        os.mkdir(here / name)
+                    else:
+                        os.symlink(src, here / name)
+            os.chmod(tmp, 0o755)
+            os.unlink(link)
+            try:
+                os.rename(tmp, link)
+            except OSError:
+                os.symlink(target, link)
+                raise
+        except BaseException:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        done.append((owner, d))
+    return done

@@ -1,0 +1,488 @@
+"""A clone by a user who does not own the site env: root installs the env, another uid
+clones it (symlinks to the root-owned cache, cachelinks.py), and nothing that user does
+in the clone reaches the site env or its cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pip as pip_module
+import pytest
+from conftest import make_wheel, run_envtools
+from test_clone import tree_digest
+
+from envtools import asuser, cachelinks
+
+
+def _rmtree(p: Path) -> None:
+    for dirpath, _dirs, _files in os.walk(p):
+        os.chmod(dirpath, 0o755)
+    shutil.rmtree(p, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def shared(channel):
+    """A root-owned site env in a directory every user can reach, and a user (a uid
+    without an account) who clones it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the site env must be root's and the clone another uid's")
+    if not shutil.which("setpriv"):
+        pytest.skip("needs setpriv (util-linux) to run as another uid")
+    root = Path(tempfile.mkdtemp(prefix="envtools-nonowner-", dir="/tmp"))
+    try:
+        os.chmod(root, 0o755)
+        env = root / "site" / "envs" / "powerai"
+        run_envtools("install", "--channel", channel, "--prefix", env, "demo-meta",
+                     "demo-noarch")
+        user = asuser.unprivileged(root / "home")
+        yield SimpleNamespace(root=root, env=env, cache=env.parent / "powerai.pkgs",
+                              user=user, channel=channel)
+    finally:
+        _rmtree(root)
+
+
+def clone_as(user: asuser.User, *args) -> subprocess.CompletedProcess:
+    p = user.run(user.envtools("clone", *args))
+    assert p.returncode == 0, p.stderr
+    return p
+
+
+def run_as(user: asuser.User, *argv, check: bool = True, env: dict | None = None):
+    p = subprocess.run(user.cmd(*argv), capture_output=True, text=True,
+                       env={**user.env, **(env or {})})
+    if check:
+        assert p.returncode == 0, f"{argv}: {p.stderr}"
+    return p
+
+
+def content_digest(root: Path, cache: Path) -> dict[str, str]:
+    """tree_digest, reading through links to the package cache (whole directories and
+    single files): what counts is their content; a package's own links stay links."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        rel_dir = os.path.relpath(dirpath, root)
+        if rel_dir.split(os.sep)[0] == "conda-meta":
+            continue
+        for name in [*dirnames, *filenames]:
+            p = os.path.join(dirpath, name)
+            rel = os.path.normpath(os.path.join(rel_dir, name))
+            if os.path.islink(p) and not os.readlink(p).startswith(f"{cache}/"):
+                out[rel] = "link:" + os.readlink(p)
+                if name in dirnames:
+                    dirnames.remove(name)
+            elif name in filenames:
+                out[rel] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return out
+
+
+def cache_links(root: Path, cache: Path) -> dict[str, str]:
+    """The clone's files that are symlinks to the cache: {rel: target}."""
+    out = {}
+    for d, _dirs, files in os.walk(root):
+        for n in files:
+            p = os.path.join(d, n)
+            if os.path.islink(p) and os.readlink(p).startswith(f"{cache}/"):
+                out[os.path.relpath(p, root)] = os.readlink(p)
+    return out
+
+
+def linked_dirs(root: Path) -> dict[str, str]:
+    """The clone's directory links: {rel: target}."""
+    return {os.path.relpath(os.path.join(d, n), root): os.readlink(os.path.join(d, n))
+            for d, dirnames, _f in os.walk(root) for n in dirnames
+            if os.path.islink(os.path.join(d, n))}
+
+
+def site_state(shared) -> dict[str, tuple]:
+    """Every file of the site env and its cache: content, mode, owner, inode."""
+    out = {}
+    for top in (shared.env, shared.cache):
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in filenames + dirnames:
+                p = os.path.join(dirpath, name)
+                st = os.lstat(p)
+                digest = (hashlib.sha256(open(p, "rb").read()).hexdigest()
+                          if os.path.isfile(p) and not os.path.islink(p) else None)
+                out[p] = (digest, st.st_mode, st.st_uid, st.st_ino, st.st_size)
+    return out
+
+
+def check_runs_as(user: asuser.User, prefix: Path) -> None:
+    """The clone's program, script and python run for its user and see only the clone."""
+    assert run_as(user, prefix / "bin" / "demo").stdout.splitlines() == [
+        f"{prefix}/share/demo", f"prefix={prefix}"]
+    assert run_as(user, prefix / "bin" / "demo-wrapper").stdout.splitlines()[0] == \
+        f"{prefix}/share/demo"
+    py = run_as(user, prefix / "bin" / "python", "-c",
+                "import sys, demo_py, demo_noarch; print(sys.prefix); print(demo_py.where()); "
+                "print(demo_py.__file__); print(demo_noarch.__file__)").stdout.splitlines()
+    assert py[0] == str(prefix) and py[1] == str(prefix)
+    assert py[2].startswith(str(prefix)) and py[3].startswith(str(prefix))
+    out = run_as(user, prefix / "bin" / "demo-noarch").stdout.split()
+    assert out[0] == "demo-noarch" and out[1].startswith(str(prefix))
+
+
+def test_nonowner_clone_links_the_cache_runs_and_validates(shared):
+    dest = shared.user.home / "mine"
+    p = clone_as(shared.user, shared.env, dest)
+    assert "symlinks to the cache" in p.stderr and "hardlink" not in p.stderr
+    assert "linked directories" not in p.stderr
+    cache = {d.name.rsplit("-", 2)[0]: d for d in shared.cache.iterdir() if d.is_dir()}
+    site = next(dest.glob("lib/python*/site-packages"))
+    sp = site.relative_to(dest)
+    # plain package files: a symlink each, to the root-owned cache file
+    for rel, pkg in (("include/demo.h", "libdemo"), ("share/demo-meta/README", "demo-meta"),
+                     (str(next(site.glob("demo_py/_ext.*.so")).relative_to(dest)), "demo-py"),
+                     (f"{sp}/demo_py-2.0.0.dist-info/RECORD", "demo-py"),
+                     (f"{sp}/demo_noarch/__init__.py", "demo-noarch")):
+        f = dest / rel
+        assert f.is_symlink(), rel
+        target = Path(os.readlink(f))
+        assert target.is_relative_to(cache[pkg]) and target.stat().st_uid == 0, rel
+    # real files: relocated ones, the installer's entry point, and a program whose
+    # package relocates (run through a link, its $ORIGIN would be the cache's)
+    for rel in ("bin/demo", "lib/libdemo.so.1", "share/demo/config.txt", "bin/demo-noarch",
+                f"{sp}/demo_py/__init__.py"):
+        assert not (dest / rel).is_symlink() and (dest / rel).stat().st_uid == shared.user.uid
+    # every directory is the user's own (pip, conda, editors add and remove there)
+    assert linked_dirs(dest) == {}
+    for dirpath, _dirs, _files in os.walk(dest):
+        assert os.stat(dirpath).st_uid == shared.user.uid
+    check_runs_as(shared.user, dest)
+    rec = json.loads(next((dest / "conda-meta").glob("demo-meta-*.json")).read_text())
+    assert rec["link"] == {"source": str(cache["demo-meta"]), "type": cachelinks.LINK_SOFTLINK}
+    doc = json.loads(run_as(shared.user, *shared.user.python, "-m", "envtools", "validate",
+                            dest, "--json").stdout)
+    assert doc["exit_status"] == 0, doc["findings"]
+    assert doc["checked"]["hashed"] == 0  # the stat cache vouched for every linked file
+    assert not [f for f in doc["findings"] if f["check"] == "linked-directories"]
+    full = json.loads(run_envtools("validate", "--full", "--json", dest).stdout)
+    assert full["exit_status"] == 0 and full["checked"]["elf_files"] == \
+        doc["checked"]["elf_files"] >= 3  # the linked extension is checked too
+
+
+def test_linked_directories_and_detach(shared):
+    """--link-mode dirs: one link for each directory one package owns wholly and that
+    needs no file of the clone's own; envtools detach turns such links into a symlink per
+    file, what the default clone has."""
+    dest = shared.user.home / "dirs"
+    p = clone_as(shared.user, "--link-mode", "dirs", shared.env, dest)
+    assert "linked directories" in p.stderr
+    cache = {d.name.rsplit("-", 2)[0]: d for d in shared.cache.iterdir() if d.is_dir()}
+    sp = next(dest.glob("lib/python*/site-packages")).relative_to(dest)
+    dirs = linked_dirs(dest)
+    assert dirs == {"share/demo-meta": f"{cache['demo-meta']}/share/demo-meta",
+                    "share/cuda-version": f"{cache['cuda-version']}/share/cuda-version",
+                    f"{sp}/demo_py-2.0.0.dist-info":
+                    f"{cache['demo-py']}/{sp}/demo_py-2.0.0.dist-info"}
+    # (demo_py/ holds a relocated file, demo_noarch/ has no .pyc, include/ is shared)
+    for target in dirs.values():
+        assert Path(target).stat().st_uid == 0
+    check_runs_as(shared.user, dest)
+    doc = json.loads(run_as(shared.user, *shared.user.python, "-m", "envtools", "validate",
+                            dest, "--json").stdout)
+    assert doc["exit_status"] == 0 and doc["checked"]["hashed"] == 0, doc["findings"]
+    linked = [f for f in doc["findings"] if f["check"] == "linked-directories"]
+    assert linked[0]["packages"] == ["cuda-version", "demo-meta", "demo-py"]
+    assert f"envtools detach {dest}" in linked[0]["hint"]
+    p = run_as(shared.user, *shared.user.python, "-m", "envtools", "detach", dest,
+               "demo-meta")
+    assert "detached 1 directories of 1 packages: demo-meta" in p.stderr
+    assert "share/demo-meta" not in linked_dirs(dest) and len(linked_dirs(dest)) == 2
+    run_as(shared.user, *shared.user.python, "-m", "envtools", "detach", dest)
+    assert linked_dirs(dest) == {}
+    per_file = shared.user.home / "per-file"
+    clone_as(shared.user, shared.env, per_file)
+    # the same entries, and each file that is a link leads to the same cache file
+    assert content_digest(dest, shared.cache).keys() == \
+        content_digest(per_file, shared.cache).keys()
+    assert cache_links(dest, shared.cache) == cache_links(per_file, shared.cache)
+    doc = json.loads(run_as(shared.user, *shared.user.python, "-m", "envtools", "validate",
+                            dest, "--json").stdout)
+    assert doc["exit_status"] == 0 and doc["checked"]["hashed"] == 0, doc["findings"]
+    assert not [f for f in doc["findings"] if f["check"] == "linked-directories"]
+    check_runs_as(shared.user, dest)
+    p = run_as(shared.user, *shared.user.python, "-m", "envtools", "detach", dest, "nope",
+               check=False)
+    assert p.returncode == 2 and "no package named nope" in p.stderr
+
+
+@pytest.mark.parametrize("mode", ["auto", "dirs"])
+def test_nonowner_clone_has_the_bytes_of_an_install_at_dest(shared, mode):
+    """Read through its links, the clone is what installing the packages there gives."""
+    dest = shared.user.home / "same" / "env"
+    clone_as(shared.user, "--link-mode", mode, shared.env, dest)
+    cloned = content_digest(dest, shared.cache)
+    assert cloned != tree_digest(dest)  # (it does link)
+    _rmtree(dest)
+    run_envtools("install", "--channel", shared.channel, "--prefix", dest, "demo-meta",
+                 "demo-noarch")
+    try:
+        assert tree_digest(dest) == cloned
+    finally:
+        run_envtools("remove", dest)
+
+
+def test_nothing_the_user_does_in_the_clone_reaches_the_site_env(shared):
+    """Writing into a linked file or directory fails; replacing files, pip install, pip
+    upgrade and pip uninstall of a conda package whose files are links (for linked
+    directories: after envtools detach), and rm -rf all work; the site env and its cache
+    stay as they were, byte for byte, mode and inode."""
+    before = site_state(shared)
+    user = shared.user
+    dest, dirs = user.home / "work", user.home / "work-dirs"
+    clone_as(user, shared.env, dest)
+    clone_as(user, "--link-mode", "dirs", shared.env, dirs)
+    header, readme = dest / "include" / "demo.h", dirs / "share" / "demo-meta" / "README"
+    assert readme.parent.is_symlink()
+    for f in (header, dest / "share" / "demo-meta" / "README", readme):
+        assert run_as(user, "sh", "-c", f"echo x >> {f}", check=False).returncode != 0
+        assert run_as(user, "chmod", "u+w", f, check=False).returncode != 0
+        assert run_as(user, "truncate", "-s", "0", f, check=False).returncode != 0
+    assert run_as(user, "touch", readme.parent / "new", check=False).returncode != 0
+    run_as(user, "sh", "-c", f"rm {header} && echo mine > {header}")  # replacing is fine
+    assert header.read_text() == "mine\n" and not header.is_symlink()
+
+    pip = pip_as(shared)
+    wheels = shared.root / "wheels"  # (where the user can read them)
+    wheels.mkdir(exist_ok=True)
+    new = make_wheel(wheels, "hello-tool", "1.0", {"hello_tool/__init__.py": "X = 1\n"})
+    upgrade = make_wheel(wheels, "demo-py", "3.0.0", {"demo_py/__init__.py": "V = 3\n"})
+    run_as(user, *user.python, "-m", "envtools", "detach", dirs, "demo-py")
+    for prefix in (dest, dirs):
+        run_as(user, *pip(prefix), "install", "--no-deps", "--no-index", new)
+        site = next(prefix.glob("lib/python*/site-packages"))
+        ext = next(site.glob("demo_py/_ext.*.so"))
+        assert ext.is_symlink()
+        # pip replaces the conda package: it removes its files (links), writes its own
+        p = run_as(user, *pip(prefix), "install", "--no-deps", "--no-index", "--upgrade",
+                   upgrade)
+        assert "Successfully uninstalled demo-py-2.0.0" in p.stdout, p.stdout
+        assert not ext.exists() and not ext.is_symlink()
+        assert sorted(x.name for x in site.glob("demo_py*")) == [
+            "demo_py", "demo_py-3.0.0.dist-info"]
+        out = run_as(user, prefix / "bin" / "python", "-c",
+                     "import demo_py, hello_tool; print(demo_py.V)").stdout
+        assert out.strip() == "3"
+        run_as(user, *pip(prefix), "uninstall", "--yes", "demo-py")
+        assert not (site / "demo_py").exists()
+        run_as(user, "rm", "-rf", prefix / "share" / "demo-meta",
+               prefix / "lib" / "libdemo.so.1")
+    assert site_state(shared) == before
+    # and the clones go away like any directory of the user's
+    run_as(user, "rm", "-rf", dest, dirs)
+    assert site_state(shared) == before
+
+
+def pip_as(shared):
+    """The pip command for a clone: the clone's python running pip, seeing no other
+    distribution than the clone's."""
+    pip_only = shared.root / "pip-only"
+    if not pip_only.exists():
+        pip_only.mkdir()
+        (pip_only / "pip").symlink_to(Path(pip_module.__file__).parent)
+
+    def cmd(prefix: Path) -> list:
+        return ["env", f"PYTHONPATH={pip_only}", prefix / "bin" / "python", "-m", "pip",
+                "--disable-pip-version-check", "--no-cache-dir", "--no-input"]
+    return cmd
+
+
+def test_pip_cannot_change_a_linked_package_nor_the_site(shared):
+    """Before envtools detach, pip cannot remove a package whose directories are links
+    (they are the site's): whatever it reports, the site env and its cache are unchanged,
+    and validate shows what is left (the clone's python here is venv-like: pip skips the
+    files it may not remove; a conda env's python stops with Permission denied)."""
+    before = site_state(shared)
+    dest = shared.user.home / "linked-pip"
+    clone_as(shared.user, "--link-mode", "dirs", shared.env, dest)
+    (shared.root / "wheels").mkdir(exist_ok=True)
+    upgrade = make_wheel(shared.root / "wheels", "demo-py", "3.0.0",
+                         {"demo_py/__init__.py": "V = 3\n"})
+    run_as(shared.user, *pip_as(shared)(dest), "install", "--no-deps", "--no-index",
+           "--upgrade", upgrade, check=False)
+    assert site_state(shared) == before
+    site = next(dest.glob("lib/python*/site-packages"))
+    assert (site / "demo_py-2.0.0.dist-info").is_symlink()  # (not removed: the site's)
+    doc = json.loads(run_as(shared.user, *shared.user.python, "-m", "envtools", "validate",
+                            dest, "--json", check=False).stdout)
+    assert doc["exit_status"] == 1  # (two demo-py: the conda one is still there)
+
+
+@pytest.mark.parametrize("mode", ["auto", "dirs"])
+def test_validate_reads_through_the_links(shared, mode):
+    """A cache file changed after the clone is reported by the clone's validate (through
+    a linked file, or a linked directory), and a cache that is gone is named in the
+    finding (the clone needs it)."""
+    dest = shared.user.home / f"checked-{mode}"
+    clone_as(shared.user, "--link-mode", mode, shared.env, dest)
+    validate = [*shared.user.python, "-m", "envtools", "validate", "--json", dest]
+    site = next(dest.glob("lib/python*/site-packages"))
+    ext = next(site.glob("demo_py/_ext.*.so"))
+    changed = {"share/demo-meta/README": dest / "share/demo-meta/README",
+               "include/demo.h": dest / "include/demo.h"}
+    for rel, f in changed.items():
+        real = Path(os.path.realpath(f))
+        assert real.is_relative_to(shared.cache), rel
+        original = real.read_bytes()
+        os.chmod(real, 0o644)
+        try:
+            real.write_bytes(b"changed by someone\n")
+            doc = json.loads(run_as(shared.user, *validate, check=False).stdout)
+            assert doc["exit_status"] == 1
+            assert [f["paths"] for f in doc["findings"] if f["check"] == "altered-file"] == [
+                [rel]]
+        finally:
+            real.write_bytes(original)
+            os.chmod(real, 0o444)
+    assert json.loads(run_as(shared.user, *validate).stdout)["exit_status"] == 0
+    for pkg in (Path(os.path.realpath(changed["share/demo-meta/README"])).parents[2],
+                Path(os.path.realpath(ext)).parents[4]):
+        os.rename(pkg, pkg.with_name(pkg.name + ".gone"))
+    try:
+        doc = json.loads(run_as(shared.user, *validate, check=False).stdout)
+        missing = {p: f for f in doc["findings"] if f["check"] == "missing-file"
+                   for p in f["paths"]}
+        for rel in ("share/demo-meta/README", str(ext.relative_to(dest)),
+                    f"{site.relative_to(dest)}/demo_py-2.0.0.dist-info/RECORD"):
+            assert "package cache" in missing[rel]["hint"], rel
+    finally:
+        for pkg in shared.cache.glob("*.gone"):
+            os.rename(pkg, pkg.with_name(pkg.name[:-5]))
+
+
+def test_another_users_cache_is_copied_unless_trusted(shared):
+    """A colleague's env: its owner could change its cache later, so a clone of it copies
+    by default; --link-mode symlink links it for a user who trusts that owner."""
+    channel = shared.root / "channel"
+    shutil.copytree(shared.channel, channel)
+    for dirpath, _dirs, files in os.walk(channel):
+        os.chmod(dirpath, 0o755)
+        for f in files:
+            os.chmod(os.path.join(dirpath, f), 0o644)
+    colleague = asuser.unprivileged(shared.root / "colleague",
+                                    asuser.free_uid(shared.user.uid + 1))
+    theirs = colleague.home / "envs" / "theirs"
+    p = colleague.run(colleague.envtools("install", "--channel", channel, "--prefix", theirs,
+                                         "demo-meta"))
+    assert p.returncode == 0, p.stderr
+    p = clone_as(shared.user, theirs, shared.user.home / "copied")
+    assert "symlinks to the cache" not in p.stderr and "copy" in p.stderr
+    p = clone_as(shared.user, "--link-mode", "symlink", theirs, shared.user.home / "trusted")
+    assert "symlinks to the cache" in p.stderr and "linked directories" not in p.stderr
+    check_runs_as_minimal = run_as(shared.user, shared.user.home / "trusted" / "bin" / "demo")
+    assert check_runs_as_minimal.stdout.splitlines()[1] == \
+        f"prefix={shared.user.home / 'trusted'}"
+
+
+def test_a_group_writable_shared_cache_is_not_safe(shared):
+    """Why envtools has no ``install --shared-cache GROUP``: with protected_hardlinks the
+    kernel lets a user hardlink a file they do not own only if they may also write it, and
+    then they can change the site's file through the link."""
+    if Path("/proc/sys/fs/protected_hardlinks").read_text().strip() != "1":
+        pytest.skip("fs.protected_hardlinks is not 1 here")
+    site_file = shared.root / "site" / "shared-file"
+    site_file.write_text("site content\n")
+    os.chown(site_file, 0, shared.user.gid)
+    link = shared.user.home / "link"
+    user = shared.user
+    for mode, allowed in ((0o444, False), (0o440, False), (0o664, True)):
+        os.chmod(site_file, mode)
+        p = run_as(user, "ln", site_file, link, check=False)
+        assert (p.returncode == 0) == allowed, (oct(mode), p.stderr)
+    run_as(user, "sh", "-c", f"echo changed by a user > {link}")
+    assert site_file.read_text() == "changed by a user\n"
+    site_file.unlink()
+    link.unlink()
+
+
+def test_a_program_is_linked_only_where_it_runs_the_same(tmp_path):
+    """A program run through a symlink gets its real directory as $ORIGIN: it may be a
+    link only if every library it finds through $ORIGIN is its own package's."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    env, pkg = tmp_path / "env", tmp_path / "pkg"
+    for d in (env / "bin", env / "lib", pkg / "bin", pkg / "lib"):
+        d.mkdir(parents=True)
+    (tmp_path / "x.c").write_text("int x(void){return 1;}\n")
+    (tmp_path / "m.c").write_text("int x(void); int main(void){return x();}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", env / "lib" / "libx.so",
+                    tmp_path / "x.c"], check=True)
+    subprocess.run(["gcc", "-o", env / "bin" / "prog", tmp_path / "m.c", "-L", env / "lib",
+                    "-lx", "-Wl,-rpath,$ORIGIN/../lib"], check=True)
+    shutil.copy2(env / "bin" / "prog", pkg / "bin" / "prog")
+    # libx belongs to another package: from the cache, $ORIGIN/../lib has no libx
+    assert not cachelinks.runs_from_cache("bin/prog", str(pkg), str(env))
+    shutil.copy2(env / "lib" / "libx.so", pkg / "lib" / "libx.so")  # now its own
+    assert cachelinks.runs_from_cache("bin/prog", str(pkg), str(env))
+
+
+def test_a_records_link_type_is_changed_in_place():
+    """The record's bytes are kept; only its trailing link object changes, in either of
+    the two forms records are written in, and nothing else is touched."""
+    rec = {"name": "x", "paths_data": {"paths": []}, "link": {"source": "/c/x-1-0", "type": 1}}
+    pretty = json.dumps(rec, indent=2).encode()
+    for form in (pretty, pretty + b"\n", json.dumps(rec).encode()):
+        out = cachelinks.relinked_record(form, "/c/x-1-0", 1, 2)
+        assert json.loads(out) == {**rec, "link": {"source": "/c/x-1-0", "type": 2}}
+        assert out.replace(b'"type": 2', b'"type": 1') == form
+    assert cachelinks.relinked_record(pretty, "/c/other", 1, 2) is None
+    moved = json.dumps({"link": rec["link"], "name": "x"}).encode()  # not the last field
+    assert cachelinks.relinked_record(moved, "/c/x-1-0", 1, 2) is None
+
+
+def test_which_directories_become_links():
+    """Only a directory one package owns wholly, that needs no file of the clone's own,
+    whose every .py has its .pyc, and that nobody commonly adds to."""
+    from envtools.clone import _IN_ARCHIVE
+    from envtools.layers import plan
+
+    sp = "lib/python3.11/site-packages"
+
+    def items(*rels, placeholder=None):
+        return [(r, "/c/" + r, "hardlink", placeholder, None, True, None, 1) for r in rels]
+
+    groups = [
+        (0, items(f"{sp}/good/__init__.py", f"{sp}/good/__pycache__/__init__.cpython-311.pyc",
+                  f"{sp}/good/data/x.bin", f"{sp}/good-1.0.dist-info/RECORD")),
+        (1, items(f"{sp}/nopyc/__init__.py")),  # (python would compile it on every import)
+        (2, items(f"{sp}/ns/part/__init__.py", f"{sp}/ns/part/__pycache__/__init__.c.pyc")),
+        (3, items(f"{sp}/shared/__init__.py", f"{sp}/shared/__pycache__/__init__.c.pyc",
+                  "share/man/man1/tool.1", "share/tool/a", "etc/tool/conf", "bin/tool")),
+        (4, items(f"{sp}/shared/extra.py", f"{sp}/shared/__pycache__/extra.c.pyc")),
+        (5, items("share/reloc/a") + items("share/reloc/b", placeholder="/ph")),
+        (6, items("share/pinned/a", "include/lib6/x.h")),
+        (7, items("share/untrusted/a")),
+    ]
+    chosen = plan(groups, linkable=range(7), untracked=["share/pinned/user-file"],
+                  in_archive=_IN_ARCHIVE)
+    assert chosen == {f"{sp}/good": 0, f"{sp}/good-1.0.dist-info": 0,
+                      f"{sp}/ns/part": 2,  # (the namespace package ns itself: not a link)
+                      "share/tool": 3, "include/lib6": 6}
+
+
+def test_a_library_that_climbs_out_of_its_directory_is_not_behind_a_link(tmp_path):
+    """The kernel resolves `..` after following a directory link: a library whose RUNPATH
+    is $ORIGIN/.. would search the cache, not the clone, so its directory stays real."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    from envtools.layers import verify
+
+    layer = tmp_path / "cache" / "pkg" / "lib" / "sub"
+    layer.mkdir(parents=True)
+    (tmp_path / "x.c").write_text("int x(void){return 1;}\n")
+    items = [("lib/sub/libx.so", str(layer / "libx.so"), "hardlink", None, None, True, None, 1)]
+    for runpath, linkable in (("$ORIGIN", True), ("$ORIGIN/../other", False)):
+        (layer / "libx.so").unlink(missing_ok=True)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", layer / "libx.so", tmp_path / "x.c",
+                        f"-Wl,-rpath,{runpath}", "-Wl,--enable-new-dtags"], check=True)
+        os.chmod(layer / "libx.so", 0o555)
+        got = verify(str(layer), items, "lib/sub", str(tmp_path / "env"), frozenset())
+        assert (got is not None) == linkable, runpath
