@@ -214,6 +214,33 @@ def test_linked_directories_and_detach(shared):
     assert p.returncode == 2 and "no package named nope" in p.stderr
 
 
+def test_a_directory_that_fails_its_check_is_split_not_given_up(shared):
+    """One file the cache should not hold, in share/demo-meta/notes/: that directory is
+    placed a symlink per file and the stray file is not brought in; its sibling data/
+    is still one link, and share/demo-meta itself is a real directory."""
+    cache = next(d for d in shared.cache.iterdir() if d.name.startswith("demo-meta-"))
+    stray = cache / "share" / "demo-meta" / "notes" / "stray.txt"
+    stray.write_text("not the package's\n")
+    try:
+        dest = shared.user.home / "split"
+        p = clone_as(shared.user, "--link-mode", "dirs", shared.env, dest)
+        assert "linked directories" in p.stderr
+        dirs = linked_dirs(dest)
+        assert dirs.get("share/demo-meta/data") == f"{cache}/share/demo-meta/data", dirs
+        assert "share/demo-meta" not in dirs and "share/demo-meta/notes" not in dirs
+        notes = dest / "share" / "demo-meta" / "notes"
+        assert sorted(os.listdir(notes)) == ["a.txt"]
+        assert os.readlink(notes / "a.txt") == f"{cache}/share/demo-meta/notes/a.txt"
+        assert (dest / "share" / "demo-meta" / "README").is_symlink()
+        assert (dest / "share" / "demo-meta" / "data" / "b.txt").read_text() == "data\n"
+        doc = json.loads(run_as(shared.user, *shared.user.python, "-m", "envtools",
+                                "validate", dest, "--json").stdout)
+        assert doc["exit_status"] == 0, doc["findings"]
+        run_as(shared.user, "rm", "-rf", dest)
+    finally:
+        stray.unlink()
+
+
 @pytest.mark.parametrize("mode", ["auto", "dirs"])
 def test_nonowner_clone_has_the_bytes_of_an_install_at_dest(shared, mode):
     """Read through its links, the clone is what installing the packages there gives."""

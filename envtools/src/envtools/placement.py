@@ -387,31 +387,60 @@ def place_or_fall_back(ctx: Ctx, item: Item) -> Placed:
         raise
 
 
-def place_layer(ctx: Ctx, item: Item) -> dict[str, tuple] | None:
+def place_layer(ctx: Ctx, item: Item) -> tuple[dict[str, tuple], list[Item], int, int]:
     """Link a whole directory to the cache (layers.py) once :func:`layers.verify` says
     its cache copy holds exactly the package's files there, safe to link, and SRC's
-    stat cache vouches for every one of them (as for a file linked alone); returns the
-    stat cache entries of its files. None: place its files one by one (their
-    directories are made here), where each is checked, hashed if need be, on its own."""
+    stat cache vouches for every one of them (as for a file linked alone).
+
+    A directory that fails is not given up whole: it becomes a real directory, the files
+    directly in it are placed one by one and each subdirectory is tried as a link of its
+    own, so one program that must be real (or one relocated file) costs a symlink per
+    file in its own directory only, not in all of ``tensorflow/``. What plan() checked
+    holds for every subdirectory of a planned one (a single owner, no file that must be
+    the clone's own, each ``.py`` with its ``.pyc``).
+
+    Returns the stat cache entries of the linked files, the items to place one by one
+    (their directories are made here), and the number of directory links and of files
+    in them."""
     rel, source = item[0], item[1]
     subs = ctx.layers[rel] if ctx.layers else []
     bad = confine.first_unsafe([s[0] for s in subs])
     if bad:
         raise confine.UnsafePath(f"{(ctx.names or {}).get(ctx.unit, 'a package')}: "
                                  f"refusing path {bad[0]!r} from its record: {bad[1]}")
-    entries = None
-    if ctx.unit_symlinks and _dirs_trusted(ctx, source):
-        entries = layers.verify(source, subs, rel, ctx.src_root, ctx.relocating,
-                                euid=ctx.euid, owner=ctx.link_owner)
-    if entries is not None and all(
-            s[6] and _vouched_key(ctx, s[0], s[1], entries[s[0]], s[6]) for s in subs
-            if s[0] in entries):
-        confine.symlink(source, os.path.join(ctx.dest_tmp, rel))
-        return entries
     base = str(ctx.dest_tmp) + "/"
-    for d in [rel, *_dirs_of([s[0] for s in subs])]:
+    known: dict[str, tuple] = {}
+    rest: list[Item] = []
+    linked = files = 0
+    stack = [(rel, source, subs)]
+    while stack:
+        d, src, items = stack.pop()
+        entries = None
+        if ctx.unit_symlinks and _dirs_trusted(ctx, src):
+            entries = layers.verify(src, items, d, ctx.src_root, ctx.relocating,
+                                    euid=ctx.euid, owner=ctx.link_owner)
+        if entries is not None and all(
+                s[6] and _vouched_key(ctx, s[0], s[1], entries[s[0]], s[6]) for s in items
+                if s[0] in entries):
+            confine.symlink(src, base + d)
+            known.update(entries)
+            linked += 1
+            files += len(items)
+            continue
         confine.mkdir(base + d)
-    return None
+        children: dict[str, list[Item]] = {}
+        here: list[Item] = []
+        for s in items:
+            head, sep, _ = s[0][len(d) + 1:].partition("/")
+            (children.setdefault(head, []) if sep else here).append(s)
+        for s in here:  # (a directory entry goes with the subdirectory it names)
+            name = s[0][len(d) + 1:]
+            if s[2] == "directory" and name in children:
+                children[name].append(s)
+            else:
+                rest.append(s)
+        stack.extend((f"{d}/{h}", f"{src}/{h}", c) for h, c in children.items())
+    return known, rest, linked, files
 
 
 def probe_reflink(pkg_dir: Path, tmp: Path) -> bool | None:
@@ -621,13 +650,11 @@ def place_chunks(
                         elif symlinks and e.errno in cachelinks.SYMLINK_GIVE_UP:
                             ctx.symlinks = ctx.unit_symlinks = symlinks = False
                 if path_type == layers.LAYER:
-                    entries = place_layer(ctx, item)
-                    if entries is not None:
-                        known.update(entries)
-                        counts[LINKED_DIR] = counts.get(LINKED_DIR, 0) + 1
-                        counts[IN_LINKED_DIR] = counts.get(IN_LINKED_DIR, 0) + _size
-                        continue
-                    subs = ctx.layers[rel] if ctx.layers else []  # (placed one by one)
+                    entries, subs, n_linked, n_in = place_layer(ctx, item)
+                    known.update(entries)
+                    if n_linked:
+                        counts[LINKED_DIR] = counts.get(LINKED_DIR, 0) + n_linked
+                        counts[IN_LINKED_DIR] = counts.get(IN_LINKED_DIR, 0) + n_in
                 else:
                     subs = [item]
                 for sub in subs:
