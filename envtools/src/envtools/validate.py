@@ -42,7 +42,7 @@ from pathlib import Path
 
 import rattler
 
-from envtools import confine, elf, virtual
+from envtools import confine, elf, loader, virtual
 from envtools.errors import EnvtoolsError
 from envtools.hashing import hash_many, load_stat_cache, stat_key
 from envtools.prefix_records import Prefix, Record
@@ -487,6 +487,19 @@ def check_pip(ctx: Context) -> None:
 
 
 # ---------------------------------------------------------------- binaries
+_LISTINGS: dict[str, set[str]] = {}
+
+
+def loader_names(d: str) -> set[str]:
+    """The names in directory ``d`` (cached for the run)."""
+    if d not in _LISTINGS:
+        try:
+            _LISTINGS[d] = set(os.listdir(d))
+        except OSError:
+            _LISTINGS[d] = set()
+    return _LISTINGS[d]
+
+
 def _elf_candidates(root: Path) -> list[str]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -509,28 +522,43 @@ def _elf_candidates(root: Path) -> list[str]:
     return out
 
 
+def _env_python(root: Path) -> str | None:
+    """The env's interpreter (real path): the program that imports extensions and
+    dlopens libraries, whose RPATH ld.so searches for them."""
+    for name in ("python", "python3"):
+        fp = root / "bin" / name
+        if fp.exists():
+            return os.path.realpath(fp)
+    return None
+
+
 def check_binaries(ctx: Context) -> None:
-    """ELF arch, unresolved shared libraries, duplicate NCCL/MPI, wrong python ABI."""
+    """ELF arch, damaged ELF files, what ld.so would not find (see :mod:`envtools.loader`),
+    duplicate NCCL/MPI, wrong python ABI."""
     root = ctx.prefix.root
+    real_root = os.path.realpath(root)
     want = elf.SUBDIR_MACHINE.get(ctx.subdir)
     sysdirs = elf.system_library_dirs()
-    listing: dict[str, set[str]] = {}
 
-    def names_in(d: str) -> set[str]:
-        if d not in listing:
-            try:
-                listing[d] = set(os.listdir(d))
-            except OSError:
-                listing[d] = set()
-        return listing[d]
+    def rel_of(path: str) -> str:
+        return os.path.relpath(path, real_root)
 
     def owner_of(path: str) -> list[str]:
-        rel = os.path.relpath(path, root)
+        rel = rel_of(path)
         if rel in ctx.owners:
             return [o.name for o in ctx.owners[rel]]
         if rel in ctx.pip_owned:
             return [f"pip:{ctx.pip_owned[rel]}"]
         return ["(untracked)"]
+
+    def reinstall(path: str) -> str:
+        who = owner_of(path)
+        if who == ["(untracked)"]:
+            return "remove it, or reinstall whatever put it there"
+        pip = [w[4:] for w in who if w.startswith("pip:")]
+        if pip:
+            return f"pip install --force-reinstall {pip[0]}"
+        return f"reinstall {', '.join(who)} (clone the env again, or restore the file)"
 
     elves: dict[str, elf.ElfInfo] = {}
     for fp in _elf_candidates(root):
@@ -538,55 +566,77 @@ def check_binaries(ctx: Context) -> None:
             continue
         info = elf.read_elf(fp)
         if info is not None:
-            elves[fp] = info
+            elves[os.path.realpath(fp)] = info
     ctx.checked["elf_files"] = len(elves)
-    envlib = str(root / "lib")
-    resolved_system: dict[str, set[str]] = defaultdict(set)
-    for fp, info in elves.items():
-        rel = os.path.relpath(fp, root)
-        if want and (info.machine, info.endian) != want:
+    for fp, info in list(elves.items()):
+        rel = rel_of(fp)
+        if info.damaged:
+            ctx.add("elf-damaged", "error", f"{rel} is not a loadable ELF file ({info.damaged})",
+                    owner_of(fp), [rel], hint=reinstall(fp))
+        elif want and (info.machine, info.endian) != want:
             ctx.add("elf-arch", "error",
                     f"{rel} is built for {info.machine_name}, not {ctx.subdir}", owner_of(fp),
                     [rel], hint="install the package built for this platform")
+        else:
             continue
-        origin = os.path.dirname(fp)
-        search = [p.replace("$ORIGIN", origin).replace("${ORIGIN}", origin)
-                  for p in (info.runpath or info.rpath)]
-        for lib in info.needed:
-            hit = next((d for d in search if lib in names_in(d)), None)
-            if hit is None:
-                hit = next((d for d in sysdirs if lib in names_in(d)), None)
-                if hit is not None:
-                    for fam, pat in DUP_FAMILIES.items():
-                        if pat.match(lib):
-                            resolved_system[fam].add(os.path.realpath(os.path.join(hit, lib)))
-            if hit is not None:
-                continue
-            if DRIVER_LIBS.match(lib):
-                ctx.add("elf-unresolved", "warning",
-                        f"{rel} needs the driver library {lib}, not found on this node",
-                        owner_of(fp), [rel],
-                        hint="expected on nodes without a GPU driver; run on a GPU node")
-            elif lib in names_in(envlib):
-                ctx.add("elf-unresolved", "warning",
-                        f"{rel} needs {lib}, which is in the env's lib/ but not on its RPATH",
-                        owner_of(fp), [rel],
-                        hint="it only loads with LD_LIBRARY_PATH set; rebuild with "
-                        "-Wl,-rpath,'$ORIGIN/../lib'")
-            else:
-                ctx.add("elf-unresolved", "error",
-                        f"{rel} needs {lib}, which is neither in the env nor on the system",
-                        owner_of(fp), [rel],
-                        hint=f"install the package that provides {lib} (conda), or the system "
-                        "library, then validate again")
+        del elves[fp]  # ld.so would refuse it: not loaded, not searched further
+    res = loader.simulate(real_root, elves, sysdirs, _env_python(root))
+    envlib = os.path.join(real_root, "lib")
+    seen: set[tuple[str, str]] = set()
+    plugins: dict[str, list[str]] = defaultdict(list)
+    for m in res.misses:
+        if (m.obj, m.need) in seen:
+            continue
+        seen.add((m.obj, m.need))
+        rel = rel_of(m.obj)
+        via = "" if m.root == m.obj else f" (loaded from {rel_of(m.root)})"
+        if m.kind == "plugin":
+            plugins[m.root].append(m.need)
+        elif m.kind == "flavour":
+            have = sorted({i.soname for i in elves.values() if i.soname in loader.MPI_FLAVOURS})
+            ctx.add("elf-mpi-flavour", "info",
+                    f"{rel} is built for {loader.MPI_FLAVOURS[m.need]} ({m.need}); this env's "
+                    f"MPI is {', '.join(f'{loader.MPI_FLAVOURS[h]} ({h})' for h in have)}, "
+                    "for which its sibling module is built", owner_of(m.obj), [rel],
+                    hint="nothing to do: it is used only with that MPI")
+        elif DRIVER_LIBS.match(m.need):
+            ctx.add("elf-unresolved", "warning",
+                    f"{rel} needs the driver library {m.need}, not found on this node{via}",
+                    owner_of(m.obj), [rel],
+                    hint="expected on nodes without a GPU driver; run on a GPU node")
+        elif m.need in loader_names(envlib):
+            ctx.add("elf-unresolved", "warning",
+                    f"{rel} needs {m.need}, which is in the env's lib/ but not on its RPATH{via}",
+                    owner_of(m.obj), [rel],
+                    hint="it only loads with LD_LIBRARY_PATH set; rebuild with "
+                    "-Wl,-rpath,'$ORIGIN/../lib'")
+        else:
+            ctx.add("elf-unresolved", "error",
+                    f"{rel} needs {m.need}, which is neither in the env nor on the system{via}",
+                    owner_of(m.obj), [rel],
+                    hint=f"install the package that provides {m.need} (conda), or the system "
+                    f"library; if {rel} itself is stale: {reinstall(m.obj)}")
+    for plugin, needs in plugins.items():
+        rel = rel_of(plugin)
+        needs = sorted(set(needs))
+        what = sorted({loader.capability(n) or "" for n in needs} - {""}) or ["its feature"]
+        ctx.add("elf-optional", "info",
+                f"{' and '.join(what)} unavailable: {', '.join(needs)} not found "
+                f"(optional plugin {rel}, loaded by its host only when wanted)",
+                owner_of(plugin), [rel],
+                hint=f"only on nodes with that hardware or service: install the system "
+                f"package that provides {', '.join(needs)} there")
+    resolved_system = {fam: {p for n, ps in res.system_hits.items() if pat.match(n) for p in ps}
+                       for fam, pat in DUP_FAMILIES.items()}
     # two copies of libnccl / libmpi reachable
     for fam, pat in DUP_FAMILIES.items():
         copies = sorted({os.path.realpath(fp) for fp in elves if pat.match(os.path.basename(fp))})
         if copies and resolved_system.get(fam):
             copies += sorted(resolved_system[fam])
         if len(copies) > 1:
-            rels = [os.path.relpath(c, root) if c.startswith(str(root)) else c for c in copies]
-            owners = sorted({o for c in copies if c.startswith(str(root)) for o in owner_of(c)})
+            ours = [c for c in copies if c.startswith(real_root + os.sep)]
+            rels = [rel_of(c) if c in ours else c for c in copies]
+            owners = sorted({o for c in ours for o in owner_of(c)})
             ctx.add("duplicate-library", "error",
                     f"{len(copies)} copies of lib{fam} are reachable: {', '.join(rels)}",
                     owners, rels,
@@ -598,7 +648,7 @@ def check_binaries(ctx: Context) -> None:
         for fp in elves:
             m = EXT_RE.search(fp)
             if m and (int(m.group(2)), int(m.group(3))) != pyver:
-                rel = os.path.relpath(fp, root)
+                rel = rel_of(fp)
                 ctx.add("python-abi", "error",
                         f"{rel} is a compiled extension for CPython {m.group(2)}.{m.group(3)}, "
                         f"but the env's python is {pyver[0]}.{pyver[1]}", owner_of(fp), [rel],
