@@ -73,11 +73,16 @@ class Context:
     prefix: Prefix
     virtuals: list[virtual.Virtual]
     full: bool
+    #: run the import smoke test (``--no-imports`` turns it off), per-module limit in s
+    imports: bool = True
+    import_timeout: float = 60.0
     findings: list[Finding] = field(default_factory=list)
     checked: dict[str, int] = field(default_factory=dict)
     #: rel path -> owning conda record names (more than one means clobbered)
     owners: dict[str, list[Record]] = field(default_factory=dict)
     pip_owned: dict[str, str] = field(default_factory=dict)
+    #: (record, rel) of altered .pyc files, checked together by _settle_pycs
+    pending_pycs: list[tuple[Record, str]] = field(default_factory=list)
 
     def add(self, check: str, severity: str, message: str, packages=(), paths=(), hint=""):
         self.findings.append(Finding(check, severity, message, list(packages), list(paths),
@@ -258,6 +263,7 @@ def check_files(ctx: Context) -> None:
             _altered(ctx, expected[rel][0], rel)
     ctx.checked["files"] = len(expected)
     ctx.checked["hashed"] = len(to_hash)
+    _settle_pycs(ctx)
 
 
 def _unsafe(ctx: Context, expected: dict[str, tuple[Record, dict]]) -> list[str]:
@@ -340,9 +346,73 @@ def check_explicit(ctx: Context) -> None:
 
 
 def _altered(ctx: Context, r: Record, rel: str) -> None:
+    if rel.endswith(".pyc") and "/__pycache__/" in f"/{rel}":
+        ctx.pending_pycs.append((r, rel))  # settled by _settle_pycs
+        return
     ctx.add("altered-file", "error", f"{rel} of {r.name} {r.version} was changed after install",
             [r.name], [rel],
             hint=f"if pip or a user overwrote it, undo that; otherwise reinstall {r.name}")
+
+
+#: run by the env's python: which of these pycs are exactly what its import system writes
+#: for the source as it is now (compile + the pyc's own header kind)?
+_REGEN = r"""
+import importlib._bootstrap_external as be, importlib.util as iu, json, os, struct, sys
+out = []
+for pyc in json.loads(sys.stdin.read()):
+    head, name = os.path.split(pyc)
+    src = os.path.join(os.path.dirname(head), name.split(".", 1)[0] + ".py")
+    try:
+        data = open(pyc, "rb").read()
+        sb = open(src, "rb").read()
+        flags, = struct.unpack("<I", data[4:8])
+        code = compile(sb, src, "exec", dont_inherit=True)
+        if flags & 1:
+            new = be._code_to_hash_pyc(code, iu.source_hash(sb), bool(flags & 2))
+        else:
+            st = os.stat(src)
+            new = be._code_to_timestamp_pyc(code, st.st_mtime, st.st_size)
+        out.append(new == data)
+    except Exception:
+        out.append(False)
+print(json.dumps(out))
+"""
+
+
+def _settle_pycs(ctx: Context) -> None:
+    """An altered ``.pyc`` is harmless when it is byte for byte what the env's python
+    writes for its source as installed: the package shipped a cache that was stale
+    at install (a relocated or re-stamped .py) and an import by someone allowed to write
+    (root, the owner) replaced it. Anything else is reported as altered."""
+    import subprocess
+
+    pending, ctx.pending_pycs = ctx.pending_pycs, []
+    if not pending:
+        return
+    same = [False] * len(pending)
+    python = _env_python(ctx.prefix.root)
+    if python:
+        try:
+            p = subprocess.run([python, "-I", "-B", "-c", _REGEN], capture_output=True,
+                               text=True, timeout=60, input=json.dumps(
+                                   [os.path.join(ctx.prefix.root, rel) for _, rel in pending]))
+            got = json.loads(p.stdout) if p.returncode == 0 else []
+            if isinstance(got, list) and len(got) == len(pending):
+                same = [g is True for g in got]
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            pass
+    for (r, rel), ok in zip(pending, same, strict=True):
+        if ok:
+            ctx.add("altered-file", "warning", f"{rel} of {r.name} {r.version} was rewritten by "
+                    "Python with the bytecode of its source as installed: the package's own "
+                    "was stale, and an import by someone allowed to write (root, or the env's "
+                    "owner) replaced it", [r.name], [rel],
+                    hint=f"harmless for running code; {r.name} should ship hash-based pycs of "
+                    "its installed sources (or none); reinstall it to undo")
+        else:
+            ctx.add("altered-file", "error",
+                    f"{rel} of {r.name} {r.version} was changed after install", [r.name], [rel],
+                    hint=f"if pip or a user overwrote it, undo that; otherwise reinstall {r.name}")
 
 
 # ---------------------------------------------------------------- pip
@@ -523,12 +593,12 @@ def _elf_candidates(root: Path) -> list[str]:
 
 
 def _env_python(root: Path) -> str | None:
-    """The env's interpreter (real path): the program that imports extensions and
-    dlopens libraries, whose RPATH ld.so searches for them."""
+    """The env's interpreter, ``bin/python`` as users run it (a venv-style env finds its
+    pyvenv.cfg through that path); its real path is the program ld.so loads."""
     for name in ("python", "python3"):
         fp = root / "bin" / name
         if fp.exists():
-            return os.path.realpath(fp)
+            return str(fp)
     return None
 
 
@@ -580,7 +650,8 @@ def check_binaries(ctx: Context) -> None:
         else:
             continue
         del elves[fp]  # ld.so would refuse it: not loaded, not searched further
-    res = loader.simulate(real_root, elves, sysdirs, _env_python(root))
+    python = _env_python(root)
+    res = loader.simulate(real_root, elves, sysdirs, python and os.path.realpath(python))
     envlib = os.path.join(real_root, "lib")
     seen: set[tuple[str, str]] = set()
     plugins: dict[str, list[str]] = defaultdict(list)
@@ -655,14 +726,155 @@ def check_binaries(ctx: Context) -> None:
                         hint=f"reinstall that package for python {pyver[0]}.{pyver[1]}")
 
 
-CHECKS = (check_depends, check_cuda, check_files, check_explicit, check_pip, check_binaries)
+# ---------------------------------------------------------------- imports
+def _optional_requirements(ctx: Context, rec_paths: list[str]) -> set[str]:
+    """Normalized names a package's dist-info lists only under an extra (optional)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    out: set[str] = set()
+    for rel in rec_paths:
+        if not rel.endswith(".dist-info/METADATA"):
+            continue
+        for req_s in _read_metadata(ctx.prefix.root / rel[: -len("/METADATA")])["requires"]:
+            try:
+                req = Requirement(req_s)
+            except InvalidRequirement:
+                continue
+            if req.marker is not None and "extra" in str(req.marker):
+                out.add(_norm(req.name))
+    return out
+
+
+def check_imports(ctx: Context) -> None:
+    """Import every package's top-level modules in the env's python (see
+    :mod:`envtools.imports`): failures, crashes, numpy ABI mismatches, shadowed modules."""
+    if not ctx.imports:
+        return
+    from envtools import imports
+
+    root = ctx.prefix.root
+    python = _env_python(root)
+    sites = sorted(root.glob("lib/python*/site-packages"))
+    if python is None or not sites:
+        return
+    site_rel = str(sites[0].relative_to(root))
+    owner: dict[str, str] = {}  # module -> package ("pip:name" for pip's)
+    files: dict[str, list[str]] = {}
+    for r in ctx.prefix.records:
+        rels = [e["_path"] for e in r.paths]
+        files[r.name] = rels
+        for mod in sorted(imports.top_level(rels, site_rel)):
+            owner.setdefault(mod, r.name)
+    pip_files: dict[str, list[str]] = defaultdict(list)
+    for rel, dist in ctx.pip_owned.items():
+        pip_files[dist].append(rel)
+    for dist, rels in sorted(pip_files.items()):
+        for mod in sorted(imports.top_level(rels, site_rel)):
+            owner[mod] = f"pip:{dist}"  # pip's copy is what python finds
+    if not owner:
+        return
+    with task("importing modules", None):
+        run = imports.run(python, sorted(owner), timeout=max(600.0, ctx.import_timeout),
+                          per_module=ctx.import_timeout)
+    ctx.checked["imports"] = len(owner)
+    real_site = os.path.realpath(sites[0])
+    numpy = ctx.prefix.by_name().get("numpy")
+
+    def package_of(path: str | None) -> str | None:
+        if not path:
+            return None
+        real = os.path.realpath(path)
+        if not real.startswith(os.path.realpath(root) + os.sep):
+            return None
+        rel = os.path.relpath(real, os.path.realpath(root))
+        if rel in ctx.owners:
+            return ctx.owners[rel][0].name
+        if rel in ctx.pip_owned:
+            return f"pip:{ctx.pip_owned[rel]}"
+        return None
+
+    def fix(pkg: str) -> str:
+        if pkg.startswith("pip:"):
+            return f"pip install --force-reinstall {pkg[4:]}"
+        return f"reinstall {pkg} (clone the env again, or envtools clone --add it)"
+
+    for mod, o in sorted(run.outcomes.items()):
+        pkg = owner[mod]
+        if o.ok:
+            where = o.file or (o.paths[0] if o.paths else None)
+            if where is None:
+                continue
+            real = os.path.realpath(where)
+            if real.startswith(real_site + os.sep) and \
+                    os.path.relpath(real, real_site).split("/")[0].split(".")[0] == mod:
+                continue
+            entry = next((e for e in run.sys_path if e and real.startswith(
+                os.path.realpath(e) + os.sep)), os.path.dirname(real))
+            cause, line = imports.cause_of(entry, root, sites)
+            pkgs = [pkg]
+            if cause == "PYTHONPATH":
+                why = f"{entry} is on PYTHONPATH"
+                hint = f"unset PYTHONPATH (or remove {entry} from it)"
+            elif cause:
+                by = ctx.owners.get(cause)
+                who = by[0].name if by else (f"pip:{ctx.pip_owned[cause]}"
+                                             if cause in ctx.pip_owned else "(untracked)")
+                pkgs.append(who)
+                why = f"{cause} ({who}) puts {entry} first ({line!r})"
+                hint = f"remove {cause}" + ("" if who == "(untracked)" else
+                                            f" (uninstall {who.removeprefix('pip:')})")
+            else:
+                why = f"{entry} comes before site-packages on sys.path"
+                hint = f"remove {entry} from sys.path (user site, sitecustomize, PYTHONPATH)"
+            ctx.add("import-shadowed", "error",
+                    f"import {mod} loads {where}, not {pkg}'s copy in {site_rel}: {why}",
+                    pkgs, [os.path.relpath(real, root) if real.startswith(str(root))
+                           else real], hint=hint)
+            continue
+        culprit = package_of(o.where) or pkg
+        text = f"{o.kind}: {o.error}" if o.kind not in ("crash", "timeout") else o.error
+        blob = f"{o.error}\n{o.stderr}"
+        if o.kind == "timeout":
+            ctx.add("import-timeout", "warning", f"import {mod} ({pkg}): {o.error}", [pkg],
+                    hint="a busy machine? rerun with a larger --import-timeout; if it hangs, "
+                    f"{fix(pkg)}")
+        elif imports.NUMPY_ABI.search(blob):
+            have = f"numpy {numpy.version}" if numpy else "the installed numpy"
+            ctx.add("numpy-abi", "error",
+                    f"import {mod} ({pkg}) fails: an extension was built against another "
+                    f"numpy ABI than {have}: {text[:300]}", [pkg, "numpy"],
+                    hint=f"install a {pkg} built for {have}, or the numpy {pkg} was built "
+                    "for (envtools clone --add, or conda install)")
+        elif o.kind == "ModuleNotFoundError" and o.missing and \
+                o.missing.split(".")[0] not in owner and \
+                _norm(o.missing.split(".")[0]) in _optional_requirements(ctx, files.get(pkg, [])):
+            ctx.add("import-optional", "info",
+                    f"import {mod} ({pkg}) needs {o.missing}, an optional dependency of "
+                    f"{pkg} that is not installed", [pkg],
+                    hint=f"install {o.missing.replace('_', '-')} if you use {mod} that way")
+        elif o.kind == "crash":
+            ctx.add("import-crash", "error", f"import {mod} ({pkg}): {o.error}",
+                    [pkg], hint=f"{fix(pkg)}; the interpreter's last words: "
+                    f"{o.stderr.strip().splitlines()[-1] if o.stderr.strip() else '(none)'}")
+        else:
+            who = culprit if culprit == pkg else f"{culprit} (where it failed)"
+            ctx.add("import-error", "error", f"import {mod} ({pkg}) fails: {text[:400]}",
+                    [pkg] if culprit == pkg else [pkg, culprit],
+                    hint=f"{fix(culprit)}" + ("" if culprit == pkg else
+                                             f"; then validate again ({who})"))
+
+
+CHECKS = (check_depends, check_cuda, check_files, check_explicit, check_pip, check_binaries,
+          check_imports)
 
 
 def validate(prefix: str | os.PathLike[str], full: bool = False,
-             virtual_overrides: list[str] | None = None) -> tuple[Context, list[Finding]]:
+             virtual_overrides: list[str] | None = None, imports: bool = True,
+             import_timeout: float = 60.0) -> tuple[Context, list[Finding]]:
     """Run every check; raises EnvtoolsError (exit 2) if the env cannot be read."""
     pre = Prefix.load(prefix)
-    ctx = Context(pre, virtual.resolve(virtual_overrides), full)
+    ctx = Context(pre, virtual.resolve(virtual_overrides), full, imports=imports,
+                  import_timeout=import_timeout)
     for check in CHECKS:
         check(ctx)
     order = {s: i for i, s in enumerate(SEVERITIES)}
@@ -684,10 +896,11 @@ def to_json(ctx: Context) -> dict:
 
 
 def run_validate(prefix: Path, json_out: bool = False, full: bool = False,
-                 virtual_overrides: list[str] | None = None) -> int:
+                 virtual_overrides: list[str] | None = None, imports: bool = True,
+                 import_timeout: float = 60.0) -> int:
     """CLI body: print findings (text or JSON); return the exit status (0, 1 or 2)."""
     try:
-        ctx, findings = validate(prefix, full, virtual_overrides)
+        ctx, findings = validate(prefix, full, virtual_overrides, imports, import_timeout)
     except EnvtoolsError as e:
         if json_out:
             print(json.dumps({"schema": SCHEMA, "prefix": str(prefix), "exit_status": 2,
@@ -709,6 +922,7 @@ def run_validate(prefix: Path, json_out: bool = False, full: bool = False,
     info(
         f"{ctx.prefix.root}: {c.get('packages', 0)} packages, {c.get('files', 0)} files "
         f"({c.get('hashed', 0)} hashed), {c.get('pip_distributions', 0)} pip distributions, "
-        f"{c.get('elf_files', 0)} ELF files checked: {s['error']} errors, {s['warning']} "
+        f"{c.get('elf_files', 0)} ELF files, {c.get('imports', 0)} modules imported: "
+        f"{s['error']} errors, {s['warning']} "
         f"warnings, {s['info']} notes")
     return doc["exit_status"]
