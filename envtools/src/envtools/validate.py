@@ -239,7 +239,12 @@ def check_files(ctx: Context) -> None:
                     hint="check the file's permissions")
             continue
         pt = e.get("path_type", "hardlink")
-        if pt in ("softlink", "directory") or stat.S_ISLNK(st.st_mode):
+        if pt in ("softlink", "directory"):
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            ctx.add("altered-file", "error", f"{rel} of {r.name} {r.version} was replaced by a "
+                    "symbolic link", [r.name], [rel],
+                    hint=f"remove the link and reinstall {r.name}")
             continue
         sha = e.get("sha256_in_prefix") or e.get("sha256")
         if not sha:
@@ -437,8 +442,13 @@ def _read_metadata(d: Path) -> dict:
             meta["version"] = v
         elif k == "Requires-Dist":
             meta["requires"].append(v)
-    if d.suffix == ".egg-info" and (d / "requires.txt").exists():
-        for line in (d / "requires.txt").read_text().splitlines():
+    try:
+        extra = (d / "requires.txt").read_text(errors="replace") if d.suffix == ".egg-info" \
+            else ""
+    except OSError:
+        extra = ""
+    if extra:
+        for line in extra.splitlines():
             if line.startswith("["):
                 break
             if line.strip():
@@ -527,11 +537,14 @@ def check_pip(ctx: Context) -> None:
                         hint=f"pip install a {info['name']} compatible with {have['name']} "
                         f"{have['version']}, or change {have['name']}")
         # pip files written over conda files
-        record = info["dir"] / "RECORD"
-        if record.exists():
+        try:
+            record_text = (info["dir"] / "RECORD").read_text(errors="replace")
+        except OSError:
+            record_text = None
+        if record_text is not None:
             site_rel = str(info["dir"].parent.relative_to(root))
             clobbered = []
-            for line in record.read_text(errors="replace").splitlines():
+            for line in record_text.splitlines():
                 path = line.rsplit(",", 2)[0] if line.count(",") >= 2 else line
                 rel = os.path.normpath(os.path.join(site_rel, path))
                 ctx.pip_owned[rel] = info["name"]
