@@ -81,6 +81,8 @@ class Context:
     #: rel path -> owning conda record names (more than one means clobbered)
     owners: dict[str, list[Record]] = field(default_factory=dict)
     pip_owned: dict[str, str] = field(default_factory=dict)
+    #: the import smoke test running beside the other checks (see start_imports)
+    import_job: tuple | None = None
     #: (record, rel) of altered .pyc files, checked together by _settle_pycs
     pending_pycs: list[tuple[Record, str]] = field(default_factory=list)
 
@@ -758,6 +760,49 @@ def _optional_requirements(ctx: Context, rec_paths: list[str]) -> set[str]:
     return out
 
 
+def _conda_modules(ctx: Context) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """module -> owning package, and package -> its files, for the conda packages."""
+    from envtools import imports
+
+    owner: dict[str, str] = {}
+    files: dict[str, list[str]] = {}
+    site_rel = _site_rel(ctx.prefix.root)
+    for r in ctx.prefix.records:
+        rels = [e["_path"] for e in r.paths]
+        files[r.name] = rels
+        if site_rel:
+            for mod in sorted(imports.top_level(rels, site_rel)):
+                owner.setdefault(mod, r.name)
+    return owner, files
+
+
+def _site_rel(root: Path) -> str | None:
+    sites = sorted(root.glob("lib/python*/site-packages"))
+    return str(sites[0].relative_to(root)) if sites else None
+
+
+def start_imports(ctx: Context) -> None:
+    """Start the import smoke test of the conda packages' modules in a thread, so the
+    interpreter imports while the other checks read and hash files."""
+    if not ctx.imports or _env_python(ctx.prefix.root) is None:
+        return
+    import threading
+
+    from envtools import imports
+
+    owner, _ = _conda_modules(ctx)
+    box: dict = {}
+
+    def work() -> None:
+        box["run"] = imports.run(_env_python(ctx.prefix.root), sorted(owner),
+                                 timeout=max(600.0, ctx.import_timeout),
+                                 per_module=ctx.import_timeout)
+
+    th = threading.Thread(target=work, name="imports", daemon=True)
+    th.start()
+    ctx.import_job = (th, box, set(owner))
+
+
 def check_imports(ctx: Context) -> None:
     """Import every package's top-level modules in the env's python (see
     :mod:`envtools.imports`): failures, crashes, numpy ABI mismatches, shadowed modules."""
@@ -771,13 +816,7 @@ def check_imports(ctx: Context) -> None:
     if python is None or not sites:
         return
     site_rel = str(sites[0].relative_to(root))
-    owner: dict[str, str] = {}  # module -> package ("pip:name" for pip's)
-    files: dict[str, list[str]] = {}
-    for r in ctx.prefix.records:
-        rels = [e["_path"] for e in r.paths]
-        files[r.name] = rels
-        for mod in sorted(imports.top_level(rels, site_rel)):
-            owner.setdefault(mod, r.name)
+    owner, files = _conda_modules(ctx)
     pip_files: dict[str, list[str]] = defaultdict(list)
     for rel, dist in ctx.pip_owned.items():
         pip_files[dist].append(rel)
@@ -787,8 +826,18 @@ def check_imports(ctx: Context) -> None:
     if not owner:
         return
     with task("importing modules", None):
-        run = imports.run(python, sorted(owner), timeout=max(600.0, ctx.import_timeout),
-                          per_module=ctx.import_timeout)
+        run = imports.Run()
+        tried: set[str] = set()
+        if ctx.import_job is not None:
+            th, box, tried = ctx.import_job
+            th.join()
+            run = box.get("run") or run
+        rest = sorted(set(owner) - tried)
+        if rest:
+            more = imports.run(python, rest, timeout=max(600.0, ctx.import_timeout),
+                               per_module=ctx.import_timeout)
+            run.outcomes.update(more.outcomes)
+            run.sys_path = run.sys_path or more.sys_path
     ctx.checked["imports"] = len(owner)
     real_site = os.path.realpath(sites[0])
     numpy = ctx.prefix.by_name().get("numpy")
@@ -888,6 +937,7 @@ def validate(prefix: str | os.PathLike[str], full: bool = False,
     pre = Prefix.load(prefix)
     ctx = Context(pre, virtual.resolve(virtual_overrides), full, imports=imports,
                   import_timeout=import_timeout)
+    start_imports(ctx)
     for check in CHECKS:
         check(ctx)
     order = {s: i for i, s in enumerate(SEVERITIES)}
