@@ -43,22 +43,29 @@ def _elf_files(root: Path) -> list[str]:
 
 
 def ldd_missing(root: Path) -> tuple[set[str], int]:
-    """lddtree-style: ``ldd`` every ELF file; (``file: lib`` not found, files ldd refused)."""
+    """lddtree-style: ``ldd`` every ELF file; (``file: lib`` not found, files ldd refused).
+    ldd stops at a file its loader crashes on, so the rest of a batch is run again."""
     files = _elf_files(root)
     missing: set[str] = set()
     refused = 0
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    for i in range(0, len(files), 200):
+    i = 0
+    while i < len(files):
         chunk = files[i:i + 200]
         p = subprocess.run(["ldd", *chunk], capture_output=True, text=True, env=env)
-        current = None
+        # (ldd names each file only when it is given more than one)
+        current = os.path.relpath(chunk[0], root) if len(chunk) == 1 else None
+        seen = 0
         for line in (p.stdout + "\n" + p.stderr).splitlines():
-            if line.endswith(":") and not line.startswith("\t"):
+            if line.endswith(":") and not line.startswith("\t") and line[:-1] in chunk:
                 current = os.path.relpath(line[:-1], root)
+                seen = chunk.index(line[:-1]) + 1
             elif "not found" in line and current:
                 missing.add(f"{current}: {line.split('=>')[0].strip()}")
-            elif "not a dynamic executable" in line or "ldd: error" in line.lower():
+            elif any(w in line for w in ("not a dynamic executable", "error while loading",
+                                         "file too short", "unknown exit code")):
                 refused += 1
+        i += seen if 0 < seen < len(chunk) else len(chunk)
     return missing, refused
 
 
@@ -207,12 +214,12 @@ def run_breaks(src: Path, work: Path) -> list[dict]:
     base = work / "pristine"
     subprocess.run([*ENVTOOLS, "clone", str(src), str(base)], check=True, capture_output=True)
     v0 = validate_doc(base)
-    ldd0, _ = ldd_missing(base)
+    ldd0, refused0 = ldd_missing(base)
     pip0 = pip_check(base)
     rows.append({"break": "(pristine clone)", "validate": v0.get("exit_status"),
                  "validate_checks": sorted({f["check"] for f in v0["findings"]
                                             if f["severity"] == "error"}),
-                 "pip_check": pip0[0], "ldd_not_found": len(ldd0)})
+                 "pip_check": pip0[0], "ldd_not_found": len(ldd0), "ldd_refused": refused0})
     _rm(base)
     for label, plant in BREAKS:
         case = work / "case"
@@ -225,14 +232,15 @@ def run_breaks(src: Path, work: Path) -> list[dict]:
         doc = validate_doc(case, env=env)
         errs = [f for f in doc["findings"] if f["severity"] == "error"]
         rc, out = pip_check(case, env)
-        missing, _ = ldd_missing(case)
+        missing, refused = ldd_missing(case)
         new = sorted(missing - {m.replace(str(base), str(case)) for m in ldd0})
         rows.append({
             "break": label, "validate": doc.get("exit_status"),
             "validate_checks": sorted({f["check"] for f in errs}),
             "validate_packages": sorted({p for f in errs for p in f["packages"]}),
             "pip_check": rc, "pip_check_output": out[:300],
-            "ldd_new_not_found": len(new), "ldd_examples": new[:3]})
+            "ldd_new_not_found": len(new), "ldd_examples": new[:3],
+            "ldd_new_refused": max(0, refused - refused0)})
         _rm(case)
         _rm(tmp)
     return rows
@@ -241,18 +249,22 @@ def run_breaks(src: Path, work: Path) -> list[dict]:
 def breaks_table(rows: list[dict]) -> list[str]:
     """The README's comparison table (markdown)."""
     pristine = rows[0]
+    refused0 = f", {pristine['ldd_refused']} files refused" if pristine["ldd_refused"] else ""
     out = ["| planted break | envtools validate | pip check | ldd over every ELF file |",
            "| --- | --- | --- | --- |",
            f"| (pristine env: false alarms) | exit {pristine['validate']}"
            f"{', ' + ', '.join(pristine['validate_checks']) if pristine['validate_checks'] else ''}"
-           f" | exit {pristine['pip_check']} | {pristine['ldd_not_found']} `not found` |"]
+           f" | exit {pristine['pip_check']} | {pristine['ldd_not_found']} `not found`"
+           f"{refused0} |"]
     for r in rows[1:]:
         v = (f"**found** (exit {r['validate']}: {', '.join(r['validate_checks'])}; "
-             f"names {', '.join(r['validate_packages'][:3])})" if r["validate"] == 1
+             f"names {', '.join(r['validate_packages'])})" if r["validate"] == 1
              else f"missed (exit {r['validate']})")
         pc = "**found**" if r["pip_check"] != 0 else "missed"
-        ld = (f"**found** ({r['ldd_new_not_found']} new `not found`)"
-              if r["ldd_new_not_found"] else "missed")
+        what = [f"{r['ldd_new_not_found']} new `not found`" if r["ldd_new_not_found"] else "",
+                f"{r['ldd_new_refused']} more files refused" if r["ldd_new_refused"] else ""]
+        what = [w for w in what if w]
+        ld = f"**found** ({', '.join(what)})" if what else "missed"
         out.append(f"| {r['break']} | {v} | {pc} | {ld} |")
     return out
 
