@@ -348,8 +348,11 @@ def check_explicit(ctx: Context) -> None:
                     f"sha256 {sha}, {EXPLICIT} says {listed[url] or 'none'}", [r.name],
                     hint=hint)
     for url in sorted(set(listed) - seen):
-        ctx.add("explicit", "error", f"{EXPLICIT} lists {url}, which is not installed",
-                hint=hint)
+        fn = url.rsplit("/", 1)[-1]
+        name = fn.removesuffix(".conda").removesuffix(".tar.bz2").rsplit("-", 2)[0]
+        ctx.add("explicit", "error", f"{EXPLICIT} lists {url}, which is not installed "
+                f"(removed behind conda's back?)", [name],
+                hint=f"reinstall {name}: clone the env again, or reinstall it")
 
 
 def _altered(ctx: Context, r: Record, rel: str) -> None:
