@@ -204,3 +204,35 @@ def test_unreadable_prefix(broken):
                        capture_output=True, text=True, env={**os.environ, "HOME": "/tmp"})
     assert p.returncode == 2, p.stderr
     assert "cannot read" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_pyc_rewritten_by_python_is_a_warning_tampered_is_an_error(broken):
+    """A package that ships a timestamp pyc which is stale at install: an import by a
+    user who may write rewrites it with its source's own bytecode (a warning: the env
+    still runs the recorded code); a pyc changed any other way is an error."""
+    import hashlib
+    import py_compile
+
+    site = site_of(broken)
+    src = site / "demo_py" / "__init__.py"
+    pyc = Path(py_compile.compile(str(src), doraise=True))
+    rec = next((broken / "conda-meta").glob("demo-py-*.json"))
+    data = json.loads(rec.read_text())
+    rel = str(pyc.relative_to(broken))
+    data["paths_data"]["paths"].append({"_path": rel, "path_type": "hardlink",
+                                        "sha256": hashlib.sha256(pyc.read_bytes()).hexdigest(),
+                                        "size_in_bytes": pyc.stat().st_size})
+    rec.write_text(json.dumps(data))
+    assert validate(broken, "--no-imports")["exit_status"] == 0
+    os.utime(src, (1_000_000_000, 1_000_000_000))  # the installer gave it another mtime
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([str(broken / "bin" / "python"), "-c", "import demo_py"], check=True,
+                   env=env)
+    doc = validate(broken, "--no-imports")
+    assert doc["exit_status"] == 0, doc["findings"]
+    f = [f for f in findings(doc, "altered-file") if f["severity"] == "warning"]
+    assert f and f[0]["paths"] == [rel] and "rewritten by Python" in f[0]["message"]
+    body = bytearray(pyc.read_bytes())
+    body[-3] ^= 0xFF
+    pyc.write_bytes(bytes(body))
+    assert errors(validate(broken, "--no-imports"), "altered-file")[0]["paths"] == [rel]
