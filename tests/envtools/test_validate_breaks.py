@@ -236,3 +236,14 @@ def test_pyc_rewritten_by_python_is_a_warning_tampered_is_an_error(broken):
     body[-3] ^= 0xFF
     pyc.write_bytes(bytes(body))
     assert errors(validate(broken, "--no-imports"), "altered-file")[0]["paths"] == [rel]
+
+
+def test_python_that_cannot_run_is_one_finding(broken):
+    py = broken / "bin" / next(p.name for p in (broken / "bin").iterdir()
+                               if p.name.startswith("python3.") and p.is_symlink())
+    py.unlink()
+    py.symlink_to("/nonexistent/python")
+    doc = validate(broken)
+    f = errors(doc, "import-skipped")
+    assert len(f) == 1 and "cannot run" in f[0]["message"] and f[0]["packages"] == ["python"]
+    assert not findings(doc, "import-crash") and not findings(doc, "import-error")

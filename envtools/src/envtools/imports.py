@@ -76,6 +76,8 @@ class Run:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     sys_path: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: why the interpreter could not run at all (then no module was tried)
+    unusable: str | None = None
 
 
 def top_level(rel_paths: list[str], site_rel: str) -> set[str]:
@@ -110,7 +112,14 @@ def run(python: str, modules: list[str], timeout: float, per_module: float) -> R
                                              error=f"not tried: the {timeout:.0f} s limit "
                                              "for the whole import test was reached")
             break
+        first = not res.sys_path
         left = _one_process(python, left, env, res, t0, timeout, per_module)
+        if first and not res.sys_path:  # it never got as far as its first line
+            o = res.outcomes.get(modules[0])
+            res.unusable = (o.error + (f": {o.stderr.strip().splitlines()[-1]}"
+                                       if o.stderr.strip() else "")) if o else "no output"
+            res.outcomes.clear()
+            break
     res.seconds = time.monotonic() - t0
     return res
 

@@ -615,7 +615,7 @@ def _env_python(root: Path) -> str | None:
     pyvenv.cfg through that path); its real path is the program ld.so loads."""
     for name in ("python", "python3"):
         fp = root / "bin" / name
-        if fp.exists():
+        if os.path.lexists(fp):  # (a dangling link is a python that cannot run: reported)
             return str(fp)
     return None
 
@@ -784,10 +784,19 @@ def _site_rel(root: Path) -> str | None:
     return str(sites[0].relative_to(root)) if sites else None
 
 
+def _runs_here(ctx: Context) -> bool:
+    """Can this machine run the env's binaries at all (a linux-ppc64le env validated
+    on x86_64 cannot: its import test is left out, with a note)?"""
+    want = elf.SUBDIR_MACHINE.get(ctx.subdir)
+    here = {"x86_64": "linux-64", "ppc64le": "linux-ppc64le", "aarch64": "linux-aarch64",
+            "s390x": "linux-s390x"}.get(os.uname().machine)
+    return want is None or here is None or elf.SUBDIR_MACHINE.get(here) == want
+
+
 def start_imports(ctx: Context) -> None:
     """Start the import smoke test of the conda packages' modules in a thread, so the
     interpreter imports while the other checks read and hash files."""
-    if not ctx.imports or _env_python(ctx.prefix.root) is None:
+    if not ctx.imports or _env_python(ctx.prefix.root) is None or not _runs_here(ctx):
         return
     import threading
 
@@ -818,6 +827,11 @@ def check_imports(ctx: Context) -> None:
     sites = sorted(root.glob("lib/python*/site-packages"))
     if python is None or not sites:
         return
+    if not _runs_here(ctx):
+        ctx.add("import-skipped", "info", f"the import test was left out: the env is for "
+                f"{ctx.subdir} and this machine is {os.uname().machine}", ["python"],
+                hint=f"validate on a {ctx.subdir} node to import its modules")
+        return
     site_rel = str(sites[0].relative_to(root))
     owner, files = _conda_modules(ctx)
     pip_files: dict[str, list[str]] = defaultdict(list)
@@ -836,11 +850,17 @@ def check_imports(ctx: Context) -> None:
             th.join()
             run = box.get("run") or run
         rest = sorted(set(owner) - tried)
-        if rest:
+        if rest and not run.unusable:
             more = imports.run(python, rest, timeout=max(600.0, ctx.import_timeout),
                                per_module=ctx.import_timeout)
             run.outcomes.update(more.outcomes)
             run.sys_path = run.sys_path or more.sys_path
+            run.unusable = more.unusable
+    if run.unusable:
+        ctx.add("import-skipped", "error", f"the env's python ({os.path.relpath(python, root)}) "
+                f"cannot run: {run.unusable}", ["python"], [os.path.relpath(python, root)],
+                hint="reinstall python (clone the env again); no module could be imported")
+        return
     ctx.checked["imports"] = len(owner)
     real_site = os.path.realpath(sites[0])
     numpy = ctx.prefix.by_name().get("numpy")
