@@ -620,6 +620,16 @@ def _env_python(root: Path) -> str | None:
     return None
 
 
+def _for_platform(owners: list[str], what: str) -> str:
+    """The hint for a file built for the wrong platform or python, naming its package."""
+    if owners == ["(untracked)"]:
+        return f"remove it (no package owns it), or reinstall what put it there for {what}"
+    pip = [o[4:] for o in owners if o.startswith("pip:")]
+    if pip:
+        return f"pip install --force-reinstall {pip[0]} (the wheel for {what})"
+    return f"reinstall {', '.join(owners)} built for {what}"
+
+
 def check_binaries(ctx: Context) -> None:
     """ELF arch, damaged ELF files, what ld.so would not find (see :mod:`envtools.loader`),
     duplicate NCCL/MPI, wrong python ABI."""
@@ -664,7 +674,7 @@ def check_binaries(ctx: Context) -> None:
         elif want and (info.machine, info.endian) != want:
             ctx.add("elf-arch", "error",
                     f"{rel} is built for {info.machine_name}, not {ctx.subdir}", owner_of(fp),
-                    [rel], hint="install the package built for this platform")
+                    [rel], hint=f"{_for_platform(owner_of(fp), ctx.subdir)}")
         else:
             continue
         del elves[fp]  # ld.so would refuse it: not loaded, not searched further
@@ -741,7 +751,7 @@ def check_binaries(ctx: Context) -> None:
                 ctx.add("python-abi", "error",
                         f"{rel} is a compiled extension for CPython {m.group(2)}.{m.group(3)}, "
                         f"but the env's python is {pyver[0]}.{pyver[1]}", owner_of(fp), [rel],
-                        hint=f"reinstall that package for python {pyver[0]}.{pyver[1]}")
+                        hint=_for_platform(owner_of(fp), f"python {pyver[0]}.{pyver[1]}"))
 
 
 # ---------------------------------------------------------------- imports
