@@ -918,6 +918,10 @@ def check_imports(ctx: Context) -> None:
                 why = f"{cause} ({who}) puts {entry} first ({line!r})"
                 hint = f"remove {cause}" + ("" if who == "(untracked)" else
                                             f" (uninstall {who.removeprefix('pip:')})")
+            elif "/.local/lib/python" in entry:
+                why = f"{entry} is the user site-packages (pip install --user), which comes first"
+                hint = (f"python -m pip uninstall {mod} as that user (or set PYTHONNOUSERSITE=1 "
+                        "when using the env)")
             else:
                 why = f"{entry} comes before site-packages on sys.path"
                 hint = f"remove {entry} from sys.path (user site, sitecustomize, PYTHONPATH)"
