@@ -247,3 +247,16 @@ def test_python_that_cannot_run_is_one_finding(broken):
     f = errors(doc, "import-skipped")
     assert len(f) == 1 and "cannot run" in f[0]["message"] and f[0]["packages"] == ["python"]
     assert not findings(doc, "import-crash") and not findings(doc, "import-error")
+
+
+def test_import_time_limit(broken, wheel_factory):
+    """A module that hangs is stopped at --import-timeout; the others are still tried."""
+    pip_install(broken, wheel_factory("hangs", "1.0", {
+        "hangs/__init__.py": "import time\ntime.sleep(60)\n"}))
+    p = run_envtools("validate", broken, "--json", "--import-timeout", "1", check=False,
+                     timeout=30)
+    doc = json.loads(p.stdout)
+    f = findings(doc, "import-timeout")
+    assert f and f[0]["packages"] == ["pip:hangs"] and f[0]["severity"] == "warning"
+    assert doc["checked"]["imports"] == 2 and not findings(doc, "import-error")
+    assert "--import-timeout" in f[0]["hint"]
