@@ -13,7 +13,7 @@ JSON output (``--json``), schema version 1::
       "summary": {"error": N, "warning": N, "info": N},
       "virtual_packages": ["__glibc=2.36=0", ...],
       "checked": {"packages": N, "files": N, "hashed": N, "pip_distributions": N,
-                  "elf_files": N},
+                  "elf_files": N, "imports": N},
       "findings": [
         {"check": "depends", "severity": "error" | "warning" | "info",
          "message": "...", "packages": ["name", ...], "paths": ["rel/path", ...],
@@ -23,7 +23,11 @@ JSON output (``--json``), schema version 1::
 
 Checks (the ``check`` field): depends, constrains, unsafe-path, missing-file,
 altered-file, clobbered-file, explicit, pip-duplicate, pip-requires, pip-overwrote,
-editable-install, elf-arch, elf-unresolved, duplicate-library, python-abi, cuda-driver.
+editable-install, elf-arch, elf-damaged, elf-unresolved, elf-optional, elf-mpi-flavour,
+duplicate-library, python-abi, import-error, import-crash, numpy-abi, import-shadowed,
+import-optional, import-timeout, import-skipped, cuda-driver. Libraries are resolved the
+way ld.so loads them (:mod:`envtools.loader`); modules are imported by the env's python
+(:mod:`envtools.imports`, unless ``--no-imports``).
 
 A record's path is data (see :mod:`envtools.confine`): one that is absolute, holds
 ``..``, or lies under a symlink is reported as ``unsafe-path`` and never opened.
