@@ -579,19 +579,6 @@ def check_pip(ctx: Context) -> None:
 
 
 # ---------------------------------------------------------------- binaries
-_LISTINGS: dict[str, set[str]] = {}
-
-
-def loader_names(d: str) -> set[str]:
-    """The names in directory ``d`` (cached for the run)."""
-    if d not in _LISTINGS:
-        try:
-            _LISTINGS[d] = set(os.listdir(d))
-        except OSError:
-            _LISTINGS[d] = set()
-    return _LISTINGS[d]
-
-
 def _elf_candidates(root: Path) -> list[str]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -684,7 +671,10 @@ def check_binaries(ctx: Context) -> None:
         del elves[fp]  # ld.so would refuse it: not loaded, not searched further
     python = _env_python(root)
     res = loader.simulate(real_root, elves, sysdirs, python and os.path.realpath(python))
-    envlib = os.path.join(real_root, "lib")
+    try:
+        in_envlib = set(os.listdir(os.path.join(real_root, "lib")))
+    except OSError:
+        in_envlib = set()
     seen: set[tuple[str, str]] = set()
     plugins: dict[str, list[str]] = defaultdict(list)
     for m in res.misses:
@@ -707,7 +697,7 @@ def check_binaries(ctx: Context) -> None:
                     f"{rel} needs the driver library {m.need}, not found on this node{via}",
                     owner_of(m.obj), [rel],
                     hint="expected on nodes without a GPU driver; run on a GPU node")
-        elif m.need in loader_names(envlib):
+        elif m.need in in_envlib:
             ctx.add("elf-unresolved", "warning",
                     f"{rel} needs {m.need}, which is in the env's lib/ but not on its RPATH{via}",
                     owner_of(m.obj), [rel],
