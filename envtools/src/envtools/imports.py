@@ -175,7 +175,12 @@ def _one_process(python: str, modules: list[str], env: dict, res: Run, t0: float
                 buf += chunk
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
-                    msg = json.loads(line)
+                    try:
+                        msg = json.loads(line)
+                    except ValueError:  # (a module wrote into our pipe: ignore it)
+                        continue
+                    if not isinstance(msg, dict):
+                        continue
                     if "path" in msg:
                         res.sys_path = msg["path"]
                     elif "start" in msg:
@@ -202,8 +207,13 @@ def _one_process(python: str, modules: list[str], env: dict, res: Run, t0: float
             proc.stderr.close()
     if current is not None and current not in done:
         rc = proc.returncode
-        why = (f"killed by signal {-rc} ({signal.Signals(-rc).name})"
-               if rc is not None and rc < 0 else f"exited with status {rc}")
+        if rc is not None and rc < 0:
+            try:
+                why = f"killed by signal {-rc} ({signal.Signals(-rc).name})"
+            except ValueError:
+                why = f"killed by signal {-rc}"
+        else:
+            why = f"exited with status {rc}"
         res.outcomes[current] = Outcome(
             current, kind="crash", error=f"the interpreter {why} while importing it",
             stderr=b"".join(err_chunks).decode(errors="replace")[-2000:])
