@@ -194,7 +194,8 @@ def test_corrupt_record_names_the_file(broken):
     assert p.returncode == 2 and rec.name in p.stderr and "Traceback" not in p.stderr
 
 
-@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv")
+@pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0,
+                    reason="needs setpriv and root (to become another user)")
 def test_unreadable_prefix(broken):
     """As a user who cannot read the env (root reads everything, so drop to nobody)."""
     os.chmod(broken / "conda-meta", 0o700)
