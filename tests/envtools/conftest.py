@@ -55,7 +55,7 @@ def clone_env(tmp_path_factory, env) -> Path:
 
 
 
-def make_wheel(dest_dir: Path, name: str, version: str, files: dict[str, str],
+def make_wheel(dest_dir: Path, name: str, version: str, files: dict[str, str | bytes],
                requires: list[str] | None = None, scripts: dict[str, str] | None = None) -> Path:
     """Write a real (pure-Python) wheel: what pip installs; no build backend needed."""
     import base64
@@ -75,8 +75,9 @@ def make_wheel(dest_dir: Path, name: str, version: str, files: dict[str, str],
             f"{k} = {v}\n" for k, v in scripts.items())
     record = []
     for path, text in contents.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
-        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+        data = text if isinstance(text, bytes) else text.encode()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+        record.append(f"{path},sha256={digest.decode()},{len(data)}")
     record.append(f"{di}/RECORD,,")
     contents[f"{di}/RECORD"] = "\n".join(record) + "\n"
     whl = dest_dir / f"{dist}-{version}-py3-none-any.whl"

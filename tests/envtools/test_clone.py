@@ -176,6 +176,7 @@ def pip_install(prefix: Path, wheel: Path) -> None:
     site = next(prefix.glob("lib/python*/site-packages"))
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet",
+         "--ignore-installed",  # (else pip uninstalls the running env's copy: --prefix)
          "--disable-pip-version-check", "--prefix", str(prefix), "--no-warn-script-location",
          str(wheel)],
         check=True, env={**os.environ, "PYTHONNOUSERSITE": "1"},

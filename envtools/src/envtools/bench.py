@@ -24,7 +24,9 @@ fast against ``cp -a`` as it is.
   namespace drops root's privileges; hardlinks are used, root never hardlinks), and as
   root (which copies unless the filesystem can reflink);
 * ``envtools clone --no-cache`` (copy and relocate);
-* ``envtools validate`` (stat cache) and ``validate --full`` (hash everything);
+* ``envtools validate --no-imports`` (stat cache) and ``validate --full --no-imports``
+  (hash everything); ``--validate`` measures validate with its import smoke test against
+  ``pip check`` and ``ldd`` instead (:mod:`envtools.bench_validate`);
 * ``cp -al`` for reference: GNU cp hardlinking every file, as root, in one process. It
   relocates nothing and writes no records, so it is not a clone, but it is about the
   least a clone that links its files can cost;
@@ -316,7 +318,16 @@ def main(argv: list[str] | None = None) -> int:
                     "install, which needs a writable cache)")
     ap.add_argument("--only", choices=("all", "non-owner"), default="all",
                     help="non-owner: only cp -a (as root) and the non-owner rows")
-    a = ap.parse_args(argv)
+    ap.add_argument("--validate", action="store_true",
+                    help="measure validate instead, against pip check and ldd, and with "
+                    "--breaks compare them on planted breaks (python -m envtools.bench "
+                    "--validate --help)")
+    args = sys.argv[1:] if argv is None else list(argv)
+    if "--validate" in args:
+        from envtools.bench_validate import main as validate_main
+
+        return validate_main([x for x in args if x != "--validate"])
+    a = ap.parse_args(args)
     envtools = [sys.executable, "-m", "envtools"]
     # envtools runs byte-compiled, as an installed package does (pip and conda compile at
     # install); with PYTHONDONTWRITEBYTECODE set (CI shells) a source checkout would
@@ -497,8 +508,10 @@ def main(argv: list[str] | None = None) -> int:
                       [*envtools, "clone", str(src), str(d)], d)
         timed("envtools clone --no-cache", [*envtools, "clone", "--no-cache", str(src), str(d)],
               d)
-        timed("envtools validate", [*envtools, "validate", str(src)], None)
-        timed("envtools validate --full", [*envtools, "validate", "--full", str(src)], None)
+        # file checks only: the import smoke test has its own bench (--validate)
+        timed("envtools validate", [*envtools, "validate", "--no-imports", str(src)], None)
+        timed("envtools validate --full", [*envtools, "validate", "--full", "--no-imports",
+                                           str(src)], None)
         # python + envtools start-up, included in every envtools figure above
         timed("(python -m envtools --help: start-up)", [*envtools, "--help"], None)
         timed("(cp -al: hardlinks only, as root)", ["cp", "-al", str(src), str(d)], d)

@@ -179,7 +179,8 @@ def _cmd_validate(a: argparse.Namespace) -> int:
     """
     from envtools.validate import run_validate
 
-    return run_validate(a.prefix, json_out=a.json, full=a.full, virtual_overrides=a.virtual)
+    return run_validate(a.prefix, json_out=a.json, full=a.full, virtual_overrides=a.virtual,
+                        imports=not a.no_imports, import_timeout=a.import_timeout)
 
 
 def _subcommand(sub, name: str, fn) -> argparse.ArgumentParser:
@@ -245,6 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print findings as JSON")
     p.add_argument("--full", action="store_true",
                    help="re-hash every file, ignoring the stat cache")
+    p.add_argument("--no-imports", action="store_true",
+                   help="skip the import smoke test (importing every package's top-level "
+                   "modules in the env's python)")
+    p.add_argument("--import-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="time limit for importing one module")
     _virtual_opt(p)
 
     p = _subcommand(sub, "gc", _cmd_gc)

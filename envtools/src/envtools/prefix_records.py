@@ -157,12 +157,18 @@ class Prefix:
         """Load every ``conda-meta/*.json`` record, failing clearly if P is not an env."""
         p = Path(root).absolute()
         meta = p / "conda-meta"
-        if not p.is_dir():
+        try:
+            is_dir, has_meta = p.is_dir(), meta.is_dir()
+        except OSError as e:  # EACCES on the way: is_dir() only hides "not there"
+            raise EnvtoolsError(f"cannot read {p}: {e.strerror}",
+                                "you need read and search permission on the environment and "
+                                "its conda-meta/ (ask its owner, or check the path)") from e
+        if not is_dir:
             raise EnvtoolsError(
                 f"{p} does not exist or is not a directory",
                 "give the path of a conda environment (the directory holding conda-meta/)",
             )
-        if not meta.is_dir():
+        if not has_meta:
             raise EnvtoolsError(
                 f"{p} is not a conda environment: it has no conda-meta/ directory",
                 "give the environment's root directory, e.g. envs/powerai, not a subfolder",
@@ -170,7 +176,7 @@ class Prefix:
         records = []
         try:
             names = sorted(os.listdir(meta))
-        except PermissionError as e:
+        except OSError as e:
             raise EnvtoolsError(f"cannot read {meta}: {e.strerror}", "check permissions") from e
         for name in names:
             # (envtools' own files are in conda-meta/envtools/, never conda-meta/*.json)

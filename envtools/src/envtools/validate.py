@@ -13,7 +13,7 @@ JSON output (``--json``), schema version 1::
       "summary": {"error": N, "warning": N, "info": N},
       "virtual_packages": ["__glibc=2.36=0", ...],
       "checked": {"packages": N, "files": N, "hashed": N, "pip_distributions": N,
-                  "elf_files": N},
+                  "elf_files": N, "imports": N},
       "findings": [
         {"check": "depends", "severity": "error" | "warning" | "info",
          "message": "...", "packages": ["name", ...], "paths": ["rel/path", ...],
@@ -23,8 +23,11 @@ JSON output (``--json``), schema version 1::
 
 Checks (the ``check`` field): depends, constrains, unsafe-path, missing-file,
 altered-file, clobbered-file, explicit, pip-duplicate, pip-requires, pip-overwrote,
-editable-install, linked-directories, elf-arch, elf-unresolved, duplicate-library,
-python-abi, cuda-driver.
+editable-install, linked-directories, elf-arch, elf-damaged, elf-unresolved,
+elf-optional, elf-mpi-flavour, duplicate-library, python-abi, import-error, import-crash,
+numpy-abi, import-shadowed, import-optional, import-timeout, import-skipped, cuda-driver.
+Libraries are resolved the way ld.so loads them (:mod:`envtools.loader`); modules are
+imported by the env's python (:mod:`envtools.imports`, unless ``--no-imports``).
 
 A record's path is data (see :mod:`envtools.confine`): one that is absolute, holds
 ``..``, or lies under a symlink is reported as ``unsafe-path`` and never opened. The one
@@ -48,7 +51,7 @@ from pathlib import Path
 
 import rattler
 
-from envtools import cachelinks, confine, elf, virtual
+from envtools import cachelinks, confine, elf, loader, virtual
 from envtools.errors import EnvtoolsError
 from envtools.hashing import hash_many, load_stat_cache, stat_key
 from envtools.prefix_records import Prefix, Record
@@ -79,6 +82,9 @@ class Context:
     prefix: Prefix
     virtuals: list[virtual.Virtual]
     full: bool
+    #: run the import smoke test (``--no-imports`` turns it off), per-module limit in s
+    imports: bool = True
+    import_timeout: float = 60.0
     findings: list[Finding] = field(default_factory=list)
     checked: dict[str, int] = field(default_factory=dict)
     #: rel path -> owning conda record names (more than one means clobbered)
@@ -88,6 +94,10 @@ class Context:
     #: only links check_binaries follows): files (rel) and directories ({rel: target})
     cache_links: set[str] = field(default_factory=set)
     linked_dirs: dict[str, str] = field(default_factory=dict)
+    #: the import smoke test running beside the other checks (see start_imports)
+    import_job: tuple | None = None
+    #: (record, rel) of altered .pyc files, checked together by _settle_pycs
+    pending_pycs: list[tuple[Record, str]] = field(default_factory=list)
 
     def add(self, check: str, severity: str, message: str, packages=(), paths=(), hint=""):
         self.findings.append(Finding(check, severity, message, list(packages), list(paths),
@@ -296,6 +306,7 @@ def check_files(ctx: Context) -> None:
             _altered(ctx, expected[rel][0], rel)
     ctx.checked["files"] = len(expected)
     ctx.checked["hashed"] = len(to_hash)
+    _settle_pycs(ctx)
 
 
 _CACHE_GONE = ("the package cache this env links to is gone or unreadable: clone the "
@@ -416,14 +427,81 @@ def check_explicit(ctx: Context) -> None:
                     f"sha256 {sha}, {EXPLICIT} says {listed[url] or 'none'}", [r.name],
                     hint=hint)
     for url in sorted(set(listed) - seen):
-        ctx.add("explicit", "error", f"{EXPLICIT} lists {url}, which is not installed",
-                hint=hint)
+        fn = url.rsplit("/", 1)[-1]
+        name = fn.removesuffix(".conda").removesuffix(".tar.bz2").rsplit("-", 2)[0]
+        ctx.add("explicit", "error", f"{EXPLICIT} lists {url}, which is not installed "
+                f"(removed behind conda's back?)", [name],
+                hint=f"reinstall {name}: clone the env again, or reinstall it")
 
 
 def _altered(ctx: Context, r: Record, rel: str) -> None:
+    if rel.endswith(".pyc") and "/__pycache__/" in f"/{rel}":
+        ctx.pending_pycs.append((r, rel))  # settled by _settle_pycs
+        return
     ctx.add("altered-file", "error", f"{rel} of {r.name} {r.version} was changed after install",
             [r.name], [rel],
             hint=f"if pip or a user overwrote it, undo that; otherwise reinstall {r.name}")
+
+
+#: run by the env's python: which of these pycs are exactly what its import system writes
+#: for the source as it is now (compile + the pyc's own header kind)?
+_REGEN = r"""
+import importlib._bootstrap_external as be, importlib.util as iu, json, os, struct, sys
+out = []
+for pyc in json.loads(sys.stdin.read()):
+    head, name = os.path.split(pyc)
+    src = os.path.join(os.path.dirname(head), name.split(".", 1)[0] + ".py")
+    try:
+        data = open(pyc, "rb").read()
+        sb = open(src, "rb").read()
+        flags, = struct.unpack("<I", data[4:8])
+        code = compile(sb, src, "exec", dont_inherit=True)
+        if flags & 1:
+            new = be._code_to_hash_pyc(code, iu.source_hash(sb), bool(flags & 2))
+        else:
+            st = os.stat(src)
+            new = be._code_to_timestamp_pyc(code, st.st_mtime, st.st_size)
+        out.append(new == data)
+    except Exception:
+        out.append(False)
+print(json.dumps(out))
+"""
+
+
+def _settle_pycs(ctx: Context) -> None:
+    """An altered ``.pyc`` is harmless when it is byte for byte what the env's python
+    writes for its source as installed: the package shipped a cache that was stale
+    at install (a relocated or re-stamped .py) and an import by someone allowed to write
+    (root, the owner) replaced it. Anything else is reported as altered."""
+    import subprocess
+
+    pending, ctx.pending_pycs = ctx.pending_pycs, []
+    if not pending:
+        return
+    same = [False] * len(pending)
+    python = _env_python(ctx.prefix.root)
+    if python:
+        try:
+            p = subprocess.run([python, "-I", "-B", "-c", _REGEN], capture_output=True,
+                               text=True, timeout=60, input=json.dumps(
+                                   [os.path.join(ctx.prefix.root, rel) for _, rel in pending]))
+            got = json.loads(p.stdout) if p.returncode == 0 else []
+            if isinstance(got, list) and len(got) == len(pending):
+                same = [g is True for g in got]
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            pass
+    for (r, rel), ok in zip(pending, same, strict=True):
+        if ok:
+            ctx.add("altered-file", "warning", f"{rel} of {r.name} {r.version} was rewritten by "
+                    "Python with the bytecode of its source as installed: the package's own "
+                    "was stale, and an import by someone allowed to write (root, or the env's "
+                    "owner) replaced it", [r.name], [rel],
+                    hint=f"harmless for running code; {r.name} should ship hash-based pycs of "
+                    "its installed sources (or none); reinstall it to undo")
+        else:
+            ctx.add("altered-file", "error",
+                    f"{rel} of {r.name} {r.version} was changed after install", [r.name], [rel],
+                    hint=f"if pip or a user overwrote it, undo that; otherwise reinstall {r.name}")
 
 
 # ---------------------------------------------------------------- pip
@@ -448,8 +526,13 @@ def _read_metadata(d: Path) -> dict:
             meta["version"] = v
         elif k == "Requires-Dist":
             meta["requires"].append(v)
-    if d.suffix == ".egg-info" and (d / "requires.txt").exists():
-        for line in (d / "requires.txt").read_text().splitlines():
+    try:
+        extra = (d / "requires.txt").read_text(errors="replace") if d.suffix == ".egg-info" \
+            else ""
+    except OSError:
+        extra = ""
+    if extra:
+        for line in extra.splitlines():
             if line.startswith("["):
                 break
             if line.strip():
@@ -538,11 +621,14 @@ def check_pip(ctx: Context) -> None:
                         hint=f"pip install a {info['name']} compatible with {have['name']} "
                         f"{have['version']}, or change {have['name']}")
         # pip files written over conda files
-        record = info["dir"] / "RECORD"
-        if record.exists():
+        try:
+            record_text = (info["dir"] / "RECORD").read_text(errors="replace")
+        except OSError:
+            record_text = None
+        if record_text is not None:
             site_rel = str(info["dir"].parent.relative_to(root))
             clobbered = []
-            for line in record.read_text(errors="replace").splitlines():
+            for line in record_text.splitlines():
                 path = line.rsplit(",", 2)[0] if line.count(",") >= 2 else line
                 rel = os.path.normpath(os.path.join(site_rel, path))
                 ctx.pip_owned[rel] = info["name"]
@@ -624,40 +710,69 @@ def _elf_candidates(root: Path, cache_links: set[str],
     return out
 
 
+def _env_python(root: Path) -> str | None:
+    """The env's interpreter, ``bin/python`` as users run it (a venv-style env finds its
+    pyvenv.cfg through that path); its real path is the program ld.so loads."""
+    for name in ("python", "python3"):
+        fp = root / "bin" / name
+        if os.path.lexists(fp):  # (a dangling link is a python that cannot run: reported)
+            return str(fp)
+    return None
+
+
+def _for_platform(owners: list[str], what: str) -> str:
+    """The hint for a file built for the wrong platform or python, naming its package."""
+    if owners == ["(untracked)"]:
+        return f"remove it (no package owns it), or reinstall what put it there for {what}"
+    pip = [o[4:] for o in owners if o.startswith("pip:")]
+    if pip:
+        return f"pip install --force-reinstall {pip[0]} (the wheel for {what})"
+    return f"reinstall {', '.join(owners)} built for {what}"
+
+
 def check_binaries(ctx: Context) -> None:
-    """ELF arch, unresolved shared libraries, duplicate NCCL/MPI, wrong python ABI."""
+    """ELF arch, damaged ELF files, what ld.so would not find (see :mod:`envtools.loader`),
+    duplicate NCCL/MPI, wrong python ABI."""
     root = ctx.prefix.root
+    real_root = os.path.realpath(root)
     want = elf.SUBDIR_MACHINE.get(ctx.subdir)
     sysdirs = elf.system_library_dirs()
-    listing: dict[str, set[str]] = {}
 
-    def names_in(d: str) -> set[str]:
-        if d not in listing:
-            try:
-                listing[d] = set(os.listdir(d))
-            except OSError:
-                listing[d] = set()
-        return listing[d]
+    def rel_of(path: str) -> str:
+        return os.path.relpath(path, real_root)
 
     def owner_of(path: str) -> list[str]:
-        rel = os.path.relpath(path, root)
+        rel = rel_of(path)
         if rel in ctx.owners:
             return [o.name for o in ctx.owners[rel]]
         if rel in ctx.pip_owned:
             return [f"pip:{ctx.pip_owned[rel]}"]
         return ["(untracked)"]
 
+    def reinstall(path: str) -> str:
+        who = owner_of(path)
+        if who == ["(untracked)"]:
+            return "remove it, or reinstall whatever put it there"
+        pip = [w[4:] for w in who if w.startswith("pip:")]
+        if pip:
+            return f"pip install --force-reinstall {pip[0]}"
+        return f"reinstall {', '.join(who)} (clone the env again, or restore the file)"
+
     elves: dict[str, elf.ElfInfo] = {}
     # a package file linked to the cache is checked where it is used: a library's
     # $ORIGIN is the directory it is opened in (the link's); a program's, its real one.
     # (A package's own links inside the env are checked at their targets.)
     real_dir: dict[str, str] = {}
+    aliases: dict[str, str] = {}
     for fp in _elf_candidates(root, ctx.cache_links, ctx.linked_dirs):
         info = elf.read_elf(fp)
         if info is not None:
-            elves[fp] = info
-            if os.path.islink(fp) and elf.is_program(fp):
-                real_dir[fp] = os.path.dirname(os.path.realpath(fp))
+            key = real_root + fp[len(str(root)):]  # (the path it is opened by)
+            elves[key] = info
+            if os.path.islink(fp):
+                aliases[os.path.realpath(fp)] = key
+                if info.program:
+                    real_dir[key] = os.path.dirname(os.path.realpath(fp))
     ctx.checked["elf_files"] = len(elves)
     linked = ctx.linked_dirs
     if linked:
@@ -674,53 +789,80 @@ def check_binaries(ctx: Context) -> None:
                 + (" ..." if len(names) > 12 else ""), names, sorted(linked)[:50],
                 hint=f"pip and conda cannot remove or replace these packages' files; first "
                 f"run: envtools detach {root} PACKAGE")
-    envlib = str(root / "lib")
-    resolved_system: dict[str, set[str]] = defaultdict(set)
-    for fp, info in elves.items():
-        rel = os.path.relpath(fp, root)
-        if want and (info.machine, info.endian) != want:
+    for fp, info in list(elves.items()):
+        rel = rel_of(fp)
+        if info.damaged:
+            ctx.add("elf-damaged", "error", f"{rel} is not a loadable ELF file ({info.damaged})",
+                    owner_of(fp), [rel], hint=reinstall(fp))
+        elif want and (info.machine, info.endian) != want:
             ctx.add("elf-arch", "error",
                     f"{rel} is built for {info.machine_name}, not {ctx.subdir}", owner_of(fp),
-                    [rel], hint="install the package built for this platform")
+                    [rel], hint=f"{_for_platform(owner_of(fp), ctx.subdir)}")
+        else:
             continue
-        origin = real_dir.get(fp) or os.path.dirname(fp)
-        search = [p.replace("$ORIGIN", origin).replace("${ORIGIN}", origin)
-                  for p in (info.runpath or info.rpath)]
-        for lib in info.needed:
-            hit = next((d for d in search if lib in names_in(d)), None)
-            if hit is None:
-                hit = next((d for d in sysdirs if lib in names_in(d)), None)
-                if hit is not None:
-                    for fam, pat in DUP_FAMILIES.items():
-                        if pat.match(lib):
-                            resolved_system[fam].add(os.path.realpath(os.path.join(hit, lib)))
-            if hit is not None:
-                continue
-            if DRIVER_LIBS.match(lib):
-                ctx.add("elf-unresolved", "warning",
-                        f"{rel} needs the driver library {lib}, not found on this node",
-                        owner_of(fp), [rel],
-                        hint="expected on nodes without a GPU driver; run on a GPU node")
-            elif lib in names_in(envlib):
-                ctx.add("elf-unresolved", "warning",
-                        f"{rel} needs {lib}, which is in the env's lib/ but not on its RPATH",
-                        owner_of(fp), [rel],
-                        hint="it only loads with LD_LIBRARY_PATH set; rebuild with "
-                        "-Wl,-rpath,'$ORIGIN/../lib'")
-            else:
-                ctx.add("elf-unresolved", "error",
-                        f"{rel} needs {lib}, which is neither in the env nor on the system",
-                        owner_of(fp), [rel],
-                        hint=f"install the package that provides {lib} (conda), or the system "
-                        "library, then validate again")
+        del elves[fp]  # ld.so would refuse it: not loaded, not searched further
+    python = _env_python(root)
+    res = loader.simulate(real_root, elves, sysdirs, python and os.path.realpath(python),
+                          origins=real_dir, aliases=aliases)
+    try:
+        in_envlib = set(os.listdir(os.path.join(real_root, "lib")))
+    except OSError:
+        in_envlib = set()
+    seen: set[tuple[str, str]] = set()
+    plugins: dict[str, list[str]] = defaultdict(list)
+    for m in res.misses:
+        if (m.obj, m.need) in seen:
+            continue
+        seen.add((m.obj, m.need))
+        rel = rel_of(m.obj)
+        via = "" if m.root == m.obj else f" (loaded from {rel_of(m.root)})"
+        if m.kind == "plugin":
+            plugins[m.root].append(m.need)
+        elif m.kind == "flavour":
+            have = sorted({i.soname for i in elves.values() if i.soname in loader.MPI_FLAVOURS})
+            ctx.add("elf-mpi-flavour", "info",
+                    f"{rel} is built for {loader.MPI_FLAVOURS[m.need]} ({m.need}); this env's "
+                    f"MPI is {', '.join(f'{loader.MPI_FLAVOURS[h]} ({h})' for h in have)}, "
+                    "for which its sibling module is built", owner_of(m.obj), [rel],
+                    hint="nothing to do: it is used only with that MPI")
+        elif DRIVER_LIBS.match(m.need):
+            ctx.add("elf-unresolved", "warning",
+                    f"{rel} needs the driver library {m.need}, not found on this node{via}",
+                    owner_of(m.obj), [rel],
+                    hint="expected on nodes without a GPU driver; run on a GPU node")
+        elif m.need in in_envlib:
+            ctx.add("elf-unresolved", "warning",
+                    f"{rel} needs {m.need}, which is in the env's lib/ but not on its RPATH{via}",
+                    owner_of(m.obj), [rel],
+                    hint="it only loads with LD_LIBRARY_PATH set; rebuild with "
+                    "-Wl,-rpath,'$ORIGIN/../lib'")
+        else:
+            ctx.add("elf-unresolved", "error",
+                    f"{rel} needs {m.need}, which is neither in the env nor on the system{via}",
+                    owner_of(m.obj), [rel],
+                    hint=f"install the package that provides {m.need} (conda), or the system "
+                    f"library; if {rel} itself is stale: {reinstall(m.obj)}")
+    for plugin, needs in plugins.items():
+        rel = rel_of(plugin)
+        needs = sorted(set(needs))
+        what = sorted({loader.capability(n) or "" for n in needs} - {""}) or ["its feature"]
+        ctx.add("elf-optional", "info",
+                f"{' and '.join(what)} unavailable: {', '.join(needs)} not found "
+                f"(optional plugin {rel}, loaded by its host only when wanted)",
+                owner_of(plugin), [rel],
+                hint=f"only on nodes with that hardware or service: install the system "
+                f"package that provides {', '.join(needs)} there")
+    resolved_system = {fam: {p for n, ps in res.system_hits.items() if pat.match(n) for p in ps}
+                       for fam, pat in DUP_FAMILIES.items()}
     # two copies of libnccl / libmpi reachable
     for fam, pat in DUP_FAMILIES.items():
-        copies = sorted({os.path.realpath(fp) for fp in elves if pat.match(os.path.basename(fp))})
+        copies = sorted({fp for fp in elves if pat.match(os.path.basename(fp))})
         if copies and resolved_system.get(fam):
             copies += sorted(resolved_system[fam])
         if len(copies) > 1:
-            rels = [os.path.relpath(c, root) if c.startswith(str(root)) else c for c in copies]
-            owners = sorted({o for c in copies if c.startswith(str(root)) for o in owner_of(c)})
+            ours = [c for c in copies if c.startswith(real_root + os.sep)]
+            rels = [rel_of(c) if c in ours else c for c in copies]
+            owners = sorted({o for c in ours for o in owner_of(c)})
             ctx.add("duplicate-library", "error",
                     f"{len(copies)} copies of lib{fam} are reachable: {', '.join(rels)}",
                     owners, rels,
@@ -732,21 +874,256 @@ def check_binaries(ctx: Context) -> None:
         for fp in elves:
             m = EXT_RE.search(fp)
             if m and (int(m.group(2)), int(m.group(3))) != pyver:
-                rel = os.path.relpath(fp, root)
+                rel = rel_of(fp)
                 ctx.add("python-abi", "error",
                         f"{rel} is a compiled extension for CPython {m.group(2)}.{m.group(3)}, "
                         f"but the env's python is {pyver[0]}.{pyver[1]}", owner_of(fp), [rel],
-                        hint=f"reinstall that package for python {pyver[0]}.{pyver[1]}")
+                        hint=_for_platform(owner_of(fp), f"python {pyver[0]}.{pyver[1]}"))
 
 
-CHECKS = (check_depends, check_cuda, check_files, check_explicit, check_pip, check_binaries)
+# ---------------------------------------------------------------- imports
+def _optional_requirements(ctx: Context, rec_paths: list[str]) -> set[str]:
+    """Normalized names a package's dist-info lists only under an extra (optional)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    out: set[str] = set()
+    for rel in rec_paths:
+        if not rel.endswith(".dist-info/METADATA"):
+            continue
+        for req_s in _read_metadata(ctx.prefix.root / rel[: -len("/METADATA")])["requires"]:
+            try:
+                req = Requirement(req_s)
+            except InvalidRequirement:
+                continue
+            if req.marker is not None and "extra" in str(req.marker):
+                out.add(_norm(req.name))
+    return out
+
+
+def _conda_modules(ctx: Context) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """module -> owning package, and package -> its files, for the conda packages."""
+    from envtools import imports
+
+    owner: dict[str, str] = {}
+    files: dict[str, list[str]] = {}
+    site_rel = _site_rel(ctx.prefix.root)
+    for r in ctx.prefix.records:
+        rels = [e["_path"] for e in r.paths]
+        files[r.name] = rels
+        if site_rel:
+            for mod in sorted(imports.top_level(rels, site_rel)):
+                owner.setdefault(mod, r.name)
+    return owner, files
+
+
+def _site_rel(root: Path) -> str | None:
+    sites = sorted(root.glob("lib/python*/site-packages"))
+    return str(sites[0].relative_to(root)) if sites else None
+
+
+def _runs_here(ctx: Context) -> bool:
+    """Can this machine run the env's binaries at all (a linux-ppc64le env validated
+    on x86_64 cannot: its import test is left out, with a note)?"""
+    want = elf.SUBDIR_MACHINE.get(ctx.subdir)
+    here = {"x86_64": "linux-64", "ppc64le": "linux-ppc64le", "aarch64": "linux-aarch64",
+            "s390x": "linux-s390x"}.get(os.uname().machine)
+    return want is None or here is None or elf.SUBDIR_MACHINE.get(here) == want
+
+
+def start_imports(ctx: Context) -> None:
+    """Start the import smoke test of the conda packages' modules in a thread, so the
+    interpreter imports while the other checks read and hash files."""
+    if not ctx.imports or _env_python(ctx.prefix.root) is None or not _runs_here(ctx):
+        return
+    import threading
+
+    from envtools import imports
+
+    owner, _ = _conda_modules(ctx)
+    mods = sorted(owner)
+    # Two interpreters, each importing every other module in sorted order (powerai on 2
+    # cores at load 1-2: 8.1 s instead of 9.1 s). Always two, whatever the load: what a
+    # module finds already imported can decide whether it imports (tensorflow_probability
+    # fails after tensorflow), so the split must not change from run to run.
+    # ENVTOOLS_IMPORT_WORKERS=N sets another number.
+    try:
+        n = int(os.environ.get("ENVTOOLS_IMPORT_WORKERS", "0"))
+    except ValueError:
+        n = 0
+    n = max(1, n) if n else (2 if len(mods) >= 8 else 1)
+    shares = [share for share in (mods[i::n] for i in range(n)) if share]
+    box: dict = {"runs": []}
+
+    def work(share: list[str]) -> None:
+        box["runs"].append(imports.run(_env_python(ctx.prefix.root), share,
+                                       timeout=max(600.0, ctx.import_timeout),
+                                       per_module=ctx.import_timeout))
+
+    threads = [threading.Thread(target=work, args=(sh,), name="imports", daemon=True)
+               for sh in shares]
+    for th in threads:
+        th.start()
+    ctx.import_job = (threads, box, set(owner))
+
+
+def check_imports(ctx: Context) -> None:
+    """Import every package's top-level modules in the env's python (see
+    :mod:`envtools.imports`): failures, crashes, numpy ABI mismatches, shadowed modules."""
+    if not ctx.imports:
+        return
+    from envtools import imports
+
+    root = ctx.prefix.root
+    python = _env_python(root)
+    sites = sorted(root.glob("lib/python*/site-packages"))
+    if python is None or not sites:
+        return
+    if not _runs_here(ctx):
+        ctx.add("import-skipped", "info", f"the import test was left out: the env is for "
+                f"{ctx.subdir} and this machine is {os.uname().machine}", ["python"],
+                hint=f"validate on a {ctx.subdir} node to import its modules")
+        return
+    site_rel = str(sites[0].relative_to(root))
+    owner, files = _conda_modules(ctx)
+    pip_files: dict[str, list[str]] = defaultdict(list)
+    for rel, dist in ctx.pip_owned.items():
+        pip_files[dist].append(rel)
+    for dist, rels in sorted(pip_files.items()):
+        for mod in sorted(imports.top_level(rels, site_rel)):
+            owner[mod] = f"pip:{dist}"  # pip's copy is what python finds
+    if not owner:
+        return
+    with task("importing modules", None):
+        run = imports.Run()
+        tried: set[str] = set()
+        if ctx.import_job is not None:
+            threads, box, tried = ctx.import_job
+            for th in threads:
+                th.join()
+            for part in box["runs"]:
+                run.outcomes.update(part.outcomes)
+                run.sys_path = run.sys_path or part.sys_path
+                run.unusable = run.unusable or part.unusable
+        rest = sorted(set(owner) - tried)
+        if rest and not run.unusable:
+            more = imports.run(python, rest, timeout=max(600.0, ctx.import_timeout),
+                               per_module=ctx.import_timeout)
+            run.outcomes.update(more.outcomes)
+            run.sys_path = run.sys_path or more.sys_path
+            run.unusable = more.unusable
+    if run.unusable:
+        ctx.add("import-skipped", "error", f"the env's python ({os.path.relpath(python, root)}) "
+                f"cannot run: {run.unusable}", ["python"], [os.path.relpath(python, root)],
+                hint="reinstall python (clone the env again); no module could be imported")
+        return
+    ctx.checked["imports"] = len(owner)
+    numpy = ctx.prefix.by_name().get("numpy")
+
+    def env_rel(path: str) -> str | None:
+        """``path`` relative to the env, as python found it (a clone's file may be a link
+        to its package cache: its real path is the cache's), else by its real path."""
+        for p, base in ((os.path.abspath(path), os.path.abspath(root)),
+                        (os.path.realpath(path), os.path.realpath(root))):
+            if p.startswith(base + os.sep):
+                return os.path.relpath(p, base)
+        return None
+
+    def package_of(path: str | None) -> str | None:
+        rel = env_rel(path) if path else None
+        if rel in ctx.owners:
+            return ctx.owners[rel][0].name
+        if rel in ctx.pip_owned:
+            return f"pip:{ctx.pip_owned[rel]}"
+        return None
+
+    def fix(pkg: str) -> str:
+        if pkg.startswith("pip:"):
+            return f"pip install --force-reinstall {pkg[4:]}"
+        return f"reinstall {pkg} (clone the env again, or envtools clone --add it)"
+
+    for mod, o in sorted(run.outcomes.items()):
+        pkg = owner[mod]
+        if o.ok:
+            where = o.file or (o.paths[0] if o.paths else None)
+            if where is None:
+                continue
+            real = os.path.realpath(where)
+            rel = env_rel(where)
+            if rel is not None and rel.startswith(site_rel + "/") and \
+                    rel[len(site_rel) + 1:].split("/")[0].split(".")[0] == mod:
+                continue
+            entry = next((e for e in run.sys_path if e and real.startswith(
+                os.path.realpath(e) + os.sep)), os.path.dirname(real))
+            cause, line = imports.cause_of(entry, root, sites)
+            pkgs = [pkg]
+            if cause == "PYTHONPATH":
+                why = f"{entry} is on PYTHONPATH"
+                hint = f"unset PYTHONPATH (or remove {entry} from it)"
+            elif cause:
+                by = ctx.owners.get(cause)
+                who = by[0].name if by else (f"pip:{ctx.pip_owned[cause]}"
+                                             if cause in ctx.pip_owned else "(untracked)")
+                pkgs.append(who)
+                why = f"{cause} ({who}) puts {entry} first ({line!r})"
+                hint = f"remove {cause}" + ("" if who == "(untracked)" else
+                                            f" (uninstall {who.removeprefix('pip:')})")
+            elif "/.local/lib/python" in entry:
+                why = f"{entry} is the user site-packages (pip install --user), which comes first"
+                hint = (f"python -m pip uninstall {mod} as that user (or set PYTHONNOUSERSITE=1 "
+                        "when using the env)")
+            else:
+                why = f"{entry} comes before site-packages on sys.path"
+                hint = f"remove {entry} from sys.path (user site, sitecustomize, PYTHONPATH)"
+            ctx.add("import-shadowed", "error",
+                    f"import {mod} loads {where}, not {pkg}'s copy in {site_rel}: {why}",
+                    pkgs, [os.path.relpath(real, root) if real.startswith(str(root))
+                           else real], hint=hint)
+            continue
+        culprit = package_of(o.where) or pkg
+        text = f"{o.kind}: {o.error}" if o.kind not in ("crash", "timeout") else o.error
+        blob = f"{o.error}\n{o.stderr}"
+        if o.kind == "timeout":
+            ctx.add("import-timeout", "warning", f"import {mod} ({pkg}): {o.error}", [pkg],
+                    hint="a busy machine? rerun with a larger --import-timeout; if it hangs, "
+                    f"{fix(pkg)}")
+        elif imports.NUMPY_ABI.search(blob):
+            have = f"numpy {numpy.version}" if numpy else "the installed numpy"
+            ctx.add("numpy-abi", "error",
+                    f"import {mod} ({pkg}) fails: an extension was built against another "
+                    f"numpy ABI than {have}: {text[:300]}", [pkg, "numpy"],
+                    hint=f"install a {pkg} built for {have}, or the numpy {pkg} was built "
+                    "for (envtools clone --add, or conda install)")
+        elif o.kind == "ModuleNotFoundError" and o.missing and \
+                o.missing.split(".")[0] not in owner and \
+                _norm(o.missing.split(".")[0]) in _optional_requirements(ctx, files.get(pkg, [])):
+            ctx.add("import-optional", "info",
+                    f"import {mod} ({pkg}) needs {o.missing}, an optional dependency of "
+                    f"{pkg} that is not installed", [pkg],
+                    hint=f"install {o.missing.replace('_', '-')} if you use {mod} that way")
+        elif o.kind == "crash":
+            ctx.add("import-crash", "error", f"import {mod} ({pkg}): {o.error}",
+                    [pkg], hint=f"{fix(pkg)}; the interpreter's last words: "
+                    f"{o.stderr.strip().splitlines()[-1] if o.stderr.strip() else '(none)'}")
+        else:
+            who = culprit if culprit == pkg else f"{culprit} (where it failed)"
+            ctx.add("import-error", "error", f"import {mod} ({pkg}) fails: {text[:400]}",
+                    [pkg] if culprit == pkg else [pkg, culprit],
+                    hint=f"{fix(culprit)}" + ("" if culprit == pkg else
+                                             f"; then validate again ({who})"))
+
+
+CHECKS = (check_depends, check_cuda, check_files, check_explicit, check_pip, check_binaries,
+          check_imports)
 
 
 def validate(prefix: str | os.PathLike[str], full: bool = False,
-             virtual_overrides: list[str] | None = None) -> tuple[Context, list[Finding]]:
+             virtual_overrides: list[str] | None = None, imports: bool = True,
+             import_timeout: float = 60.0) -> tuple[Context, list[Finding]]:
     """Run every check; raises EnvtoolsError (exit 2) if the env cannot be read."""
     pre = Prefix.load(prefix)
-    ctx = Context(pre, virtual.resolve(virtual_overrides), full)
+    ctx = Context(pre, virtual.resolve(virtual_overrides), full, imports=imports,
+                  import_timeout=import_timeout)
+    start_imports(ctx)
     for check in CHECKS:
         check(ctx)
     order = {s: i for i, s in enumerate(SEVERITIES)}
@@ -768,10 +1145,11 @@ def to_json(ctx: Context) -> dict:
 
 
 def run_validate(prefix: Path, json_out: bool = False, full: bool = False,
-                 virtual_overrides: list[str] | None = None) -> int:
+                 virtual_overrides: list[str] | None = None, imports: bool = True,
+                 import_timeout: float = 60.0) -> int:
     """CLI body: print findings (text or JSON); return the exit status (0, 1 or 2)."""
     try:
-        ctx, findings = validate(prefix, full, virtual_overrides)
+        ctx, findings = validate(prefix, full, virtual_overrides, imports, import_timeout)
     except EnvtoolsError as e:
         if json_out:
             print(json.dumps({"schema": SCHEMA, "prefix": str(prefix), "exit_status": 2,
@@ -793,6 +1171,7 @@ def run_validate(prefix: Path, json_out: bool = False, full: bool = False,
     info(
         f"{ctx.prefix.root}: {c.get('packages', 0)} packages, {c.get('files', 0)} files "
         f"({c.get('hashed', 0)} hashed), {c.get('pip_distributions', 0)} pip distributions, "
-        f"{c.get('elf_files', 0)} ELF files checked: {s['error']} errors, {s['warning']} "
+        f"{c.get('elf_files', 0)} ELF files, {c.get('imports', 0)} modules imported: "
+        f"{s['error']} errors, {s['warning']} "
         f"warnings, {s['info']} notes")
     return doc["exit_status"]
