@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -64,3 +65,79 @@ def test_help_for_every_subcommand():
     assert p.returncode == 2 and all(s in p.stdout for s in ("install", "clone", "validate"))
     p = run_envtools("clone", "a", "b", "--link-mode", "nope", check=False)
     assert p.returncode == 2 and "invalid choice: 'nope'" in p.stderr
+
+
+def _snapshot(root) -> dict[str, tuple]:
+    """Every entry under root: its type, size and mtime (what using an env must not change)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            out[p] = (stat.S_IFMT(st.st_mode), st.st_size, st.st_mtime_ns)
+    return out
+
+
+def test_noarch_bytecode_is_compiled_at_install_and_use_changes_nothing(channel, tmp_path):
+    """A noarch: python package gets checked-hash pycs at install, listed in its record;
+    importing it as root or as another user writes nothing into the read-only env, and
+    validate is clean; a clone leaves the installer's bytecode out and compiles its own."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    top = Path(tempfile.mkdtemp(prefix="envtools-pyc-", dir="/tmp"))  # (every user's)
+    try:
+        _noarch_bytecode(channel, top)
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", top], check=False)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _noarch_bytecode(channel, tmp_path) -> None:
+    import importlib.util
+    import shutil
+
+    from envtools import asuser
+
+    os.chmod(tmp_path, 0o755)
+    env = tmp_path / "site"
+    run_envtools("install", "--channel", channel, "--prefix", env, "demo-meta", "demo-noarch")
+    rec = json.loads(next((env / "conda-meta").glob("demo-noarch-*.json")).read_text())
+    pycs = [e for e in rec["paths_data"]["paths"] if e.get("path_type") == "pyc_file"]
+    assert pycs and {e["_path"] for e in pycs} <= set(rec["files"])
+    for e in pycs:
+        data = (env / e["_path"]).read_bytes()
+        flags = int.from_bytes(data[4:8], "little")
+        assert flags == 0b11, e  # PEP 552: hash-based (bit 0) and checked (bit 1)
+        assert hashlib.sha256(data).hexdigest() == e["sha256"]
+        assert len(data) == e["size_in_bytes"]
+    src = env / pycs[0]["_path"].replace("/__pycache__", "").rsplit(".", 2)[0]
+    assert importlib.util.cache_from_source(str(src) + ".py").endswith(pycs[0]["_path"])
+    before = _snapshot(env)
+    # python's relocated module (holding the prefix, as _sysconfigdata does): the bytecode
+    # its package shipped is replaced by the installer's, compiled from the relocated file
+    prec = json.loads(next((env / "conda-meta").glob("python-*.json")).read_text())
+    where = [e for e in prec["paths_data"]["paths"] if "_demo_where" in e["_path"]]
+    assert [e.get("path_type") for e in where if e["_path"].endswith(".pyc")] == ["pyc_file"]
+    code = "import _demo_where, demo_noarch; print(demo_noarch.__cached__)"
+    out = subprocess.run([env / "bin" / "python", "-c", code], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == str(env / pycs[0]["_path"])
+    if shutil.which("setpriv"):
+        user = asuser.unprivileged(tmp_path / "home")
+        p = user.run(user.cmd(env / "bin" / "python", "-c", code))
+        assert p.returncode == 0, p.stderr
+    assert _snapshot(env) == before  # nothing written, as root or not
+    doc = json.loads(run_envtools("validate", "--json", env).stdout)
+    assert doc["exit_status"] == 0 and not [f for f in doc["findings"]
+                                            if f["severity"] != "info"], doc["findings"]
+    dest = tmp_path / "mine"
+    run_envtools("clone", env, dest)
+    assert not list(dest.rglob("*.pyc"))
+    crec = json.loads(next((dest / "conda-meta").glob("demo-noarch-*.json")).read_text())
+    assert not [e for e in crec["paths_data"]["paths"] if e.get("path_type") == "pyc_file"]
+    assert not [f for f in crec["files"] if f.endswith(".pyc")]
+    subprocess.run([dest / "bin" / "python", "-c", code], check=True, capture_output=True)
+    doc = json.loads(run_envtools("validate", "--json", dest).stdout)
+    assert doc["exit_status"] == 0, doc["findings"]

@@ -19,7 +19,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envtools import cachelinks, cachetag, confine, layers, linking, placement, record_index
+from envtools import (
+    bytecode,
+    cachelinks,
+    cachetag,
+    confine,
+    layers,
+    linking,
+    placement,
+    record_index,
+)
 from envtools.errors import EnvtoolsError
 from envtools.hashing import (
     STAT_CACHE,
@@ -384,7 +393,8 @@ def clone(
             link = {"source": str(cdir) if cdir else str(srcp),
                     "type": (cachelinks.LINK_COPY if not cdir else cachelinks.LINK_SOFTLINK
                              if soft and key in soft else cachelinks.LINK_HARDLINK)}
-            if not rewritten and rec.extracted_package_dir == epd:
+            compiled = bytecode.has_compiled(rec.plan_fields())
+            if not rewritten and not compiled and rec.extracted_package_dir == epd:
                 if rec.link == link:
                     # unchanged (linked from the same cache): copy its bytes, unparsed
                     linking.copy(str(rec.path), str(meta / f"{rec.dist}.json"), 0o644)
@@ -398,6 +408,8 @@ def clone(
                         confine.write_new(str(meta / f"{rec.dist}.json"), data)
                         return
             data = rec.data  # ours to change: SRC's are not used after this
+            if compiled:
+                bytecode.drop_compiled(data)
             data["extracted_package_dir"] = epd
             data["link"] = link
             for e in (data.get("paths_data") or {}).get("paths", []) if rewritten else ():
@@ -470,26 +482,29 @@ def _plan(
 ) -> list[tuple[int, list[Item]]]:
     """Per package (its index in ``records``), every file with where it comes from.
 
-    A file the installer made (an entry point, a compiled .pyc: any path type a package
-    archive does not have) exists only in SRC, and holds SRC's prefix without a recorded
-    placeholder (an entry point's shebang): it is relocated from ``old_prefix`` as text,
-    as installing at DEST would have written it.
+    A file the installer made (an entry point: any path type a package archive does not
+    have) exists only in SRC, and holds SRC's prefix without a recorded placeholder (an
+    entry point's shebang): it is relocated from ``old_prefix`` as text, as installing at
+    DEST would have written it. Compiled bytecode is left out (envtools.bytecode).
     """
     groups: list[tuple[int, list[Item]]] = []
     src_base = str(srcp) + "/"
     for key, r in enumerate(records):
         cdir = cache.get(r.name)
         base, from_cache = (src_base, False) if cdir is None else (str(cdir) + "/", True)
+        fields = r.plan_fields()
+        if bytecode.has_compiled(fields):
+            fields = [f for f in fields if f[1] != bytecode.PYC_FILE]
         if not r.noarch_python:
             items = [(rel, base + rel, path_type, placeholder, file_mode, from_cache, sha, size)
-                     for rel, path_type, placeholder, file_mode, sha, size in r.plan_fields()]
+                     for rel, path_type, placeholder, file_mode, sha, size in fields]
         else:  # site-packages/ and python-scripts/ in the cache; installer-made files in SRC
             items = [
                 (rel, base + (_cache_rel(r, rel) if from_cache else rel), path_type,
                  placeholder, file_mode, from_cache, sha, size) if path_type in _IN_ARCHIVE
                 else (rel, src_base + rel, path_type, placeholder or old_prefix,
                       file_mode or "text", False, sha, size)
-                for rel, path_type, placeholder, file_mode, sha, size in r.plan_fields()]
+                for rel, path_type, placeholder, file_mode, sha, size in fields]
         groups.append((key, items))
     return groups
 

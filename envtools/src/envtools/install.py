@@ -17,7 +17,7 @@ from pathlib import Path
 
 import rattler
 
-from envtools import archives, cachetag, record_index, virtual
+from envtools import archives, bytecode, cachetag, record_index, virtual
 from envtools.errors import EnvtoolsError
 from envtools.hashing import STAT_CACHE, write_package_parts
 from envtools.prefix_records import Prefix
@@ -218,6 +218,8 @@ def _install_into(records: list, prepared: archives.Prepared, prefix: Path, cach
         )
         archives.check_linked(tmp, prepared)
         timings["link"] = time.monotonic() - t0
+        bytecode.compile_installed(tmp, prefix)  # (as conda does; records list the pycs)
+        timings["compile"] = time.monotonic() - t0
         write_explicit(tmp, records)
         write_prefix_info(tmp, prefix, cache)
         marker = {
