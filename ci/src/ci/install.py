@@ -96,16 +96,23 @@ def _remove_prefix(prefix: Path) -> None:
 
 
 def installed_set(prefix: Path) -> set[str]:
-    """``name-version-build`` of every package recorded in ``conda-meta``."""
+    """``name-version-build#sha256`` of every package recorded in ``conda-meta`` (the
+    sha256: a package rebuilt from a changed recipe keeps its name, version and build)."""
     meta = prefix / "conda-meta"
     out = set()
     for f in meta.glob("*.json") if meta.is_dir() else []:
         try:
             d = json.loads(f.read_text())
-            out.add(f"{d['name']}-{d['version']}-{d['build']}")
+            out.add(f"{d['name']}-{d['version']}-{d['build']}#{d.get('sha256') or ''}")
         except (KeyError, json.JSONDecodeError):
             continue
     return out
+
+
+def wanted_set(records) -> set[str]:
+    """What :func:`installed_set` gives for a prefix holding exactly ``records``."""
+    return {f"{r.name.normalized}-{r.version}-{r.build}#{(r.sha256 or b'').hex()}"
+            for r in records}
 
 
 def install_with_rattler(
@@ -117,7 +124,7 @@ def install_with_rattler(
     res = InstallResult(prefix, "py-rattler")
     records, res.solve_seconds = solve(channels, [spec], platform)
     res.packages = len(records)
-    want = {f"{r.name.normalized}-{r.version}-{r.build}" for r in records}
+    want = wanted_set(records)
     if prefix.exists() and installed_set(prefix) == want:
         res.skipped = True
         return res
@@ -146,7 +153,7 @@ def install_powerai(
         return res
     res = InstallResult(prefix, "envtools")
     records, res.solve_seconds = solve(channels, [spec], platform)
-    want = {f"{r.name.normalized}-{r.version}-{r.build}" for r in records}
+    want = wanted_set(records)
     res.packages = len(records)
     if prefix.exists() and installed_set(prefix) == want:
         res.skipped = True
