@@ -610,6 +610,13 @@ static PyObject *py_negotiation_stats(PyObject *self, PyObject *args) {
                          (unsigned long long)p);
 }
 
+/* hurry(): the caller blocks on a queued request next (ddl_progress_hurry). */
+static PyObject *py_hurry(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    Py_BEGIN_ALLOW_THREADS ddl_progress_hurry();
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
 /* set_thread_timeout(seconds) -> the previous setting (0.0: DDL_TIMEOUT). */
 static PyObject *py_set_thread_timeout(PyObject *self, PyObject *args) {
     (void)self;
@@ -688,6 +695,7 @@ static PyMethodDef methods[] = {
     {"async_stats", py_async_stats, METH_NOARGS, NULL},
     {"negotiation_stats", py_negotiation_stats, METH_NOARGS, NULL},
     {"set_thread_timeout", py_set_thread_timeout, METH_VARARGS, NULL},
+    {"hurry", py_hurry, METH_NOARGS, NULL},
     {"_set_liveness_checks", py_set_liveness_checks, METH_VARARGS, NULL},
     {"dev_allreduce", py_dev_allreduce, METH_VARARGS, NULL},
     {"dev_broadcast", py_dev_broadcast, METH_VARARGS, NULL},

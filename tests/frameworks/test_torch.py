@@ -25,6 +25,16 @@ def test_collectives_on_ddl_backend() -> None:
     assert ok_lines(proc, "collectives") == 2, proc.stdout
 
 
+def test_blocking_collectives_skip_the_fusion_cycle() -> None:
+    """Work.wait() hurries libddl's progress thread (a blocking all_reduce paid the whole
+    DDL_CYCLE_TIME_MS); requests submitted together before any wait still fuse."""
+    proc = mpirun(2, WORKERS / "torch_blocking.py", env={"DDL_CYCLE_TIME_MS": "200"})
+    assert sum(line.startswith("OK blocking") for line in proc.stdout.splitlines()) == 2, \
+        proc.stdout
+    assert sum(line.startswith("OK fused") for line in proc.stdout.splitlines()) == 2, \
+        proc.stdout
+
+
 def test_distributed_optimizer_matches_single_process() -> None:
     modes = ["plain", "accumulate", "fp16"]  # one job: torch starts once
     proc = mpirun(2, WORKERS / "torch_optimizer.py", *modes)

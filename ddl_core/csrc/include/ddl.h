@@ -219,6 +219,13 @@ void ddl_request_free(ddl_request_t req);
  * to DDL_TIMEOUT. Lets one process serve groups with different timeouts (torch.distributed's
  * timeout= of a process group). DDL_ERR_INVALID_ARG for nan, inf or a negative value. */
 ddl_status_t ddl_set_thread_timeout(double seconds);
+
+/* The calling thread is about to block on a request it submitted (ddl_wait from a thread
+ * that submits nothing meanwhile): the progress thread negotiates what is queued now
+ * instead of waiting out DDL_CYCLE_TIME_MS for more requests to fuse. A blocking call
+ * gets a small message's latency, not the cycle time; fusion of requests submitted
+ * together is unchanged. No-op when nothing is queued. */
+void ddl_progress_hurry(void);
 /* The calling thread's setting (0: DDL_TIMEOUT applies). */
 double ddl_thread_timeout(void);
 

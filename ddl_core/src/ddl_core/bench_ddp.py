@@ -12,7 +12,9 @@ hits both alike. Reported, as medians over rounds:
   without DDP (no communication at all), i.e. what averaging adds to a step once DDP has
   overlapped what it can with the backward pass;
 - allreduce of all gradients: one blocking allreduce of a tensor the size of the model
-  (the whole averaging cost per step when nothing overlaps).
+  (the whole averaging cost per step when nothing overlaps);
+- a blocking 4 KiB all_reduce (`dist.all_reduce(t)`, async_op=False): its median and its
+  25th percentile (gloo's "fast case"), each call timed alone after a barrier.
 """
 
 from __future__ import annotations
@@ -105,24 +107,37 @@ def main(argv: list[str] | None = None) -> int:
         for name, (_step, ar) in runs.items():
             res[name]["ar"].append(_timed(ar, 1))
     lo = statistics.median(local_times)
+    small = {n: torch.ones(1024) for n in groups}  # 4 KiB of float32
+    small_times: dict[str, list[float]] = {n: [] for n in groups}
+    for _ in range(a.rounds * a.steps * 5):
+        for name, pg in groups.items():
+            small_times[name].append(
+                _timed(lambda pg=pg, t=small[name]: dist.all_reduce(t, group=pg), 1))
 
     out = {}
     for name, r in res.items():
         st, ar = (statistics.median(r[k]) for k in ("step", "ar"))
+        q = statistics.quantiles(small_times[name], n=4)
         out[name] = {"samples_per_s": a.batch * size / st, "step_ms": st * 1e3,
-                     "exposed_avg_ms": (st - lo) * 1e3, "allreduce_ms": ar * 1e3}
+                     "exposed_avg_ms": (st - lo) * 1e3, "allreduce_ms": ar * 1e3,
+                     "allreduce_4k_us": statistics.median(small_times[name]) * 1e6,
+                     "allreduce_4k_p25_us": q[0] * 1e6}
     if rank == 0:
         print(f"# DDP small CNN ({nparams} parameters, {nparams * 4 / 1e6:.2f} MB of gradients), "
               f"{size} ranks, batch {a.batch}/rank, {a.threads} thread(s)/rank, "
               f"median of {a.rounds * a.steps} interleaved steps each")
         print(f"# step without DDP (no communication): {lo * 1e3:.2f} ms")
         print(f"{'backend':>8} {'samples/s':>10} {'step ms':>9} {'exposed avg ms':>15} "
-              f"{'allreduce ms':>13}")
+              f"{'allreduce ms':>13} {'4 KiB us':>9} {'4 KiB p25 us':>13}")
         for name, o in out.items():
             print(f"{name:>8} {o['samples_per_s']:10.1f} {o['step_ms']:9.2f} "
-                  f"{o['exposed_avg_ms']:15.2f} {o['allreduce_ms']:13.2f}")
+                  f"{o['exposed_avg_ms']:15.2f} {o['allreduce_ms']:13.2f} "
+                  f"{o['allreduce_4k_us']:9.1f} {o['allreduce_4k_p25_us']:13.1f}")
         ratio = out["ddl"]["samples_per_s"] / out["gloo"]["samples_per_s"]
         print(f"ddl/gloo throughput: {ratio:.2f}x")
+        print(f"blocking 4 KiB all_reduce: ddl median {out['ddl']['allreduce_4k_us']:.1f} us "
+              f"against gloo's 25th percentile {out['gloo']['allreduce_4k_p25_us']:.1f} us "
+              f"(target: no slower)")
         print("-" * 64)
         print(f"total images/sec: {out['ddl']['samples_per_s']:.2f}")
         print("-" * 64)

@@ -91,6 +91,8 @@ class DDLWork(dist.Work):
         """Block until done (at most `timeout`, when one is given: then a RuntimeError if
         it has not finished, as torch documents). Raises the collective's error."""
         seconds = timeout.total_seconds() if timeout else 0.0
+        if not self._outcome.done.is_set():
+            _ddl.hurry()  # (a blocking collective: no point waiting for more to fuse)
         if seconds > 0 and not self._outcome.done.wait(seconds):
             raise RuntimeError(f"ddl backend: the collective did not finish within "
                                f"{seconds:g} s (Work.wait timeout)")
