@@ -35,6 +35,19 @@ def test_blocking_collectives_skip_the_fusion_cycle() -> None:
         proc.stdout
 
 
+@pytest.mark.parametrize("mode", ["initdestroy", "masteraddr"])
+def test_rendezvous_under_mpi(mode: str) -> None:
+    """init then destroy at once; env:// with MASTER_ADDR but no RANK/WORLD_SIZE."""
+    import socket
+
+    with socket.socket() as s:  # (a free port for MASTER_PORT)
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    for _ in range(3 if mode == "initdestroy" else 1):  # (it was a race)
+        proc = mpirun(3, WORKERS / "torch_rendezvous.py", mode, port)
+        assert ok_lines(proc, mode) == 3, proc.stdout
+
+
 def test_distributed_optimizer_matches_single_process() -> None:
     modes = ["plain", "accumulate", "fp16"]  # one job: torch starts once
     proc = mpirun(2, WORKERS / "torch_optimizer.py", *modes)

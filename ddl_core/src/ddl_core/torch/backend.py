@@ -22,9 +22,12 @@ that group's collectives (libddl's per-call deadline); left at torch's default (
 deadline is DDL_TIMEOUT. A rank that exits or dies is reported at once, whatever the timeout.
 
 Rendezvous: under `ddlrun`/`mpirun` there is no MASTER_ADDR; `init_method="ddl://"`
-(and the default `env://` when MASTER_ADDR is unset in an MPI job) starts a TCPStore on
-rank 0 and tells the other ranks where it is with a DDL broadcast, so the store that
-torch (and NCCL, for `cpu:ddl,cuda:nccl`) needs exists without any launcher settings.
+(and the default `env://` in an MPI job when MASTER_ADDR is unset, or set without RANK and
+WORLD_SIZE: then rank 0's store listens on MASTER_PORT and is reached at MASTER_ADDR)
+starts a TCPStore on rank 0 and tells the other ranks where it is with a DDL broadcast, so
+the store that torch (and NCCL, for `cpu:ddl,cuda:nccl`) needs exists without any
+launcher settings. init returns on every rank only once every rank has its store, so a
+group destroyed right after init cannot take the store from a rank still connecting.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import importlib
 import os
 import pickle
 import socket
+import urllib.parse
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -441,6 +445,7 @@ def make_store(timeout: timedelta) -> tuple[dist.Store, int, int]:
         where = (os.environ.get("MASTER_ADDR") and [os.environ["MASTER_ADDR"]]
                  or local_addresses(), store.port)
         _bcast_object(where)
+        _connected(None)
         return store, rank, size
     addrs, port = _bcast_object(None)
     errors = []
@@ -450,9 +455,30 @@ def make_store(timeout: timedelta) -> tuple[dist.Store, int, int]:
         except OSError as exc:
             errors.append(f"{addr}: {exc}")
             continue
-        return dist.TCPStore(addr, port, size, False, timeout), rank, size
-    raise RuntimeError(f"rank {rank} cannot reach rank 0's store on port {port}: "
-                       + "; ".join(errors))
+        store = dist.TCPStore(addr, port, size, False, timeout)
+        _connected(None)
+        return store, rank, size
+    _connected(f"rank {rank} cannot reach rank 0's store on port {port}: " + "; ".join(errors))
+    raise AssertionError("unreachable")  # (_connected raised)
+
+
+def _connected(error: str | None) -> None:
+    """Every rank has its store (or the first error, raised on every rank): rank 0 must
+    not return, and perhaps destroy the group and its store at once, while a rank is
+    still connecting to it."""
+    errors = _allgather_object(error)
+    bad = [e for e in errors if e]
+    if bad:
+        raise RuntimeError(bad[0])
+
+
+def _allgather_object(obj: Any) -> list[Any]:
+    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    sizes = ddl_core.allgather(np.array([data.size], dtype=np.int64))
+    buf = np.zeros(int(sizes.max()), dtype=np.uint8)
+    buf[:data.size] = data
+    rows = ddl_core.allgather(buf).reshape(len(sizes), -1)
+    return [pickle.loads(rows[i, :int(n)].tobytes()) for i, n in enumerate(sizes)]
 
 
 def _ddl_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30),
@@ -463,7 +489,13 @@ def _ddl_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30),
 
 def _env_or_ddl(original: Any) -> Any:
     def handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Any:
-        if "MASTER_ADDR" not in os.environ and under_mpi():
+        # Under an MPI launcher the rank and size come from MPI: with MASTER_ADDR unset, or
+        # set (it then names rank 0's address, MASTER_PORT its port) without RANK and
+        # WORLD_SIZE, which torch's env:// would demand.
+        query = urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
+        has_rank = "RANK" in os.environ or "rank" in query
+        has_size = "WORLD_SIZE" in os.environ or "world_size" in query
+        if under_mpi() and ("MASTER_ADDR" not in os.environ or not (has_rank and has_size)):
             return _ddl_rendezvous(url, timeout, **kwargs)
         return original(url, timeout=timeout, **kwargs)
 
