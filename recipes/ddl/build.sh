@@ -5,3 +5,17 @@ set -euxo pipefail
 export CC=${CC:-gcc}
 export MPICC="$PREFIX/bin/mpicc"
 "$PYTHON" -m pip install . --no-deps --no-build-isolation --no-compile -v
+# Hash-based pycs (PEP 552, checked-hash): valid whatever mtimes the archive and the
+# installer give the sources, so Python never recompiles them for a user of a shared
+# read-only env, nor rewrites them when root imports ddl_core (rattler-build compiles only
+# the .py files that have no .pyc yet, with timestamps that go stale at install).
+"$PYTHON" - <<'PY'
+import importlib.metadata as md
+import py_compile
+
+dist = md.distribution("ddl_core")
+for f in dist.files or ():
+    if f.suffix == ".py":
+        py_compile.compile(str(f.locate()), doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+PY
