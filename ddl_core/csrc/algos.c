@@ -259,6 +259,9 @@ static void own_sum(void *a, void *b, int *n, MPI_Datatype *t) { own_reduce(a, b
 static void own_prod(void *a, void *b, int *n, MPI_Datatype *t) { own_reduce(a, b, n, t, DDL_PROD); }
 static void own_min(void *a, void *b, int *n, MPI_Datatype *t) { own_reduce(a, b, n, t, DDL_MIN); }
 static void own_max(void *a, void *b, int *n, MPI_Datatype *t) { own_reduce(a, b, n, t, DDL_MAX); }
+static void own_band(void *a, void *b, int *n, MPI_Datatype *t) { own_reduce(a, b, n, t, DDL_BAND); }
+static void own_bor(void *a, void *b, int *n, MPI_Datatype *t) { own_reduce(a, b, n, t, DDL_BOR); }
+static void own_bxor(void *a, void *b, int *n, MPI_Datatype *t) { own_reduce(a, b, n, t, DDL_BXOR); }
 
 static ddl_status_t own_setup(void) {
     if (own_ready) return DDL_SUCCESS;
@@ -270,6 +273,9 @@ static ddl_status_t own_setup(void) {
     MPI_CHECK(MPI_Op_create(own_prod, 1, &own_ops[DDL_PROD]));
     MPI_CHECK(MPI_Op_create(own_min, 1, &own_ops[DDL_MIN]));
     MPI_CHECK(MPI_Op_create(own_max, 1, &own_ops[DDL_MAX]));
+    MPI_CHECK(MPI_Op_create(own_band, 1, &own_ops[DDL_BAND]));
+    MPI_CHECK(MPI_Op_create(own_bor, 1, &own_ops[DDL_BOR]));
+    MPI_CHECK(MPI_Op_create(own_bxor, 1, &own_ops[DDL_BXOR]));
     own_ops[DDL_AVG] = own_ops[DDL_SUM];
     own_ready = 1;
     return DDL_SUCCESS;
@@ -293,6 +299,9 @@ static MPI_Op mpi_op(ddl_dtype_t dtype, ddl_op_t op) {
     case DDL_PROD: return MPI_PROD;
     case DDL_MIN: return MPI_MIN;
     case DDL_MAX: return MPI_MAX;
+    case DDL_BAND: return MPI_BAND;
+    case DDL_BOR: return MPI_BOR;
+    case DDL_BXOR: return MPI_BXOR;
     default: return MPI_OP_NULL;
     }
 }

@@ -300,8 +300,7 @@ static ddl_status_t submit(int kind, const void *send, void *recv, size_t count,
                         fn);
     if (!ddl_dtype_valid((int)dtype))
         return ddl_fail(DDL_ERR_INVALID_ARG, "%s: unknown dtype %d", fn, (int)dtype);
-    if (op >= 0 && !ddl_op_valid(op))
-        return ddl_fail(DDL_ERR_INVALID_ARG, "%s: unknown op %d", fn, op);
+    DDL_CHECK(ddl_check_op((int)dtype, op, fn));
     if (count && !(kind == REQ_ALLGATHERV ? send : recv))
         return ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL buffer", fn);
     if (kind == REQ_BROADCAST && (root < 0 || root >= ddl_g.size))

@@ -403,9 +403,7 @@ static ddl_status_t check_args(const void *buf, size_t count, int dtype, int op,
                         "%s: unknown dtype %d; use one of float16, bfloat16, float32, float64, "
                         "int8, uint8, int32, int64",
                         fn, dtype);
-    if (op >= 0 && !ddl_op_valid(op))
-        return ddl_fail(DDL_ERR_INVALID_ARG,
-                        "%s: unknown op %d; use one of sum, avg, min, max, prod", fn, op);
+    DDL_CHECK(ddl_check_op(dtype, op, fn));
     if (count > 0 && buf == NULL)
         return ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL buffer for %zu elements", fn, count);
     return DDL_SUCCESS;

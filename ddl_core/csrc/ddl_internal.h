@@ -211,6 +211,9 @@ int ddl_liveness_broken(void);
  * timeout, nor when ddl_finalize_at_exit left it to the exit hook (status 0 only; exit.c). */
 int ddl_may_finalize_mpi(void);
 ddl_status_t ddl_finalize_at_exit(void);
+/* reduce.c: the op is one libddl has, and fits the dtype (bitwise ops: integers only) */
+bool ddl_op_bitwise(int op);
+ddl_status_t ddl_check_op(int dtype, int op, const char *fn);
 /* After an init that failed the same way on every rank (the settings agreement): MPI,
  * started by DDL, is finalized at exit with status 0, so a script that catches the error
  * and ends normally is not reported by the launcher as having exited improperly. */

@@ -341,8 +341,7 @@ static ddl_status_t check_args(const void *buf, size_t count, int dtype, int op,
     DDL_CHECK(ddl_require_init());
     if (!ddl_dtype_valid(dtype))
         return ddl_fail(DDL_ERR_INVALID_ARG, "%s: unknown dtype %d", fn, dtype);
-    if (op >= 0 && !ddl_op_valid(op))
-        return ddl_fail(DDL_ERR_INVALID_ARG, "%s: unknown op %d", fn, op);
+    DDL_CHECK(ddl_check_op(dtype, op, fn));
     if (count > 0 && buf == NULL)
         return ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL buffer for %zu elements", fn, count);
     return DDL_SUCCESS;
@@ -370,7 +369,7 @@ static ddl_status_t allreduce_locked(const void *send, void *recv, size_t count,
     if (!dev) HOST_FALLBACK(ddl_allreduce_ctx(&ddl_g.app, send, recv, count, dtype, op, sig));
     if (count == 0) return DDL_SUCCESS;
     DDL_CHECK(decide(device));
-    if (gs.mode == MODE_NCCL) {
+    if (gs.mode == MODE_NCCL && !ddl_op_bitwise(op)) { /* (NCCL has no bitwise ops) */
         gs.nccl_calls++;
         return nccl_allreduce(send, recv, count, dtype, op, stream);
     }
@@ -449,7 +448,7 @@ static ddl_status_t reduce_scatter_locked(const void *send, void *recv, size_t r
     DDL_CHECK(decide(device));
     size_t bytes = recvcount * ddl_dtype_size(dtype), P = (size_t)ddl_g.size;
     const void *in = send == DDL_IN_PLACE ? recv : send;
-    if (gs.mode == MODE_NCCL) {
+    if (gs.mode == MODE_NCCL && !ddl_op_bitwise(op)) { /* (NCCL has no bitwise ops) */
         gs.nccl_calls++;
         return ddl_nccl_reduce_scatter(in, recv, recvcount, dtype, op, gs.world, stream);
     }

@@ -134,7 +134,8 @@ static const int nccl_dtype[DDL_NUM_DTYPES] = {
     [DDL_FLOAT16] = 6, [DDL_BFLOAT16] = 9, [DDL_FLOAT32] = 7, [DDL_FLOAT64] = 8,
     [DDL_INT8] = 0,    [DDL_UINT8] = 1,    [DDL_INT32] = 2,   [DDL_INT64] = 4};
 static const int nccl_op[DDL_NUM_OPS] = {
-    [DDL_SUM] = 0, [DDL_AVG] = 4, [DDL_MIN] = 3, [DDL_MAX] = 2, [DDL_PROD] = 1};
+    [DDL_SUM] = 0, [DDL_AVG] = 4, [DDL_MIN] = 3, [DDL_MAX] = 2, [DDL_PROD] = 1,
+    [DDL_BAND] = -1, [DDL_BOR] = -1, [DDL_BXOR] = -1}; /* (none: gpu.c stages those) */
 
 ddl_status_t ddl_nccl_unique_id(ddl_nccl_id_t *id) {
     NC(nc.GetUniqueId(id), "ncclGetUniqueId", NULL);

@@ -742,5 +742,14 @@ PyMODINIT_FUNC PyInit__ddl(void) {
     Py_DECREF(b);
     PyModule_AddObjectRef(m, "Request", (PyObject *)&RequestType);
     PyModule_AddIntConstant(m, "MAX_LEVELS", DDL_MAX_LEVELS);
+    /* the op and dtype names in libddl's code order: Python restates none of them */
+    PyObject *ops = PyTuple_New(DDL_NUM_OPS), *dtypes = PyTuple_New(DDL_NUM_DTYPES);
+    if (!ops || !dtypes) return NULL;
+    for (int i = 0; i < DDL_NUM_OPS; i++)
+        PyTuple_SET_ITEM(ops, i, PyUnicode_FromString(ddl_op_name((ddl_op_t)i)));
+    for (int i = 0; i < DDL_NUM_DTYPES; i++)
+        PyTuple_SET_ITEM(dtypes, i, PyUnicode_FromString(ddl_dtype_name((ddl_dtype_t)i)));
+    PyModule_AddObject(m, "OPS", ops);
+    PyModule_AddObject(m, "DTYPES", dtypes);
     return m;
 }

@@ -41,8 +41,26 @@ const char *ddl_dtype_name(ddl_dtype_t dtype) {
 }
 
 const char *ddl_op_name(ddl_op_t op) {
-    static const char *names[DDL_NUM_OPS] = {"sum", "avg", "min", "max", "prod"};
+    static const char *names[DDL_NUM_OPS] = {"sum", "avg", "min", "max", "prod",
+                                             "band", "bor", "bxor"};
     return ddl_op_valid((int)op) ? names[op] : "unknown";
+}
+
+bool ddl_op_bitwise(int op) { return op == DDL_BAND || op == DDL_BOR || op == DDL_BXOR; }
+
+ddl_status_t ddl_check_op(int dtype, int op, const char *fn) {
+    if (op < 0) return DDL_SUCCESS; /* (a collective without an op) */
+    if (!ddl_op_valid(op))
+        return ddl_fail(DDL_ERR_INVALID_ARG,
+                        "%s: unknown op %d; use one of sum, avg, min, max, prod, band, bor, "
+                        "bxor", fn, op);
+    if (ddl_op_bitwise(op) && ddl_dtype_valid(dtype) &&
+        (dtype == DDL_FLOAT16 || dtype == DDL_BFLOAT16 || dtype == DDL_FLOAT32 ||
+         dtype == DDL_FLOAT64))
+        return ddl_fail(DDL_ERR_INVALID_ARG,
+                        "%s: %s is defined for integer dtypes (int8, uint8, int32, int64), not "
+                        "%s", fn, ddl_op_name((ddl_op_t)op), ddl_dtype_name((ddl_dtype_t)dtype));
+    return DDL_SUCCESS;
 }
 
 static inline float f16_to_f32(uint16_t h) {
@@ -172,6 +190,28 @@ static inline double min64(double a, double b) { MINMAX_BODY(double, uint64_t, N
         }                                                                                 \
     } while (0)
 
+/* Integers: the loops above, and the bitwise ops (ddl_check_op keeps them off floats). */
+#define REDUCE_INTS(T, UT, d, a, s, n, op)                                                \
+    do {                                                                                  \
+        T *di = (T *)(d);                                                                 \
+        const T *ai = (const T *)(a);                                                     \
+        const T *restrict si = (const T *)(s);                                            \
+        switch (op) {                                                                     \
+        case DDL_BAND:                                                                    \
+            for (size_t i = 0; i < (n); i++) di[i] = (T)(ai[i] & si[i]);                  \
+            break;                                                                        \
+        case DDL_BOR:                                                                     \
+            for (size_t i = 0; i < (n); i++) di[i] = (T)(ai[i] | si[i]);                  \
+            break;                                                                        \
+        case DDL_BXOR:                                                                    \
+            for (size_t i = 0; i < (n); i++) di[i] = (T)(ai[i] ^ si[i]);                  \
+            break;                                                                        \
+        default:                                                                          \
+            REDUCE_LOOPS(T, UT, KEEP, MINF, MAXF, d, a, s, n, op);                        \
+            break;                                                                        \
+        }                                                                                 \
+    } while (0)
+
 /* 16-bit floats are combined in float32 and rounded once; the conversion back writes
  * every NaN as the canonical one. */
 #define REDUCE_16(TO32, FROM32, d, a, s, n, op)                                           \
@@ -208,10 +248,10 @@ static inline double min64(double a, double b) { MINMAX_BODY(double, uint64_t, N
     case DDL_BFLOAT16: REDUCE_16(bf16_to_f32, f32_to_bf16, d, a, s, n, op); break;        \
     case DDL_FLOAT32: REDUCE_LOOPS(float, float, canon32, min32, max32, d, a, s, n, op); break; \
     case DDL_FLOAT64: REDUCE_LOOPS(double, double, canon64, min64, max64, d, a, s, n, op); break; \
-    case DDL_INT8: REDUCE_LOOPS(int8_t, uint8_t, KEEP, MINF, MAXF, d, a, s, n, op); break; \
-    case DDL_UINT8: REDUCE_LOOPS(uint8_t, uint8_t, KEEP, MINF, MAXF, d, a, s, n, op); break; \
-    case DDL_INT32: REDUCE_LOOPS(int32_t, uint32_t, KEEP, MINF, MAXF, d, a, s, n, op); break; \
-    case DDL_INT64: REDUCE_LOOPS(int64_t, uint64_t, KEEP, MINF, MAXF, d, a, s, n, op); break; \
+    case DDL_INT8: REDUCE_INTS(int8_t, uint8_t, d, a, s, n, op); break;                   \
+    case DDL_UINT8: REDUCE_INTS(uint8_t, uint8_t, d, a, s, n, op); break;                 \
+    case DDL_INT32: REDUCE_INTS(int32_t, uint32_t, d, a, s, n, op); break;                \
+    case DDL_INT64: REDUCE_INTS(int64_t, uint64_t, d, a, s, n, op); break;                \
     default: break;                                                                       \
     }
 

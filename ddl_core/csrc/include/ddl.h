@@ -79,7 +79,10 @@ typedef enum {
     DDL_MIN = 2,
     DDL_MAX = 3,
     DDL_PROD = 4,
-    DDL_NUM_OPS = 5
+    DDL_BAND = 5, /* bitwise and, or, xor: integer dtypes only (DDL_ERR_INVALID_ARG for a */
+    DDL_BOR = 6,  /* float dtype); device buffers take the staged path (NCCL has none)    */
+    DDL_BXOR = 7,
+    DDL_NUM_OPS = 8
 } ddl_op_t;
 
 /* Allreduce algorithms, per level of the topology grid (see DDL_ALGO). */

@@ -13,9 +13,11 @@ from typing import Any
 
 import numpy as np
 
-DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64")
+from ddl_core import _ddl
+
+DTYPES: tuple[str, ...] = _ddl.DTYPES  # libddl's names, in its code order
 DTYPE_CODE = {name: i for i, name in enumerate(DTYPES)}
-OPS = ("sum", "avg", "min", "max", "prod")
+OPS: tuple[str, ...] = _ddl.OPS  # sum avg min max prod band bor bxor
 OP_CODE = {name: i for i, name in enumerate(OPS)}
 OP_CODE["average"] = OP_CODE["avg"]
 OP_CODE["mean"] = OP_CODE["avg"]

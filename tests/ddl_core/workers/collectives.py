@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from common import COUNTS, DTYPES, OPS, data, reference, same
+from common import BITWISE, COUNTS, DTYPES, OPS, data, reference, same
 
 import ddl_core as ddl
 
@@ -45,6 +45,34 @@ for dname, dt in DTYPES.items():
                 b = data(r, count, dt, "max")
                 ddl.broadcast(b, root=root)
                 expect(same(b, data(root, count, dt, "max")), f"broadcast {dname} {count} {root}")
+ddl.barrier()
+
+# Bitwise ops on the integer dtypes, blocking and asynchronous (fused); refused for floats
+# before anything moves, on every rank.
+for dname, dt in DTYPES.items():
+    for op in BITWISE:
+        if dt.kind not in "iu":
+            try:
+                ddl.allreduce(np.ones(4, dt), op=op)
+            except ddl.InvalidArgumentError as e:
+                expect(f"{op} is defined for integer dtypes" in str(e) and dname in str(e),
+                       f"{op} on {dname}: {e}")
+            else:
+                expect(False, f"{op} on {dname} was accepted")
+            continue
+        for count in COUNTS:
+            mine = data(r, count, dt, op)
+            ref = reference([data(q, count, dt, op) for q in range(n)], dt, op)
+            expect(same(ddl.allreduce(mine, op=op), ref), f"allreduce {dname} {op} {count}")
+            full = [np.concatenate([data(q, count, dt, op, salt=b) for b in range(n)])
+                    for q in range(n)]
+            rs = ddl.reduce_scatter(full[r], op=op)
+            rs_ref = reference([f[r * count:(r + 1) * count] for f in full], dt, op)
+            expect(same(rs, rs_ref), f"reduce_scatter {dname} {op} {count}")
+        hs = [ddl.allreduce_async(data(r, c, dt, op), op=op) for c in COUNTS[1:6]]
+        for c, h in zip(COUNTS[1:6], hs, strict=True):
+            ref = reference([data(q, c, dt, op) for q in range(n)], dt, op)
+            expect(same(h.wait(), ref), f"allreduce_async {dname} {op} {c}")
 ddl.barrier()
 
 # Shapes survive; 2-D inputs gather along the first axis.

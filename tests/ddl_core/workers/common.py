@@ -12,6 +12,7 @@ DTYPES = {
     "int32": np.dtype(np.int32), "int64": np.dtype(np.int64),
 }
 OPS = ("sum", "avg", "min", "max", "prod")
+BITWISE = ("band", "bor", "bxor")  # integer dtypes only
 COUNTS = (0, 1, 2, 3, 7, 13, 64, 97, 1000, 4099, 17011, 70001)
 
 
@@ -19,6 +20,8 @@ def data(rank: int, count: int, dtype: np.dtype, op: str, salt: int = 0) -> np.n
     """Values whose reduction is exact in every dtype, so any order gives the same bits:
     small integers, and for 8-bit sums and products values large enough to wrap."""
     rng = np.random.default_rng(1000 * rank + 17 * count + salt)
+    if op in BITWISE:  # every bit pattern of the dtype
+        return rng.integers(0, 256, size=count * dtype.itemsize, dtype=np.uint8).view(dtype)
     if op == "prod":
         vals = rng.choice([1, 2, 3] if dtype.kind in "iu" else [1, 2, -1], size=count)
         if dtype.kind == "u":
@@ -34,6 +37,9 @@ def reference(inputs: list[np.ndarray], dtype: np.dtype, op: str) -> np.ndarray:
     n = len(inputs)
     if dtype.kind in "iu":
         stack = np.stack(inputs)
+        if op in BITWISE:
+            fn = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
+            return fn.reduce(stack, axis=0).astype(dtype)
         if op in ("sum", "avg"):
             s = np.sum(stack, axis=0, dtype=dtype)  # wraps like libddl
             if op == "sum":

@@ -23,6 +23,32 @@ for op, fn in OPS:
     dist.all_reduce(t, op=op)
     expect(t, fn(vals), f"all_reduce {op}")
 
+# bitwise ops: integer tensors (bool too), as gloo has them; refused for floats
+ints = [torch.randint(-2**31, 2**31 - 1, (17,), dtype=torch.int64,
+                      generator=torch.Generator().manual_seed(k)) for k in range(n)]
+for op, fn in ((dist.ReduceOp.BAND, torch.bitwise_and), (dist.ReduceOp.BOR, torch.bitwise_or),
+               (dist.ReduceOp.BXOR, torch.bitwise_xor)):
+    for dtype in (torch.int64, torch.int32, torch.uint8, torch.int8):
+        t = ints[r].to(dtype).clone()  # (.to() of the same dtype is the tensor itself)
+        want = ints[0].to(dtype)
+        for k in range(1, n):
+            want = fn(want, ints[k].to(dtype))
+        dist.all_reduce(t, op=op)
+        expect(t, want, f"all_reduce {op} {dtype}")
+    bools = [torch.tensor([k == 0, True, False, k % 2 == 1]) for k in range(n)]
+    bt = bools[r].clone()
+    bwant = bools[0]
+    for k in range(1, n):
+        bwant = fn(bwant, bools[k])
+    dist.all_reduce(bt, op=op)
+    expect(bt, bwant, f"all_reduce {op} bool")
+    try:
+        dist.all_reduce(torch.ones(3), op=op)
+    except Exception as exc:  # noqa: BLE001
+        assert "integer dtypes" in str(exc), exc
+    else:
+        raise AssertionError(f"{op} of a float tensor was accepted")
+
 # dtypes libddl lacks, and a non-contiguous view
 b = torch.tensor([r == 0, False, True])
 dist.all_reduce(b)

@@ -41,7 +41,8 @@ def prepare(t: torch.Tensor,
         work = t.contiguous()
         return work, op, lambda: t.copy_(work)
     if dt == torch.bool:
-        mapped = {"sum": "max", "max": "max", "min": "min", "prod": "min"}.get(op)
+        mapped = {"sum": "max", "max": "max", "min": "min", "prod": "min", "band": "min",
+                  "bor": "max", "bxor": "bxor"}.get(op)
         if mapped is None:
             raise ValueError(f"op {op!r} is not defined for bool tensors")
         if t.is_contiguous():

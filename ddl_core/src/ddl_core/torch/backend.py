@@ -64,6 +64,9 @@ _RED = {
     ReduceOp.RedOpType.PRODUCT: "prod",
     ReduceOp.RedOpType.MIN: "min",
     ReduceOp.RedOpType.MAX: "max",
+    ReduceOp.RedOpType.BAND: "band",
+    ReduceOp.RedOpType.BOR: "bor",
+    ReduceOp.RedOpType.BXOR: "bxor",
 }
 
 
@@ -72,7 +75,7 @@ def _op_name(op: Any) -> str:
     name = _RED.get(kind)
     if name is None:
         raise ValueError(f"the ddl backend does not implement {op}: use SUM, AVG, PRODUCT, "
-                         "MIN or MAX")
+                         "MIN, MAX, BAND, BOR or BXOR")
     return name
 
 
