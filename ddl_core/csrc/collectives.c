@@ -6,6 +6,9 @@
  * Every other call first runs that recursive doubling with the header alone (log2(P)
  * small messages, a few microseconds, measured by `python -m ddl_core.bench check`)
  * before any data moves, so a mismatch fails on every rank before anything is written. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ddl_internal.h"
@@ -395,6 +398,125 @@ ddl_status_t ddl_barrier_ctx(ddl_ctx_t *ctx) {
     return check(ctx, ddl_signature(DDL_COLL_BARRIER, 0, 0, 0, 0), 0, "barrier");
 }
 
+/* ---- alltoall: MPI's algorithm, DDL's checks ------------------------------------------- */
+
+/* Byte counts and displacements as MPI takes them (int), or an error naming the limit. */
+static ddl_status_t a2a_layout(const size_t *counts, size_t es, int p, int *cnt, int *dsp,
+                               const char *fn) {
+    size_t off = 0;
+    for (int i = 0; i < p; i++) {
+        size_t b = counts[i] * es;
+        if (counts[i] && b / counts[i] != es) b = (size_t)-1;
+        if (b > (size_t)INT_MAX || off > (size_t)INT_MAX - b)
+            return ddl_fail(DDL_ERR_INVALID_ARG,
+                            "%s: more than 2 GiB in one call (%zu elements of %zu bytes to or "
+                            "from rank %d): split it into several calls", fn, counts[i], es, i);
+        cnt[i] = (int)b;
+        dsp[i] = (int)off;
+        off += b;
+    }
+    return DDL_SUCCESS;
+}
+
+static ddl_status_t a2a_run(ddl_ctx_t *ctx, const void *sendbuf, const size_t *sendcounts,
+                            void *recvbuf, const size_t *recvcounts, ddl_dtype_t dtype,
+                            const char *fn) {
+    const ddl_comm_t *c = &ctx->world;
+    int p = c->size;
+    size_t es = ddl_dtype_size(dtype);
+    int *lay = malloc(4 * (size_t)p * sizeof *lay);
+    if (!lay) return ddl_fail(DDL_ERR_NO_MEMORY, "%s: no memory for %d ranks", fn, p);
+    ddl_status_t st = a2a_layout(sendcounts, es, p, lay, lay + p, fn);
+    if (st == DDL_SUCCESS) st = a2a_layout(recvcounts, es, p, lay + 2 * p, lay + 3 * p, fn);
+    if (st == DDL_SUCCESS) {
+        MPI_Request req;
+        int rc = MPI_Ialltoallv(sendbuf, lay, lay + p, MPI_BYTE, recvbuf, lay + 2 * p,
+                                lay + 3 * p, MPI_BYTE, c->comm, &req);
+        st = rc == MPI_SUCCESS ? ddl_wait_request(&req, c, "MPI_Ialltoallv")
+                               : ddl_fail(DDL_ERR_MPI, "%s: MPI_Ialltoallv failed (%d)", fn, rc);
+    }
+    free(lay);
+    return st;
+}
+
+ddl_status_t ddl_alltoall_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
+                              ddl_dtype_t dtype) {
+    ddl_coll_begin(ctx, "alltoall", 1);
+    DDL_CHECK(check(ctx, ddl_signature(DDL_COLL_ALLTOALL, count, dtype, 0, 0), count,
+                    "alltoall"));
+    int p = ctx->world.size;
+    size_t es = ddl_dtype_size(dtype);
+    if (p == 1) {
+        if (count && recvbuf != sendbuf) memmove(recvbuf, sendbuf, count * es);
+        return DDL_SUCCESS;
+    }
+    size_t *counts = malloc((size_t)p * sizeof *counts);
+    if (!counts) return ddl_fail(DDL_ERR_NO_MEMORY, "alltoall: no memory for %d ranks", p);
+    for (int i = 0; i < p; i++) counts[i] = count;
+    ddl_status_t st = a2a_run(ctx, sendbuf, counts, recvbuf, counts, dtype, "alltoall");
+    free(counts);
+    return st;
+}
+
+ddl_status_t ddl_alltoall_counts_ctx(ddl_ctx_t *ctx, const size_t *sendcounts,
+                                     size_t *recvcounts) {
+    ddl_coll_begin(ctx, "alltoall_counts", 1);
+    int p = ctx->world.size;
+    DDL_CHECK(check(ctx, ddl_signature(DDL_COLL_A2A_COUNTS, (uint64_t)p, DDL_INT64, 0, 0),
+                    (uint64_t)p, "alltoall_counts"));
+    uint64_t *s = malloc(2 * (size_t)p * sizeof *s);
+    if (!s) return ddl_fail(DDL_ERR_NO_MEMORY, "alltoall_counts: no memory for %d ranks", p);
+    for (int i = 0; i < p; i++) s[i] = sendcounts[i];
+    MPI_Request req;
+    ddl_status_t st = DDL_SUCCESS;
+    int rc = MPI_Ialltoall(s, 1, MPI_UINT64_T, s + p, 1, MPI_UINT64_T, ctx->world.comm, &req);
+    st = rc == MPI_SUCCESS ? ddl_wait_request(&req, &ctx->world, "MPI_Ialltoall")
+                           : ddl_fail(DDL_ERR_MPI, "alltoall_counts: MPI_Ialltoall failed (%d)", rc);
+    for (int i = 0; st == DDL_SUCCESS && i < p; i++) recvcounts[i] = (size_t)s[p + i];
+    free(s);
+    return st;
+}
+
+ddl_status_t ddl_alltoallv_ctx(ddl_ctx_t *ctx, const void *sendbuf, const size_t *sendcounts,
+                               void *recvbuf, const size_t *recvcounts, ddl_dtype_t dtype) {
+    ddl_coll_begin(ctx, "alltoallv", 1);
+    int p = ctx->world.size;
+    /* Every pair's counts agree before any data moves: what j sends i is what i expects
+     * from j, else every rank gets the same MismatchError naming both sizes. */
+    uint64_t *pair = malloc(2 * (size_t)p * sizeof *pair);
+    if (!pair) return ddl_fail(DDL_ERR_NO_MEMORY, "alltoallv: no memory for %d ranks", p);
+    for (int i = 0; i < p; i++) pair[i] = sendcounts[i];
+    MPI_Request req;
+    int rc = MPI_Ialltoall(pair, 1, MPI_UINT64_T, pair + p, 1, MPI_UINT64_T, ctx->world.comm,
+                           &req);
+    ddl_status_t st = rc == MPI_SUCCESS
+                          ? ddl_wait_request(&req, &ctx->world, "MPI_Ialltoall")
+                          : ddl_fail(DDL_ERR_MPI, "alltoallv: MPI_Ialltoall failed (%d)", rc);
+    char mine[256] = "";
+    for (int j = 0; st == DDL_SUCCESS && j < p && !mine[0]; j++)
+        if (pair[p + j] != recvcounts[j])
+            snprintf(mine, sizeof mine, "rank %d sends %llu elements to rank %d, which expects "
+                     "%zu", j, (unsigned long long)pair[p + j], ctx->world.rank, recvcounts[j]);
+    free(pair);
+    DDL_CHECK(st);
+    /* the verdict is everyone's: the signature carries this rank's "counts agree" */
+    st = check(ctx, ddl_signature(DDL_COLL_ALLTOALLV, 0, dtype, mine[0] ? 1 : 0, 0), 0,
+               "alltoallv");
+    if (mine[0])
+        return ddl_fail(DDL_ERR_MISMATCH, "alltoallv: %s: use ddl_alltoall_counts for the "
+                        "receive counts", mine);
+    if (st != DDL_SUCCESS)
+        return ddl_fail(DDL_ERR_MISMATCH, "alltoallv: the send and receive counts of some "
+                        "ranks disagree (the dtype may differ too): use ddl_alltoall_counts "
+                        "for the receive counts");
+    if (p == 1) {
+        size_t n = sendcounts[0] * ddl_dtype_size(dtype);
+        if (n && recvbuf != sendbuf) memmove(recvbuf, sendbuf, n);
+        return DDL_SUCCESS;
+    }
+    return a2a_run(ctx, sendbuf, sendcounts, recvbuf, recvcounts, dtype, "alltoallv");
+}
+
 /* ---- the public blocking API ---------------------------------------------------------- */
 
 static ddl_status_t check_args(const void *buf, size_t count, int dtype, int op, const char *fn) {
@@ -445,4 +567,27 @@ ddl_status_t ddl_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvc
 ddl_status_t ddl_barrier(void) {
     DDL_CHECK(ddl_require_init());
     return ddl_barrier_ctx(&ddl_g.app);
+}
+
+ddl_status_t ddl_alltoall(const void *sendbuf, void *recvbuf, size_t count, ddl_dtype_t dtype) {
+    DDL_CHECK(ddl_require_init());
+    DDL_CHECK(check_args(recvbuf, count, (int)dtype, -1, "ddl_alltoall"));
+    if (count && !sendbuf) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_alltoall: NULL sendbuf");
+    return ddl_alltoall_ctx(&ddl_g.app, sendbuf, recvbuf, count, dtype);
+}
+
+ddl_status_t ddl_alltoall_counts(const size_t *sendcounts, size_t *recvcounts) {
+    DDL_CHECK(ddl_require_init());
+    if (!sendcounts || !recvcounts)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_alltoall_counts: NULL counts");
+    return ddl_alltoall_counts_ctx(&ddl_g.app, sendcounts, recvcounts);
+}
+
+ddl_status_t ddl_alltoallv(const void *sendbuf, const size_t *sendcounts, void *recvbuf,
+                           const size_t *recvcounts, ddl_dtype_t dtype) {
+    DDL_CHECK(ddl_require_init());
+    DDL_CHECK(check_args(recvbuf, 0, (int)dtype, -1, "ddl_alltoallv"));
+    if (!sendcounts || !recvcounts)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_alltoallv: NULL counts");
+    return ddl_alltoallv_ctx(&ddl_g.app, sendbuf, sendcounts, recvbuf, recvcounts, dtype);
 }

@@ -108,7 +108,7 @@ typedef struct {
 
 enum { DDL_COLL_ALLREDUCE = 1, DDL_COLL_BROADCAST, DDL_COLL_ALLGATHER,
        DDL_COLL_REDUCE_SCATTER, DDL_COLL_BARRIER, DDL_COLL_NEGOTIATE, DDL_COLL_FUSED,
-       DDL_COLL_ALLGATHERV };
+       DDL_COLL_ALLGATHERV, DDL_COLL_ALLTOALL, DDL_COLL_ALLTOALLV, DDL_COLL_A2A_COUNTS };
 
 uint64_t ddl_signature(int coll, uint64_t count, int dtype, int op, int root);
 /* Recompute the run-time settings every signature carries (after they change). */
@@ -317,6 +317,12 @@ ddl_status_t ddl_allgather_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbu
 ddl_status_t ddl_reduce_scatter_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                     size_t recvcount, ddl_dtype_t dtype, ddl_op_t op);
 ddl_status_t ddl_barrier_ctx(ddl_ctx_t *ctx);
+ddl_status_t ddl_alltoall_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
+                              ddl_dtype_t dtype);
+ddl_status_t ddl_alltoall_counts_ctx(ddl_ctx_t *ctx, const size_t *sendcounts,
+                                     size_t *recvcounts);
+ddl_status_t ddl_alltoallv_ctx(ddl_ctx_t *ctx, const void *sendbuf, const size_t *sendcounts,
+                               void *recvbuf, const size_t *recvcounts, ddl_dtype_t dtype);
 /* The same, checked against `sig` (0: the default signature of the call): the
  * asynchronous requests' signatures also cover their shapes (async.c). */
 ddl_status_t ddl_broadcast_ctx_sig(ddl_ctx_t *ctx, void *buf, size_t count, ddl_dtype_t dtype,

@@ -207,6 +207,132 @@ static PyObject *py_reduce_scatter(PyObject *self, PyObject *args) {
     return gather_like(args, 1);
 }
 
+/* counts from a Python sequence of `p` non-negative ints (malloc'ed), or NULL with an error */
+static size_t *counts_of(PyObject *seq, int p, const char *what) {
+    PyObject *fast = PySequence_Fast(seq, "counts must be a sequence of ints");
+    if (!fast) return NULL;
+    if (PySequence_Fast_GET_SIZE(fast) != p) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd counts for %d ranks: give one per rank", what,
+                     PySequence_Fast_GET_SIZE(fast), p);
+        Py_DECREF(fast);
+        return NULL;
+    }
+    size_t *c = PyMem_Malloc((size_t)(p ? p : 1) * sizeof *c);
+    for (int i = 0; c && i < p; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (v < 0) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "%s: count %lld for rank %d is negative", what,
+                             v, i);
+            PyMem_Free(c);
+            c = NULL;
+            break;
+        }
+        c[i] = (size_t)v;
+    }
+    Py_DECREF(fast);
+    if (!c && !PyErr_Occurred()) PyErr_NoMemory();
+    return c;
+}
+
+/* alltoall(send, recv, dtype): block i of send to rank i (each len(send)/size elements). */
+static PyObject *py_alltoall(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *so, *ro;
+    int dtype, p = 0;
+    if (!PyArg_ParseTuple(args, "OOi", &so, &ro, &dtype)) return NULL;
+    Py_buffer s, r;
+    size_t sn, rn;
+    if (get_buf(so, &s, 0, dtype, &sn, "alltoall input") < 0) return NULL;
+    if (get_buf(ro, &r, 1, dtype, &rn, "alltoall output") < 0) {
+        PyBuffer_Release(&s);
+        return NULL;
+    }
+    ddl_size(&p);
+    if (p < 1) p = 1;
+    if (sn != rn || sn % (size_t)p) {
+        PyErr_Format(PyExc_ValueError, "alltoall: input and output must hold the same number "
+                     "of elements, a multiple of the %d ranks (got %zu and %zu)", p, sn, rn);
+        PyBuffer_Release(&s);
+        PyBuffer_Release(&r);
+        return NULL;
+    }
+    ddl_status_t st;
+    Py_BEGIN_ALLOW_THREADS st = ddl_alltoall(s.buf, r.buf, sn / (size_t)p, (ddl_dtype_t)dtype);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&s);
+    PyBuffer_Release(&r);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    Py_RETURN_NONE;
+}
+
+/* alltoall_counts(sendcounts) -> tuple of recvcounts */
+static PyObject *py_alltoall_counts(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *seq;
+    int p = 0;
+    if (!PyArg_ParseTuple(args, "O", &seq)) return NULL;
+    ddl_size(&p);
+    size_t *sc = counts_of(seq, p, "alltoall_counts");
+    if (!sc) return NULL;
+    size_t *rc = PyMem_Malloc((size_t)(p ? p : 1) * sizeof *rc);
+    if (!rc) {
+        PyMem_Free(sc);
+        return PyErr_NoMemory();
+    }
+    ddl_status_t st;
+    Py_BEGIN_ALLOW_THREADS st = ddl_alltoall_counts(sc, rc);
+    Py_END_ALLOW_THREADS PyMem_Free(sc);
+    if (st != DDL_SUCCESS) {
+        PyMem_Free(rc);
+        return raise_status(st);
+    }
+    PyObject *out = PyTuple_New(p);
+    for (int i = 0; out && i < p; i++) PyTuple_SET_ITEM(out, i, PyLong_FromSize_t(rc[i]));
+    PyMem_Free(rc);
+    return out;
+}
+
+/* alltoallv(send, sendcounts, recv, recvcounts, dtype) */
+static PyObject *py_alltoallv(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *so, *sco, *ro, *rco;
+    int dtype, p = 0;
+    if (!PyArg_ParseTuple(args, "OOOOi", &so, &sco, &ro, &rco, &dtype)) return NULL;
+    ddl_size(&p);
+    size_t *sc = counts_of(sco, p, "alltoallv send counts"), *rc = NULL;
+    if (sc) rc = counts_of(rco, p, "alltoallv receive counts");
+    Py_buffer s, r;
+    size_t sn = 0, rn = 0, want_s = 0, want_r = 0;
+    int have_s = 0, have_r = 0;
+    PyObject *res = NULL;
+    if (!rc) goto done;
+    if (get_buf(so, &s, 0, dtype, &sn, "alltoallv input") < 0) goto done;
+    have_s = 1;
+    if (get_buf(ro, &r, 1, dtype, &rn, "alltoallv output") < 0) goto done;
+    have_r = 1;
+    for (int i = 0; i < p; i++) want_s += sc[i], want_r += rc[i];
+    if (want_s != sn || want_r > rn) {
+        PyErr_Format(PyExc_ValueError, "alltoallv: the send counts add up to %zu elements and "
+                     "the input holds %zu; the receive counts to %zu and the output holds %zu",
+                     want_s, sn, want_r, rn);
+        goto done;
+    }
+    ddl_status_t st;
+    Py_BEGIN_ALLOW_THREADS st = ddl_alltoallv(s.buf, sc, r.buf, rc, (ddl_dtype_t)dtype);
+    Py_END_ALLOW_THREADS if (st != DDL_SUCCESS) {
+        raise_status(st);
+        goto done;
+    }
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    if (have_s) PyBuffer_Release(&s);
+    if (have_r) PyBuffer_Release(&r);
+    PyMem_Free(sc);
+    PyMem_Free(rc);
+    return res;
+}
+
 static PyObject *py_barrier(PyObject *self, PyObject *args) {
     (void)self, (void)args;
     CALL(ddl_barrier());
@@ -696,6 +822,9 @@ static PyMethodDef methods[] = {
     {"negotiation_stats", py_negotiation_stats, METH_NOARGS, NULL},
     {"set_thread_timeout", py_set_thread_timeout, METH_VARARGS, NULL},
     {"hurry", py_hurry, METH_NOARGS, NULL},
+    {"alltoall", py_alltoall, METH_VARARGS, NULL},
+    {"alltoall_counts", py_alltoall_counts, METH_VARARGS, NULL},
+    {"alltoallv", py_alltoallv, METH_VARARGS, NULL},
     {"_set_liveness_checks", py_set_liveness_checks, METH_VARARGS, NULL},
     {"dev_allreduce", py_dev_allreduce, METH_VARARGS, NULL},
     {"dev_broadcast", py_dev_broadcast, METH_VARARGS, NULL},

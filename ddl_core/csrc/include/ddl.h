@@ -145,6 +145,22 @@ ddl_status_t ddl_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvc
                                 ddl_dtype_t dtype, ddl_op_t op);
 ddl_status_t ddl_barrier(void);
 
+/* Alltoall: block i (`count` elements) of sendbuf goes to rank i, and block j of recvbuf
+ * comes from rank j (both size x count elements; not in place). MPI's own algorithm
+ * (MPI_Ialltoall[v]) under DDL's mismatch check, deadline and liveness. */
+ddl_status_t ddl_alltoall(const void *sendbuf, void *recvbuf, size_t count, ddl_dtype_t dtype);
+
+/* The counts of an alltoallv: sendcounts[i] elements go to rank i; recvcounts[j] (out)
+ * is what rank j sends here. Every rank calls it, then ddl_alltoallv with both. */
+ddl_status_t ddl_alltoall_counts(const size_t *sendcounts, size_t *recvcounts);
+
+/* Alltoallv: sendcounts[i] elements of sendbuf (packed in rank order) go to rank i;
+ * recvcounts[j] from rank j land in recvbuf, packed in rank order. A recvcounts that
+ * differs from what the sender sends is DDL_ERR_MISMATCH naming both sizes, never a
+ * truncation (ddl_alltoall_counts gives the right ones). At most 2 GiB in all per call. */
+ddl_status_t ddl_alltoallv(const void *sendbuf, const size_t *sendcounts, void *recvbuf,
+                           const size_t *recvcounts, ddl_dtype_t dtype);
+
 /* ---- asynchronous collectives ------------------------------------------------------ */
 /* The buffers must stay valid and untouched until the request completes. Small allreduces
  * submitted close together are fused into one buffer (DDL_FUSION_THRESHOLD bytes, default

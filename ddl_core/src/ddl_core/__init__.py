@@ -42,6 +42,7 @@ __all__ = [
     "rank", "size",
     "local_rank", "local_size", "topology", "allreduce", "allreduce_async", "broadcast",
     "broadcast_async", "allgather", "allgather_async", "allgatherv_async", "reduce_scatter",
+    "alltoall", "alltoallv", "alltoall_counts",
     "reduce_scatter_async", "barrier", "plan", "set_algorithm", "set_fusion", "version",
     "async_stats", "gpu_info", "is_gpu_array", "set_thread_timeout",
 ]
@@ -243,6 +244,48 @@ def allgather(x: Any, out: Any = None) -> Any:
     res, rbuf, buf, code = _out(x, out, _gather_shape(x) if out is None else None)
     _ddl.allgather(buf, rbuf, code)
     return res
+
+
+def alltoall(x: Any, out: Any = None) -> Any:
+    """Block i of x (split evenly along the first axis, or flat) goes to rank i; returns
+    the blocks that arrived, block j from rank j, shaped like x. Host buffers."""
+    if _cuda.device_array(x) is not None:
+        raise NotImplementedError("alltoall of GPU buffers is not available yet: copy to "
+                                  "the host (x.cpu()) first")
+    if x is out:
+        raise ValueError("alltoall cannot run in place: give another out, or none")
+    res, rbuf, buf, code = _out(x, out)
+    _ddl.alltoall(buf, rbuf, code)
+    return res
+
+
+def alltoallv(x: Any, send_counts: Any, recv_counts: Any = None, out: Any = None) -> Any:
+    """send_counts[i] elements of a flat x (packed in rank order) go to rank i; returns,
+    flat, what arrived from every rank, in rank order (its counts: alltoall_counts, which
+    runs first unless recv_counts gives them). A rank sending nothing to some ranks is
+    fine; recv_counts that disagree with the senders' raise MismatchError on every rank.
+    out: where to receive (flat, at least sum(recv_counts) elements), else a new array.
+    Host buffers."""
+    if _cuda.device_array(x) is not None:
+        raise NotImplementedError("alltoallv of GPU buffers is not available yet: copy to "
+                                  "the host (x.cpu()) first")
+    counts = [int(c) for c in send_counts]
+    recv = ([int(c) for c in recv_counts] if recv_counts is not None
+            else _ddl.alltoall_counts(counts))
+    if out is not None and out is x:
+        raise ValueError("alltoallv cannot run in place: give another out, or none")
+    if out is None:
+        buf, code = as_buffer(x)
+        res, rbuf = empty_like(x, buf, (sum(recv),))
+    else:
+        res, rbuf, buf, code = _out(x, out)
+    _ddl.alltoallv(buf, counts, rbuf, list(recv), code)
+    return res
+
+
+def alltoall_counts(send_counts: Any) -> tuple[int, ...]:
+    """What each rank will send here in an alltoallv where this rank sends send_counts."""
+    return _ddl.alltoall_counts([int(c) for c in send_counts])
 
 
 def _scatter_shape(x: Any) -> tuple[int, ...]:

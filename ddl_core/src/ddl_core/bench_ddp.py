@@ -14,7 +14,8 @@ hits both alike. Reported, as medians over rounds:
 - allreduce of all gradients: one blocking allreduce of a tensor the size of the model
   (the whole averaging cost per step when nothing overlaps);
 - a blocking 4 KiB all_reduce (`dist.all_reduce(t)`, async_op=False): its median and its
-  25th percentile (gloo's "fast case"), each call timed alone after a barrier.
+  25th percentile (gloo's "fast case"), each call timed alone after a barrier;
+- all_to_all_single of 16 MiB per rank (even splits), each call timed alone.
 """
 
 from __future__ import annotations
@@ -107,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, (_step, ar) in runs.items():
             res[name]["ar"].append(_timed(ar, 1))
     lo = statistics.median(local_times)
+    a2a_in = torch.randn(4 << 20)  # 16 MiB of float32 per rank
+    a2a_out = torch.empty_like(a2a_in)
+    a2a_times: dict[str, list[float]] = {n: [] for n in groups}
+    for _ in range(max(3, a.rounds * 2)):
+        for name, pg in groups.items():
+            a2a_times[name].append(_timed(
+                lambda pg=pg: dist.all_to_all_single(a2a_out, a2a_in, group=pg), 1))
     small = {n: torch.ones(1024) for n in groups}  # 4 KiB of float32
     small_times: dict[str, list[float]] = {n: [] for n in groups}
     for _ in range(a.rounds * a.steps * 5):
@@ -121,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         out[name] = {"samples_per_s": a.batch * size / st, "step_ms": st * 1e3,
                      "exposed_avg_ms": (st - lo) * 1e3, "allreduce_ms": ar * 1e3,
                      "allreduce_4k_us": statistics.median(small_times[name]) * 1e6,
-                     "allreduce_4k_p25_us": q[0] * 1e6}
+                     "allreduce_4k_p25_us": q[0] * 1e6,
+                     "alltoall_16m_ms": statistics.median(a2a_times[name]) * 1e3}
     if rank == 0:
         print(f"# DDP small CNN ({nparams} parameters, {nparams * 4 / 1e6:.2f} MB of gradients), "
               f"{size} ranks, batch {a.batch}/rank, {a.threads} thread(s)/rank, "
@@ -138,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"blocking 4 KiB all_reduce: ddl median {out['ddl']['allreduce_4k_us']:.1f} us "
               f"against gloo's 25th percentile {out['gloo']['allreduce_4k_p25_us']:.1f} us "
               f"(target: no slower)")
+        print(f"all_to_all_single 16 MiB/rank: ddl {out['ddl']['alltoall_16m_ms']:.2f} ms, "
+              f"gloo {out['gloo']['alltoall_16m_ms']:.2f} ms: "
+              f"{out['gloo']['alltoall_16m_ms'] / out['ddl']['alltoall_16m_ms']:.2f}x gloo's "
+              "speed (target >= 1.0x)")
         print("-" * 64)
         print(f"total images/sec: {out['ddl']['samples_per_s']:.2f}")
         print("-" * 64)

@@ -93,6 +93,22 @@ dist.all_to_all_single(a2a_out, a2a_in)
 expect(a2a_out, torch.cat([torch.arange(2 * r, 2 * r + 2, dtype=torch.float32) + 100 * k
                           for k in range(n)]), "all_to_all_single")
 
+# uneven splits of 2-D rows (rank q sends q + j + 1 rows to rank j), and the list form
+def rows(q, j):
+    return torch.full((q + j + 1, 3), float(10 * q + j), dtype=torch.float64)
+
+
+a2a_in = torch.cat([rows(r, j) for j in range(n)])
+a2a_out = torch.empty((sum(q + r + 1 for q in range(n)), 3), dtype=torch.float64)
+dist.all_to_all_single(a2a_out, a2a_in, output_split_sizes=[q + r + 1 for q in range(n)],
+                       input_split_sizes=[r + j + 1 for j in range(n)])
+expect(a2a_out, torch.cat([rows(q, r) for q in range(n)]), "all_to_all_single uneven")
+outs = [torch.empty(q + r + 1, dtype=torch.int32) for q in range(n)]
+dist.all_to_all(outs, [torch.full((r + j + 1,), 10 * r + j, dtype=torch.int32)
+                       for j in range(n)])
+for q in range(n):
+    expect(outs[q], torch.full((q + r + 1,), 10 * q + r, dtype=torch.int32), "all_to_all")
+
 if r == 0:
     sc = [torch.full((2,), float(k + 7)) for k in range(n)]
 else:

@@ -337,20 +337,34 @@ class ProcessGroupDDL(dist.ProcessGroup):
     def alltoall_base(self, output: torch.Tensor, inp: torch.Tensor,
                       output_split_sizes: list[int], input_split_sizes: list[int],
                       opts: Any = None) -> DDLWork:  # noqa: ARG002
-        """All-to-all through one allgather of padded inputs: libddl has no alltoall, and
-        this costs size() times the data of a real one, fine for the small exchanges
-        (routing tables, MoE token counts) it is used for here."""
+        """All-to-all of rows, on libddl's alltoallv (as bytes: any dtype)."""
         check_cpu(inp)
+        check_cpu(output)
         n = self._size
         rows = inp.shape[0] if inp.dim() else 0
         in_splits = list(input_split_sizes) or [rows // n] * n
-        row = inp[0].numel() if rows else 0
-        result = alltoall_rows(inp.contiguous().reshape(rows, -1) if rows else inp.reshape(0, 1),
-                               in_splits, row)
-        if output_split_sizes and list(output_split_sizes) != [r.shape[0] for r in result]:
-            raise ValueError(f"all_to_all_single: output_split_sizes {list(output_split_sizes)} "
-                             f"do not match what the ranks send {[r.shape[0] for r in result]}")
-        output.copy_(torch.cat(result).reshape(output.shape))
+        if len(in_splits) != n or sum(in_splits) != rows:
+            raise ValueError(f"all_to_all_single: input_split_sizes {in_splits} must have {n} "
+                             f"entries summing to {rows} rows")
+        per_row = (inp[0].numel() if rows else 0) * inp.element_size()
+        counts = [int(s) * per_row for s in in_splits]
+        recv = ddl_core.alltoall_counts(counts)  # (bytes each rank sends here)
+        if output_split_sizes:
+            want = [int(s) * per_row for s in output_split_sizes]
+            if want != list(recv):
+                raise ValueError(f"all_to_all_single: output_split_sizes "
+                                 f"{list(output_split_sizes)} do not match what the ranks send "
+                                 f"{[c // max(per_row, 1) for c in recv]}")
+        if output.numel() * output.element_size() != sum(recv):
+            raise ValueError(f"all_to_all_single: the output holds "
+                             f"{output.numel() * output.element_size()} bytes, the ranks send "
+                             f"{sum(recv)}")
+        src = _bytes(inp.contiguous()) if inp.numel() else torch.empty(0, dtype=torch.uint8)
+        if output.is_contiguous():  # (received in place: no copy)
+            ddl_core.alltoallv(src, counts, recv, out=_bytes(output))
+        else:
+            flat = ddl_core.alltoallv(src, counts, recv)
+            output.copy_(flat.view(output.dtype).reshape(output.shape))
         return _done([output])
 
     @_deadline
@@ -403,21 +417,18 @@ def alltoall_rows(x: torch.Tensor, splits: list[int], row: int) -> list[torch.Te
     """Rank i sends rows x[off_j : off_j + splits[j]] to rank j; returns what each rank
     sent here, in rank order. x is 2-D (rows, row elements)."""
     n = ddl_core.size()
-    me = ddl_core.rank()
     if len(splits) != n or sum(splits) != x.shape[0]:
         raise ValueError(f"alltoall: splits {splits} must have {n} entries summing to "
                          f"{x.shape[0]} rows")
-    table = ddl_core.allgather(np.asarray(splits, dtype=np.int64)).reshape(n, n)
-    longest = int(table.sum(axis=1).max())
-    padded = torch.zeros((longest, max(row, 1)), dtype=x.dtype)
-    if x.shape[0]:
-        padded[: x.shape[0]] = x.reshape(x.shape[0], -1)
-    gathered = torch.empty((n, longest, max(row, 1)), dtype=x.dtype)
-    ddl_core.allgather(_bytes(padded), out=_bytes(gathered))
-    out = []
-    for src in range(n):
-        off = int(table[src, :me].sum())
-        out.append(gathered[src, off: off + int(table[src, me])])
+    per_row = max(row, 1) * x.element_size()
+    counts = [int(s) * per_row for s in splits]
+    recv = ddl_core.alltoall_counts(counts)
+    flat = ddl_core.alltoallv(_bytes(x.contiguous()) if x.numel() else
+                              torch.empty(0, dtype=torch.uint8), counts, recv)
+    out, off = [], 0
+    for c in recv:
+        out.append(flat[off:off + c].view(x.dtype).reshape(-1, max(row, 1)))
+        off += c
     return out
 
 
