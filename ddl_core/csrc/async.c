@@ -123,7 +123,7 @@ static void sleep_until(double t) {
  * called while this rank has nothing running on the progress communicators, so any such
  * message belongs to a new negotiation. */
 static int peer_negotiating(void) {
-    const ddl_comm_t *c = &ddl_g.progress.world;
+    const ddl_mpicomm_t *c = &ddl_g.progress.world;
     int tags[2] = {DDL_TAG_RD, DDL_TAG_BELL};
     for (int i = 0; i < 2; i++) {
         int flag = 0;
@@ -277,8 +277,7 @@ static ddl_status_t submit(int kind, const void *send, void *recv, size_t count,
                         fn);
     if (!ddl_dtype_valid((int)dtype))
         return ddl_fail(DDL_ERR_INVALID_ARG, "%s: unknown dtype %d", fn, (int)dtype);
-    if (op >= 0 && !ddl_op_valid(op))
-        return ddl_fail(DDL_ERR_INVALID_ARG, "%s: unknown op %d", fn, op);
+    if (op >= 0) DDL_CHECK(ddl_check_op(op, (int)dtype, fn));
     if (count && !(kind == REQ_ALLGATHERV ? send : recv))
         return ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL buffer", fn);
     if (kind == REQ_BROADCAST && (root < 0 || root >= ddl_g.size))

@@ -29,6 +29,21 @@
 bool ddl_dtype_valid(int dtype) { return dtype >= 0 && dtype < DDL_NUM_DTYPES; }
 bool ddl_op_valid(int op) { return op >= 0 && op < DDL_NUM_OPS; }
 
+static bool is_integer(int dtype) { return dtype >= DDL_INT8 && dtype <= DDL_INT64; }
+
+ddl_status_t ddl_check_op(int op, int dtype, const char *fn) {
+    if (!ddl_op_valid(op))
+        return ddl_fail(DDL_ERR_INVALID_ARG,
+                        "%s: unknown op %d; use one of sum, avg, min, max, prod, band, bor, bxor",
+                        fn, op);
+    if (op >= DDL_BAND && !is_integer(dtype))
+        return ddl_fail(DDL_ERR_INVALID_ARG,
+                        "%s: the bitwise op %s needs an integer dtype (int8, uint8, int32, "
+                        "int64), not %s",
+                        fn, ddl_op_name((ddl_op_t)op), ddl_dtype_name((ddl_dtype_t)dtype));
+    return DDL_SUCCESS;
+}
+
 size_t ddl_dtype_size(ddl_dtype_t dtype) {
     static const size_t sizes[DDL_NUM_DTYPES] = {2, 2, 4, 8, 1, 1, 4, 8};
     return ddl_dtype_valid((int)dtype) ? sizes[dtype] : 0;
@@ -41,7 +56,8 @@ const char *ddl_dtype_name(ddl_dtype_t dtype) {
 }
 
 const char *ddl_op_name(ddl_op_t op) {
-    static const char *names[DDL_NUM_OPS] = {"sum", "avg", "min", "max", "prod"};
+    static const char *names[DDL_NUM_OPS] = {"sum", "avg", "min", "max", "prod",
+                                             "band", "bor", "bxor"};
     return ddl_op_valid((int)op) ? names[op] : "unknown";
 }
 
@@ -200,6 +216,22 @@ static inline double min64(double a, double b) { MINMAX_BODY(double, uint64_t, N
 
 #define KEEP(x) (x)
 
+/* Integers also take the bitwise ops (checked by ddl_check_op: never a float). */
+#define REDUCE_INT(T, UT, d, a, s, n, op)                                                 \
+    do {                                                                                  \
+        T *di = (T *)(d);                                                                 \
+        const T *ai = (const T *)(a);                                                     \
+        const T *restrict si = (const T *)(s);                                            \
+        if ((op) == DDL_BAND)                                                             \
+            for (size_t i = 0; i < (n); i++) di[i] = (T)(ai[i] & si[i]);                  \
+        else if ((op) == DDL_BOR)                                                         \
+            for (size_t i = 0; i < (n); i++) di[i] = (T)(ai[i] | si[i]);                  \
+        else if ((op) == DDL_BXOR)                                                        \
+            for (size_t i = 0; i < (n); i++) di[i] = (T)(ai[i] ^ si[i]);                  \
+        else                                                                              \
+            REDUCE_LOOPS(T, UT, KEEP, MINF, MAXF, d, a, s, n, op);                        \
+    } while (0)
+
 /* Separate in-place and out-of-place instantiations: with dst == a the compiler can
  * vectorise without runtime alias checks on the hot in-place path. */
 #define REDUCE_ALL(d, a, s, n, dtype, op)                                                 \
@@ -208,10 +240,10 @@ static inline double min64(double a, double b) { MINMAX_BODY(double, uint64_t, N
     case DDL_BFLOAT16: REDUCE_16(bf16_to_f32, f32_to_bf16, d, a, s, n, op); break;        \
     case DDL_FLOAT32: REDUCE_LOOPS(float, float, canon32, min32, max32, d, a, s, n, op); break; \
     case DDL_FLOAT64: REDUCE_LOOPS(double, double, canon64, min64, max64, d, a, s, n, op); break; \
-    case DDL_INT8: REDUCE_LOOPS(int8_t, uint8_t, KEEP, MINF, MAXF, d, a, s, n, op); break; \
-    case DDL_UINT8: REDUCE_LOOPS(uint8_t, uint8_t, KEEP, MINF, MAXF, d, a, s, n, op); break; \
-    case DDL_INT32: REDUCE_LOOPS(int32_t, uint32_t, KEEP, MINF, MAXF, d, a, s, n, op); break; \
-    case DDL_INT64: REDUCE_LOOPS(int64_t, uint64_t, KEEP, MINF, MAXF, d, a, s, n, op); break; \
+    case DDL_INT8: REDUCE_INT(int8_t, uint8_t, d, a, s, n, op); break; \
+    case DDL_UINT8: REDUCE_INT(uint8_t, uint8_t, d, a, s, n, op); break; \
+    case DDL_INT32: REDUCE_INT(int32_t, uint32_t, d, a, s, n, op); break; \
+    case DDL_INT64: REDUCE_INT(int64_t, uint64_t, d, a, s, n, op); break; \
     default: break;                                                                       \
     }
 

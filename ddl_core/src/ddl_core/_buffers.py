@@ -15,7 +15,7 @@ import numpy as np
 
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64")
 DTYPE_CODE = {name: i for i, name in enumerate(DTYPES)}
-OPS = ("sum", "avg", "min", "max", "prod")
+OPS = ("sum", "avg", "min", "max", "prod", "band", "bor", "bxor")
 OP_CODE = {name: i for i, name in enumerate(OPS)}
 OP_CODE["average"] = OP_CODE["avg"]
 OP_CODE["mean"] = OP_CODE["avg"]
