@@ -153,7 +153,7 @@ static ddl_status_t comm_setup(ddl_comm_t c, MPI_Comm newcomm) {
     MPI_CHECK(MPI_Comm_set_errhandler(newcomm, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_rank(newcomm, &cw->rank));
     MPI_CHECK(MPI_Comm_size(newcomm, &cw->size));
-    c->own.id = -1; /* liveness: any departure fails its collectives (no per-rank diagnosis) */
+    c->own.id = -1; /* liveness: its members only (dooms() in liveness.c), no diagnosis */
     c->ctx = &c->own;
     int dims[DDL_MAX_LEVELS], nlevels = 1, key = 0;
     DDL_CHECK(restricted_grid(newcomm, cw->size, dims, &nlevels, &key));
@@ -169,6 +169,8 @@ static ddl_status_t comm_setup(ddl_comm_t c, MPI_Comm newcomm) {
     MPI_Request req;
     MPI_CHECK(MPI_Iallgather(&ddl_g.rank, 1, MPI_INT, c->world_ranks, 1, MPI_INT, newcomm, &req));
     DDL_CHECK(ddl_wait_request(&req, cw, "MPI_Iallgather (communicator members)"));
+    c->own.members = c->world_ranks;
+    c->own.nmembers = cw->size;
     c->magic = DDL_COMM_MAGIC;
     return DDL_SUCCESS;
 }
@@ -261,6 +263,7 @@ ddl_status_t ddl_comm_free(ddl_comm_t *cp) {
     if (c->p2p != MPI_COMM_NULL) MPI_Comm_free(&c->p2p);
     free(c->world_ranks);
     c->world_ranks = NULL;
+    c->own.members = NULL;
     /* The struct itself is kept (a few hundred bytes) so a stale handle is reported. */
     *cp = NULL;
     return DDL_SUCCESS;

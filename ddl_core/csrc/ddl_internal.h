@@ -166,6 +166,8 @@ typedef struct {
     int id;           /* DDL_CTX_APP or DDL_CTX_PROGRESS (liveness.c) */
     uint64_t seq;     /* collectives begun on this context (ddl_coll_begin); atomic */
     uint64_t reached; /* the collective this context waits in or for (a timeout's diagnosis) */
+    const int *members; /* a communicator's: the world ranks of its members; NULL: world */
+    int nmembers;
 } ddl_ctx_t;
 
 /* ---- liveness: peers that exit, die or finalize (liveness.c) ------------------------ */
@@ -177,6 +179,8 @@ typedef struct {
     int ctx;          /* DDL_CTX_*, or -1 outside any collective */
     uint64_t seq;     /* its number on that context, from 1 */
     const char *name;
+    const int *members; /* the context's (a communicator's members), NULL for the world */
+    int nmembers;
 } ddl_coll_t;
 extern _Thread_local ddl_coll_t ddl_cur;
 
