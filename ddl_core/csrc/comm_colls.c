@@ -8,8 +8,9 @@
  * own non-blocking routine, waited for under the same deadline: for these exchanges (one
  * message per pair, or a tree to a root) the MPI library's algorithm is the one to beat,
  * and the benchmark (python -m ddl_core.bench alltoall|...) compares against it. reduce
- * reuses DDL's allreduce engine so it gives bit for bit the allreduce's result (16-bit
- * floats reduced in float32, canonical NaN, avg), which MPI's reduce would not. */
+ * reuses DDL's own reductions (16-bit floats reduced in float32, canonical NaN, avg,
+ * bitwise ops), which MPI's reduce would not: below 256 KiB (or for counts that do not
+ * split evenly) the allreduce engine, above it DDL's reduce-scatter then MPI's gather. */
 #include <limits.h>
 #include <sched.h>
 #include <stdio.h>
@@ -17,6 +18,9 @@
 #include <string.h>
 
 #include "ddl_internal.h"
+
+/* reduce switches from allreduce-then-drop to reduce-scatter + gather from here. */
+#define REDUCE_SPLIT_MIN ((size_t)256 * 1024)
 
 static ddl_status_t fits_int(size_t bytes, const char *fn) {
     if (bytes > (size_t)INT_MAX)
@@ -266,6 +270,27 @@ ddl_status_t ddl_comm_reduce(ddl_comm_t c, const void *sendbuf, void *recvbuf, s
     if (st == DDL_SUCCESS && count && (!sendbuf || (at_root && !recvbuf)))
         st = ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL buffer", fn);
     if (st != DDL_SUCCESS) LEAVE(st);
+    int P = ctx->world.size;
+    size_t es = ddl_dtype_size(dtype);
+    if (P > 1 && count % (size_t)P == 0 && count * es >= REDUCE_SPLIT_MIN &&
+        sendbuf != DDL_IN_PLACE && (count / (size_t)P) * es <= (size_t)INT_MAX) {
+        /* Large: reduce-scatter (DDL's, checked with reduce's own signature, root
+         * included) then gather the reduced blocks to the root. Each rank reduces and
+         * sends 1/P of the data instead of the root reducing everything. */
+        size_t part = count / (size_t)P;
+        void *blk = malloc(part * es);
+        if (!blk) LEAVE(ddl_fail(DDL_ERR_NO_MEMORY, "%s: no memory for %zu elements", fn, part));
+        st = ddl_reduce_scatter_ctx_sig(ctx, sendbuf, blk, part, dtype, op,
+                                        ddl_signature(DDL_COLL_REDUCE, count, dtype, op, root));
+        if (st == DDL_SUCCESS) {
+            MPI_Request req;
+            int rc = MPI_Igather(blk, (int)(part * es), MPI_BYTE, recvbuf, (int)(part * es),
+                                 MPI_BYTE, root, ctx->world.comm, &req);
+            st = wait_mpi(ctx, rc, &req, "MPI_Igather (reduce)");
+        }
+        free(blk);
+        LEAVE(st);
+    }
     void *out = at_root ? recvbuf : NULL;
     const void *in = sendbuf;
     if (!at_root && count) {

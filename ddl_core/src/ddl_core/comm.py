@@ -239,16 +239,23 @@ def alltoallv(x: Any, send_counts: Any, *, comm: Comm | None = None) -> Any:
     return res
 
 
-def allgatherv(x: Any, *, comm: Comm | None = None) -> Any:
-    """Every rank's x (any number of elements each), flat, in rank order."""
+def allgatherv(x: Any, counts: Any = None, out: Any = None, *,
+               comm: Comm | None = None) -> Any:
+    """Every rank's x (any number of elements each), flat, in rank order. `counts` (every
+    rank's element count, the same list everywhere) saves the exchange that learns them,
+    and then `out` may receive the result; wrong counts raise MismatchError everywhere."""
     c = resolve(comm)
     buf, code = _host(x, "allgatherv")
     n = _n(buf)
-    counts = np.empty(c.size, dtype=np.int64)
-    _ddl.comm_op(K_ALLGATHER, c.handle, np.array([n], dtype=np.int64), counts, 1,
-                 DTYPES.index("int64"), 0, 0, 0, None, None)
-    rc = counts.astype(np.uint64)
-    res, rbuf = _flat_like(x, buf, int(rc.sum()))
+    if counts is None:
+        got = np.empty(c.size, dtype=np.int64)
+        _ddl.comm_op(K_ALLGATHER, c.handle, np.array([n], dtype=np.int64), got, 1,
+                     DTYPES.index("int64"), 0, 0, 0, None, None)
+        counts = got
+    rc = _counts(counts, c, "allgatherv")
+    total = int(rc.sum())
+    res, rbuf = (_flat_like(x, buf, total) if out is None
+                 else (out, _check_out(out, code, total, "allgatherv")))
     _ddl.comm_op(K_ALLGATHERV, c.handle, buf, rbuf, n, code, 0, 0, 0, None, rc)
     return res
 
@@ -260,20 +267,22 @@ def _root(root: int, c: Comm, fn: str) -> int:
     return int(root)
 
 
-def gather(x: Any, root: int = 0, *, comm: Comm | None = None) -> Any:
-    """Every rank's x (same count) concatenated in rank order on `root`; None elsewhere."""
+def gather(x: Any, root: int = 0, out: Any = None, *, comm: Comm | None = None) -> Any:
+    """Every rank's x (same count) concatenated in rank order on `root` (into `out` if
+    given there); None elsewhere."""
     c = resolve(comm)
     r = _root(root, c, "gather")
     buf, code = _host(x, "gather")
     n = _n(buf)
     res = rbuf = None
     if c.rank == r:
-        res, rbuf = _flat_like(x, buf, n * c.size)
+        res, rbuf = (_flat_like(x, buf, n * c.size) if out is None
+                     else (out, _check_out(out, code, n * c.size, "gather")))
     _ddl.comm_op(K_GATHER, c.handle, buf, rbuf, n, code, 0, r, 0, None, None)
     return res
 
 
-def scatter(x: Any, root: int = 0, *, count: int | None = None,
+def scatter(x: Any, root: int = 0, out: Any = None, *, count: int | None = None,
             comm: Comm | None = None) -> Any:
     """Rank i receives block i (`count` elements) of root's flat x. count defaults to
     x's elements / size() on every rank, so non-roots pass an array shaped like root's
@@ -289,22 +298,26 @@ def scatter(x: Any, root: int = 0, *, count: int | None = None,
     if c.rank == r and n != count * c.size:
         raise ValueError(f"scatter: root's x must hold size ({c.size}) x {count} elements, "
                          f"not {n}")
-    res, rbuf = _flat_like(x, buf, int(count))
+    res, rbuf = (_flat_like(x, buf, int(count)) if out is None
+                 else (out, _check_out(out, code, int(count), "scatter")))
     _ddl.comm_op(K_SCATTER, c.handle, buf if c.rank == r else None, rbuf, int(count), code, 0,
                  r, 0, None, None)
     return res
 
 
-def reduce(x: Any, op: str = "sum", root: int = 0, *, comm: Comm | None = None) -> Any:
-    """The reduction of every rank's x on `root` (the allreduce's result, bit for bit);
-    None elsewhere."""
+def reduce(x: Any, op: str = "sum", root: int = 0, out: Any = None, *,
+           comm: Comm | None = None) -> Any:
+    """The reduction of every rank's x on `root` (into `out` if given there); None
+    elsewhere. Same rules as allreduce (16-bit floats reduced in float32, avg, bitwise
+    ops on integers)."""
     c = resolve(comm)
     o = op_code(op)
     r = _root(root, c, "reduce")
     buf, code = _host(x, "reduce")
     res = rbuf = None
     if c.rank == r:
-        res, rbuf = empty_like(x, buf)
+        res, rbuf = (empty_like(x, buf) if out is None
+                     else (out, _check_out(out, code, _n(buf), "reduce")))
     _ddl.comm_op(K_REDUCE, c.handle, buf, rbuf, _n(buf), code, o, r, 0, None, None)
     return res
 

@@ -53,6 +53,13 @@ def reductions(c: ddl.Comm, tag: str) -> None:
                 red = ddl.reduce(ins[c.rank], op=op, root=root, comm=c)
                 expect(same(red, want) if c.rank == root else red is None,
                        f"{tag} reduce {dname} {op} {count}")
+            if dname in ("float32", "int32", "float16") and op in ("sum", "avg", "bxor"):
+                # large and divisible by every communicator size here: the
+                # reduce-scatter + gather path of reduce (>= 256 KiB)
+                big = [data(q, 72000 * 2, dt, dop, salt=1) for q in members]
+                red = ddl.reduce(big[c.rank], op=op, root=0, comm=c)
+                expect(same(red, ref(big, dt, op)) if c.rank == 0 else red is None,
+                       f"{tag} large reduce {dname} {op}")
             blocks = [np.concatenate([data(q, 3, dt, dop, salt=b) for b in range(c.size)])
                       for q in members]
             rs = ddl.reduce_scatter(blocks[c.rank], op=op, comm=c)
