@@ -20,8 +20,9 @@
  *     300, or ddl_set_thread_timeout) fails it with DDL_ERR_TIMEOUT naming the ranks that
  *     have not reached the collective.
  *
- * Thread safety: the blocking collectives may be called from one application thread at a
- * time; the asynchronous ones (ddl_i*) may be called from any thread and are executed by
+ * Thread safety: the blocking collectives of one communicator may be called from one
+ * application thread at a time (different communicators from different threads at once,
+ * see ddl_comm_t); the asynchronous ones (ddl_i*) may be called from any thread and are executed by
  * libddl's progress thread on its own communicators, in an order all ranks agree on.
  */
 #ifndef DDL_H
