@@ -55,7 +55,7 @@ static void merge_packed(char *mine, const char *theirs, size_t got, size_t mine
 /* Small totals use pre-posted receives with room for the largest fused message any rank
  * may send (DDL_FUSED_MAX): the latency path. Larger totals only run after a header check
  * made the sizes agree, and use the probing exchange. */
-static ddl_status_t rd_exchange(const ddl_comm_t *c, const void *s, size_t sb, int dst, void *r,
+static ddl_status_t rd_exchange(const ddl_mpicomm_t *c, const void *s, size_t sb, int dst, void *r,
                                 size_t total, int src, size_t *got) {
     size_t cap = sizeof(ddl_header_t) + DDL_FUSED_MAX;
     if (total <= cap) return ddl_sendrecv_capped(c, s, sb, dst, r, cap, src, TAG_RD, got);
@@ -63,7 +63,7 @@ static ddl_status_t rd_exchange(const ddl_comm_t *c, const void *s, size_t sb, i
     return ddl_sendrecv(c, s, sb, dst, r, src >= 0 ? total : 0, src, TAG_RD);
 }
 
-ddl_status_t ddl_rd_allreduce_checked(const ddl_comm_t *c, ddl_header_t *hdr, void *buf,
+ddl_status_t ddl_rd_allreduce_checked(const ddl_mpicomm_t *c, ddl_header_t *hdr, void *buf,
                                       size_t count, ddl_dtype_t dtype, ddl_op_t op) {
     size_t bytes = count * ddl_dtype_size(dtype);
     size_t total = sizeof(ddl_header_t) + bytes;
@@ -123,7 +123,7 @@ ddl_status_t ddl_rd_allreduce_checked(const ddl_comm_t *c, ddl_header_t *hdr, vo
 
 static size_t max_block(size_t count, int p) { return count / (size_t)p + 1; }
 
-ddl_status_t ddl_ring_reduce_scatter(const ddl_comm_t *c, const void *in, void *out,
+ddl_status_t ddl_ring_reduce_scatter(const ddl_mpicomm_t *c, const void *in, void *out,
                                      size_t count, ddl_dtype_t dtype, ddl_op_t op) {
     int p = c->size, r = c->rank;
     size_t es = ddl_dtype_size(dtype);
@@ -151,7 +151,7 @@ ddl_status_t ddl_ring_reduce_scatter(const ddl_comm_t *c, const void *in, void *
     return DDL_SUCCESS;
 }
 
-ddl_status_t ddl_ring_allgather(const ddl_comm_t *c, void *buf, size_t count, ddl_dtype_t dtype) {
+ddl_status_t ddl_ring_allgather(const ddl_mpicomm_t *c, void *buf, size_t count, ddl_dtype_t dtype) {
     int p = c->size, r = c->rank;
     if (p == 1) return DDL_SUCCESS;
     size_t es = ddl_dtype_size(dtype);
@@ -176,7 +176,7 @@ static void blocks_range(size_t count, int p, int b0, int nb, size_t *lo, size_t
     ddl_block_range(count, p, b0 + nb - 1, &l, hi);
 }
 
-ddl_status_t ddl_halving_reduce_scatter(const ddl_comm_t *c, const void *in, void *out,
+ddl_status_t ddl_halving_reduce_scatter(const ddl_mpicomm_t *c, const void *in, void *out,
                                         size_t count, ddl_dtype_t dtype, ddl_op_t op) {
     int p = c->size, r = c->rank;
     size_t es = ddl_dtype_size(dtype);
@@ -206,7 +206,7 @@ ddl_status_t ddl_halving_reduce_scatter(const ddl_comm_t *c, const void *in, voi
     return DDL_SUCCESS;
 }
 
-ddl_status_t ddl_doubling_allgather(const ddl_comm_t *c, void *buf, size_t count,
+ddl_status_t ddl_doubling_allgather(const ddl_mpicomm_t *c, void *buf, size_t count,
                                     ddl_dtype_t dtype) {
     int p = c->size, r = c->rank;
     if (p == 1) return DDL_SUCCESS;
@@ -306,7 +306,7 @@ static MPI_Op mpi_op(ddl_dtype_t dtype, ddl_op_t op) {
     }
 }
 
-ddl_status_t ddl_mpi_allreduce(const ddl_comm_t *c, void *buf, size_t count, ddl_dtype_t dtype,
+ddl_status_t ddl_mpi_allreduce(const ddl_mpicomm_t *c, void *buf, size_t count, ddl_dtype_t dtype,
                                ddl_op_t op) {
     if (c->size == 1 || count == 0) return DDL_SUCCESS;
     DDL_CHECK(own_setup());

@@ -145,7 +145,7 @@ void ddl_progress_hurry(void) {
  * called while this rank has nothing running on the progress communicators, so any such
  * message belongs to a new negotiation. */
 static int peer_negotiating(void) {
-    const ddl_comm_t *c = &ddl_g.progress.world;
+    const ddl_mpicomm_t *c = &ddl_g.progress.world;
     int tags[2] = {DDL_TAG_RD, DDL_TAG_BELL};
     for (int i = 0; i < 2; i++) {
         int flag = 0;

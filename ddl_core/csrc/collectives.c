@@ -79,6 +79,10 @@ static ddl_status_t check(ddl_ctx_t *ctx, uint64_t sig, uint64_t count, const ch
     return ddl_header_verdict(&h, coll);
 }
 
+ddl_status_t ddl_comm_check(ddl_ctx_t *ctx, uint64_t sig, uint64_t count, const char *coll) {
+    return check(ctx, sig, count, coll);
+}
+
 /* One allreduce's walk through the levels: the segment each level works on and whether
  * a level reduced its whole segment (nothing to gather back). */
 typedef struct {
@@ -106,7 +110,7 @@ static int reduces_whole(ddl_algo_t a, int p) {
 /* Level l's reduce-scatter (or whole allreduce) of its segment. Level 0 reads the input
  * directly, so an out-of-place allreduce needs no copy. */
 static ddl_status_t rs_level(level_state_t *st, int l) {
-    const ddl_comm_t *lc = &st->t->level[l];
+    const ddl_mpicomm_t *lc = &st->t->level[l];
     size_t n = st->hi[l] - st->lo[l];
     char *seg = st->b + st->lo[l] * st->es;
     ddl_algo_t a = st->plan[l];
@@ -137,7 +141,7 @@ static ddl_status_t rs_level(level_state_t *st, int l) {
 
 static ddl_status_t ag_level(level_state_t *st, int l) {
     if (st->whole[l]) return DDL_SUCCESS;
-    const ddl_comm_t *lc = &st->t->level[l];
+    const ddl_mpicomm_t *lc = &st->t->level[l];
     char *seg = st->b + st->lo[l] * st->es;
     size_t n = st->hi[l] - st->lo[l];
     if (st->plan[l] == DDL_ALGO_RABENSEIFNER) return ddl_doubling_allgather(lc, seg, n, st->dtype);
@@ -168,7 +172,7 @@ static ddl_status_t ag_level(level_state_t *st, int l) {
 enum { TAG_PARTIAL = 301, TAG_RESULT = 302 };
 #define LOOKAHEAD 2 /* partials the leader has receives posted for */
 
-static ddl_status_t leader_pipeline(level_state_t *st, const ddl_comm_t *l0) {
+static ddl_status_t leader_pipeline(level_state_t *st, const ddl_mpicomm_t *l0) {
     size_t es = st->es, count = st->hi[0] - st->lo[0];
     size_t K = ddl_pipeline_segments(count * es, es, l0->size, (double)ddl_g.segment_bytes);
     size_t qmax = count / K + 1;
@@ -273,7 +277,7 @@ ddl_status_t ddl_allreduce_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *buf, s
                                 .dtype = dtype, .wop = wop, .sig = sig, .count = count};
             st.lo[0] = 0;
             st.hi[0] = count;
-            const ddl_comm_t *l0 = &t->level[0];
+            const ddl_mpicomm_t *l0 = &t->level[0];
             if (leader) {
                 DDL_CHECK(leader_pipeline(&st, l0));
             } else {
@@ -289,7 +293,7 @@ ddl_status_t ddl_allreduce_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *buf, s
 }
 
 /* Binomial tree from `root`, for small messages and two ranks. */
-static ddl_status_t bcast_tree(const ddl_comm_t *c, void *buf, size_t bytes, int root) {
+static ddl_status_t bcast_tree(const ddl_mpicomm_t *c, void *buf, size_t bytes, int root) {
     int p = c->size, vr = (c->rank - root + p) % p, mask = 1;
     while (mask < p) {
         if (vr & mask) {
@@ -316,7 +320,7 @@ ddl_status_t ddl_broadcast_ctx(ddl_ctx_t *ctx, void *buf, size_t count, ddl_dtyp
 ddl_status_t ddl_broadcast_ctx_sig(ddl_ctx_t *ctx, void *buf, size_t count, ddl_dtype_t dtype,
                                    int root, uint64_t sig) {
     ddl_coll_begin(ctx, "broadcast", 1);
-    const ddl_comm_t *c = &ctx->world;
+    const ddl_mpicomm_t *c = &ctx->world;
     DDL_CHECK(check(ctx, sig ? sig : ddl_signature(DDL_COLL_BROADCAST, count, dtype, 0, root),
                     count, "broadcast"));
     size_t es = ddl_dtype_size(dtype), bytes = count * es;
@@ -350,7 +354,7 @@ ddl_status_t ddl_allgather_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbu
 ddl_status_t ddl_allgather_ctx_sig(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                    size_t sendcount, ddl_dtype_t dtype, uint64_t sig) {
     ddl_coll_begin(ctx, "allgather", 1);
-    const ddl_comm_t *c = &ctx->world;
+    const ddl_mpicomm_t *c = &ctx->world;
     DDL_CHECK(check(ctx, sig ? sig : ddl_signature(DDL_COLL_ALLGATHER, sendcount, dtype, 0, 0),
                     sendcount, "allgather"));
     size_t es = ddl_dtype_size(dtype), bytes = sendcount * es;
@@ -373,7 +377,7 @@ ddl_status_t ddl_reduce_scatter_ctx_sig(ddl_ctx_t *ctx, const void *sendbuf, voi
                                         size_t recvcount, ddl_dtype_t dtype, ddl_op_t op,
                                         uint64_t sig) {
     ddl_coll_begin(ctx, "reduce_scatter", 1);
-    const ddl_comm_t *c = &ctx->world;
+    const ddl_mpicomm_t *c = &ctx->world;
     DDL_CHECK(check(ctx,
                     sig ? sig : ddl_signature(DDL_COLL_REDUCE_SCATTER, recvcount, dtype, op, 0),
                     recvcount, "reduce_scatter"));
@@ -421,7 +425,7 @@ static ddl_status_t a2a_layout(const size_t *counts, size_t es, int p, int *cnt,
 static ddl_status_t a2a_run(ddl_ctx_t *ctx, const void *sendbuf, const size_t *sendcounts,
                             void *recvbuf, const size_t *recvcounts, ddl_dtype_t dtype,
                             const char *fn) {
-    const ddl_comm_t *c = &ctx->world;
+    const ddl_mpicomm_t *c = &ctx->world;
     int p = c->size;
     size_t es = ddl_dtype_size(dtype);
     int *lay = malloc(4 * (size_t)p * sizeof *lay);

@@ -32,7 +32,7 @@ ddl_status_t ddl_require_init(void) {
                     "DDL is not initialized: call ddl_init() (Python: ddl_core.init()) first");
 }
 
-static ddl_status_t dup_world(ddl_comm_t *c) {
+static ddl_status_t dup_world(ddl_mpicomm_t *c) {
     MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c->comm));
     c->piece = 0;
     /* Errors come back as codes so they become exceptions, not aborts. */

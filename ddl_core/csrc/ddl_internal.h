@@ -55,7 +55,7 @@ typedef struct {
     int rank;
     int size;
     size_t piece; /* >0: large exchanges travel as a window of pieces of this size (p2p.c) */
-} ddl_comm_t;
+} ddl_mpicomm_t;
 
 /* Seconds from a monotonic clock. */
 double ddl_now(void);
@@ -69,12 +69,12 @@ extern int ddl_stream_window;   /* DDL_WINDOW: pieces each way in flight at once
 /* Exchange with peers, waiting at most DDL_TIMEOUT. Either side may be absent (peer < 0).
  * The receive is probed first so a message of an unexpected size is reported (as
  * DDL_ERR_MISMATCH naming the sizes) instead of truncating or hanging. */
-ddl_status_t ddl_sendrecv(const ddl_comm_t *c, const void *sbuf, size_t sbytes, int dst,
+ddl_status_t ddl_sendrecv(const ddl_mpicomm_t *c, const void *sbuf, size_t sbytes, int dst,
                           void *rbuf, size_t rbytes, int src, int tag);
 /* Pre-posted exchange for small messages: the receive is posted first into a buffer of
  * `rcap` bytes, which the caller guarantees no peer message can exceed (truncating a large
  * message is not safe in every MPI). *got receives the sender's size. */
-ddl_status_t ddl_sendrecv_capped(const ddl_comm_t *c, const void *sbuf, size_t sbytes, int dst,
+ddl_status_t ddl_sendrecv_capped(const ddl_mpicomm_t *c, const void *sbuf, size_t sbytes, int dst,
                                  void *rbuf, size_t rcap, int src, int tag, size_t *got);
 /* The largest payload the fused recursive doubling carries; above it a header-only check
  * runs first, so no rank ever sends more than this into a capped receive. */
@@ -85,13 +85,13 @@ ddl_status_t ddl_sendrecv_capped(const ddl_comm_t *c, const void *sbuf, size_t s
 /* Non-blocking pieces of at most 1 GiB for pipelines: a receive posted with ddl_irecv is
  * completed by ddl_wait_recv under the deadline, which reports a message of another size
  * as DDL_ERR_MISMATCH; sends complete with ddl_wait_request. */
-ddl_status_t ddl_isend(const ddl_comm_t *c, const void *buf, size_t bytes, int dst, int tag,
+ddl_status_t ddl_isend(const ddl_mpicomm_t *c, const void *buf, size_t bytes, int dst, int tag,
                        MPI_Request *req);
-ddl_status_t ddl_irecv(const ddl_comm_t *c, void *buf, size_t bytes, int src, int tag,
+ddl_status_t ddl_irecv(const ddl_mpicomm_t *c, void *buf, size_t bytes, int src, int tag,
                        MPI_Request *req);
-ddl_status_t ddl_wait_recv(const ddl_comm_t *c, MPI_Request *req, size_t bytes, int src);
+ddl_status_t ddl_wait_recv(const ddl_mpicomm_t *c, MPI_Request *req, size_t bytes, int src);
 /* Wait for an MPI request with the deadline (used for MPI's own collectives). */
-ddl_status_t ddl_wait_request(MPI_Request *req, const ddl_comm_t *c, const char *what);
+ddl_status_t ddl_wait_request(MPI_Request *req, const ddl_mpicomm_t *c, const char *what);
 
 /* ---- signatures: the mismatch check ------------------------------------------------- */
 
@@ -108,7 +108,9 @@ typedef struct {
 
 enum { DDL_COLL_ALLREDUCE = 1, DDL_COLL_BROADCAST, DDL_COLL_ALLGATHER,
        DDL_COLL_REDUCE_SCATTER, DDL_COLL_BARRIER, DDL_COLL_NEGOTIATE, DDL_COLL_FUSED,
-       DDL_COLL_ALLGATHERV, DDL_COLL_ALLTOALL, DDL_COLL_ALLTOALLV, DDL_COLL_A2A_COUNTS };
+       DDL_COLL_ALLGATHERV, DDL_COLL_ALLTOALL, DDL_COLL_ALLTOALLV, DDL_COLL_A2A_COUNTS,
+       DDL_COLL_GATHER, DDL_COLL_SCATTER, DDL_COLL_REDUCE, DDL_COLL_COMM_SPLIT,
+       DDL_COLL_COMM_FREE };
 
 uint64_t ddl_signature(int coll, uint64_t count, int dtype, int op, int root);
 /* Recompute the run-time settings every signature carries (after they change). */
@@ -123,22 +125,22 @@ ddl_status_t ddl_header_verdict(const ddl_header_t *h, const char *coll_name);
 /* Recursive-doubling allreduce of a header plus `count` elements, any comm size (ranks
  * beyond the largest power of two fold in first). Either part may be empty. This is the
  * latency path and the checked exchange every other collective starts with. */
-ddl_status_t ddl_rd_allreduce_checked(const ddl_comm_t *c, ddl_header_t *hdr, void *buf,
+ddl_status_t ddl_rd_allreduce_checked(const ddl_mpicomm_t *c, ddl_header_t *hdr, void *buf,
                                       size_t count, ddl_dtype_t dtype, ddl_op_t op);
 /* Reduce-scatter of in[0..count) over c into out: afterwards rank r's block r of out
  * (block_range) holds the reduction of every rank's block r; other blocks of out hold
  * partial sums. `in` is only read, so an out-of-place allreduce needs no initial copy;
  * in == out works in place. */
-ddl_status_t ddl_ring_reduce_scatter(const ddl_comm_t *c, const void *in, void *out,
+ddl_status_t ddl_ring_reduce_scatter(const ddl_mpicomm_t *c, const void *in, void *out,
                                      size_t count, ddl_dtype_t dtype, ddl_op_t op);
-ddl_status_t ddl_ring_allgather(const ddl_comm_t *c, void *buf, size_t count, ddl_dtype_t dtype);
+ddl_status_t ddl_ring_allgather(const ddl_mpicomm_t *c, void *buf, size_t count, ddl_dtype_t dtype);
 /* Rabenseifner's halves; need a power-of-two comm size. */
-ddl_status_t ddl_halving_reduce_scatter(const ddl_comm_t *c, const void *in, void *out,
+ddl_status_t ddl_halving_reduce_scatter(const ddl_mpicomm_t *c, const void *in, void *out,
                                         size_t count, ddl_dtype_t dtype, ddl_op_t op);
-ddl_status_t ddl_doubling_allgather(const ddl_comm_t *c, void *buf, size_t count,
+ddl_status_t ddl_doubling_allgather(const ddl_mpicomm_t *c, void *buf, size_t count,
                                     ddl_dtype_t dtype);
 /* Whole allreduce with MPI_Iallreduce under the deadline. */
-ddl_status_t ddl_mpi_allreduce(const ddl_comm_t *c, void *buf, size_t count, ddl_dtype_t dtype,
+ddl_status_t ddl_mpi_allreduce(const ddl_mpicomm_t *c, void *buf, size_t count, ddl_dtype_t dtype,
                                ddl_op_t op);
 /* Block partition of `count` elements into `parts`: block i is [*lo, *hi). */
 void ddl_block_range(size_t count, int parts, int i, size_t *lo, size_t *hi);
@@ -152,17 +154,19 @@ typedef struct {
     int nlevels;
     int dims[DDL_MAX_LEVELS];
     int coord[DDL_MAX_LEVELS];
-    ddl_comm_t level[DDL_MAX_LEVELS]; /* ranks that differ only in this coordinate */
-    ddl_comm_t world;                 /* reordered so the grid matches placement */
+    ddl_mpicomm_t level[DDL_MAX_LEVELS]; /* ranks that differ only in this coordinate */
+    ddl_mpicomm_t world;                 /* reordered so the grid matches placement */
 } ddl_topo_t;
 
 /* One context per thread that talks MPI: the application's and the progress thread's. */
 typedef struct {
-    ddl_comm_t world; /* a dup of MPI_COMM_WORLD in world order */
+    ddl_mpicomm_t world; /* a dup of MPI_COMM_WORLD in world order */
     ddl_topo_t topo;
     int id;           /* DDL_CTX_APP or DDL_CTX_PROGRESS (liveness.c) */
     uint64_t seq;     /* collectives begun on this context (ddl_coll_begin); atomic */
     uint64_t reached; /* the collective this context waits in or for (a timeout's diagnosis) */
+    const int *members; /* a communicator's: the world ranks of its members; NULL: world */
+    int nmembers;
 } ddl_ctx_t;
 
 /* ---- liveness: peers that exit, die or finalize (liveness.c) ------------------------ */
@@ -174,6 +178,8 @@ typedef struct {
     int ctx;          /* DDL_CTX_*, or -1 outside any collective */
     uint64_t seq;     /* its number on that context, from 1 */
     const char *name;
+    const int *members; /* the context's (a communicator's members), NULL for the world */
+    int nmembers;
 } ddl_coll_t;
 extern _Thread_local ddl_coll_t ddl_cur;
 
@@ -332,6 +338,31 @@ ddl_status_t ddl_allgather_ctx_sig(ddl_ctx_t *ctx, const void *sendbuf, void *re
 ddl_status_t ddl_reduce_scatter_ctx_sig(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                         size_t recvcount, ddl_dtype_t dtype, ddl_op_t op,
                                         uint64_t sig);
+
+/* ---- communicators (comm.c) and their collectives (comm_colls.c) ---------------------- */
+
+/* A communicator: its own context (duplicated MPI communicators, topology grid restricted
+ * to its members, collective counter), a separate MPI communicator for point-to-point
+ * (user tags never meet the algorithms' messages) and its own timeout. The world one
+ * wraps ddl_g.app. A freed one keeps its memory with `freed` set, so a stale handle is a
+ * clear error instead of a use after free. */
+#define DDL_COMM_MAGIC 0x64646c636f6d6du
+struct ddl_comm_s {
+    uint64_t magic;
+    int freed;
+    int is_world;
+    ddl_ctx_t own;     /* sub-communicators only */
+    ddl_ctx_t *ctx;    /* &own, or &ddl_g.app for the world */
+    MPI_Comm p2p;      /* send/recv */
+    double timeout_s;  /* 0: the thread's or DDL_TIMEOUT */
+    int *world_ranks;  /* world rank of each member, in communicator order */
+};
+/* DDL_SUCCESS when `c` is a live communicator this rank belongs to (else one error naming
+ * `fn`); then sets the calling thread's deadline to the communicator's timeout. */
+ddl_status_t ddl_comm_enter(ddl_comm_t c, const char *fn, double *saved_timeout);
+void ddl_comm_leave(double saved_timeout);
+/* The header-only signature check every communicator collective starts with. */
+ddl_status_t ddl_comm_check(ddl_ctx_t *ctx, uint64_t sig, uint64_t count, const char *coll);
 
 /* Progress thread (async.c). */
 ddl_status_t ddl_progress_start(void);

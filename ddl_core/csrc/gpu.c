@@ -198,7 +198,7 @@ static ddl_status_t make_comms(int device) {
             if (ddl_nccl_can_split()) {
                 DDL_CHECK(ddl_nccl_comm_split(gs.world, color, t->coord[l], &gs.level[l]));
             } else { /* NCCL < 2.18: one unique id per level communicator */
-                const ddl_comm_t *lc = &t->level[l];
+                const ddl_mpicomm_t *lc = &t->level[l];
                 ok = 1;
                 if (lc->rank == 0) ok = ddl_nccl_unique_id(&id) == DDL_SUCCESS;
                 MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, lc->comm));
@@ -262,7 +262,7 @@ static ddl_status_t decide(int device) {
 /* ---- NCCL paths ----------------------------------------------------------------------- */
 
 /* Allreduce of n elements at p over the MPI communicator of one level, in host memory. */
-static ddl_status_t host_level_allreduce(const ddl_comm_t *lc, void *p, size_t n,
+static ddl_status_t host_level_allreduce(const ddl_mpicomm_t *lc, void *p, size_t n,
                                          ddl_dtype_t dtype, ddl_op_t op) {
     ddl_op_t wop = ddl_wire_op(op);
     if (n >= (size_t)lc->size * 1024) {

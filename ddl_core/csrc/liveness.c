@@ -50,7 +50,7 @@
 
 #include "ddl_internal.h"
 
-_Thread_local ddl_coll_t ddl_cur = {-1, 0, "init"};
+_Thread_local ddl_coll_t ddl_cur = {-1, 0, "init", NULL, 0};
 unsigned ddl_live_gen = 0;
 int ddl_live_checks = 1;
 
@@ -140,6 +140,8 @@ void ddl_coll_begin(ddl_ctx_t *ctx, const char *name, int bump) {
     ddl_cur.ctx = ctx->id;
     ddl_cur.seq = s;
     ddl_cur.name = name;
+    ddl_cur.members = ctx->members;
+    ddl_cur.nmembers = ctx->nmembers;
 }
 
 
@@ -187,6 +189,14 @@ static const char *ctx_words(int ctx) {
 /* Whether rank r's departure dooms the current collective: it died, or it finalized
  * before beginning it (caller holds L.lock). */
 static int dooms(int r) {
+    if (ddl_cur.members) {
+        /* A communicator's collective: only its members matter, and only a death dooms it
+         * at once (its own collectives are not counted here, so a member that finalized
+         * without arriving is found by the communicator's timeout). */
+        for (int i = 0; i < ddl_cur.nmembers; i++)
+            if (ddl_cur.members[i] == r) return L.gone[r] == DIED;
+        return 0;
+    }
     if (L.gone[r] == DIED) return 1;
     if (L.gone[r] != FINALIZED) return 0;
     uint64_t c = ddl_cur.ctx == DDL_CTX_PROGRESS ? L.final_b[r] : L.final_a[r];

@@ -322,7 +322,7 @@ ddl_status_t ddl_negotiate(const ddl_reqvec_t *snap, ddl_reqvec_t *batch, ddl_re
      * r < 2*rem sends first, to r+1, and hears back only at the end, so an idle one would
      * never see a negotiation start. Its partner rings first (DDL_TAG_BELL); the even rank
      * takes the ring after the exchange, by when it has surely arrived. */
-    const ddl_comm_t *w = &ddl_g.progress.world;
+    const ddl_mpicomm_t *w = &ddl_g.progress.world;
     int pof2 = 1;
     while (pof2 * 2 <= w->size) pof2 *= 2;
     int folded = w->rank < 2 * (w->size - pof2), odd = w->rank % 2;

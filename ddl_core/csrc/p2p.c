@@ -53,7 +53,7 @@ double ddl_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int world_rank_of(const ddl_comm_t *c, int peer) {
+static int world_rank_of(const ddl_mpicomm_t *c, int peer) {
     MPI_Group g, w;
     int out = peer;
     if (MPI_Comm_group(c->comm, &g) != MPI_SUCCESS) return peer;
@@ -68,14 +68,14 @@ static int world_rank_of(const ddl_comm_t *c, int peer) {
 /* A peer sent a message of another size than this rank expects (``got`` bytes), or one
  * larger than the buffer posted for it (MPI_ERR_TRUNCATE): either way the ranks disagree
  * on the collective, so each says so instead of computing on the wrong data. */
-static ddl_status_t size_fail(const ddl_comm_t *c, int src, int got, size_t want) {
+static ddl_status_t size_fail(const ddl_mpicomm_t *c, int src, int got, size_t want) {
     return ddl_fail(DDL_ERR_MISMATCH,
                     "rank %d sent %d bytes where %zu were expected: the ranks disagree on the "
                     "count, dtype or topology of this collective",
                     world_rank_of(c, src), got, want);
 }
 
-static ddl_status_t overflow_fail(const ddl_comm_t *c, int src, size_t want) {
+static ddl_status_t overflow_fail(const ddl_mpicomm_t *c, int src, size_t want) {
     return ddl_fail(DDL_ERR_MISMATCH,
                     "rank %d sent more than the %zu bytes expected: the ranks disagree on the "
                     "count, dtype or topology of this collective",
@@ -84,7 +84,7 @@ static ddl_status_t overflow_fail(const ddl_comm_t *c, int src, size_t want) {
 
 /* The deadline passed: name the ranks that have not reached this collective (asked through
  * the liveness watcher), else the peer this rank was waiting for. */
-static ddl_status_t timeout_fail(const ddl_comm_t *c, int peer, const char *what) {
+static ddl_status_t timeout_fail(const ddl_mpicomm_t *c, int peer, const char *what) {
     char call[96], why[700];
     ddl_liveness_mark_broken();
     ddl_describe_call(call, sizeof call);
@@ -103,7 +103,7 @@ static ddl_status_t timeout_fail(const ddl_comm_t *c, int peer, const char *what
 }
 
 /* The same for an MPI request (MPI's own collectives): no single peer to name. */
-static ddl_status_t request_timeout(const ddl_comm_t *c, const char *what) {
+static ddl_status_t request_timeout(const ddl_mpicomm_t *c, const char *what) {
     char call[96], why[700];
     ddl_liveness_mark_broken();
     ddl_describe_call(call, sizeof call);
@@ -165,7 +165,7 @@ static int poll_next(poller_t *p, unsigned spin) {
 #define PROBE_MAX ((size_t)64 * 1024)
 
 /* One piece: at most PIECE bytes each way. */
-static ddl_status_t exchange(const ddl_comm_t *c, const void *sbuf, size_t sbytes, int dst,
+static ddl_status_t exchange(const ddl_mpicomm_t *c, const void *sbuf, size_t sbytes, int dst,
                              void *rbuf, size_t rbytes, int src, int tag) {
     MPI_Request sreq = MPI_REQUEST_NULL, rreq = MPI_REQUEST_NULL;
     bool have_msg = src < 0, preposted = src >= 0 && rbytes > PROBE_MAX;
@@ -236,7 +236,7 @@ static ddl_status_t exchange(const ddl_comm_t *c, const void *sbuf, size_t sbyte
     return DDL_SUCCESS;
 }
 
-/* Exchanges between nodes (levels above the first, ddl_comm_t.piece > 0) travel as a
+/* Exchanges between nodes (levels above the first, ddl_mpicomm_t.piece > 0) travel as a
  * stream of pieces of at most DDL_PIECE bytes (default 128 KiB), with at most DDL_WINDOW
  * (default 4) sent ahead of the pieces received. Why (measured on the emulated cluster,
  * 2 hosts x 2 ranks, 200 Mbit/s links with a 20 ms tbf queue, 16 MiB allreduce, 24 runs
@@ -253,7 +253,7 @@ static ddl_status_t exchange(const ddl_comm_t *c, const void *sbuf, size_t sbyte
 size_t ddl_stream_piece = 128 * 1024;
 int ddl_stream_window = 4;
 
-static ddl_status_t stream(const ddl_comm_t *c, const char *sbuf, size_t sbytes, int dst,
+static ddl_status_t stream(const ddl_mpicomm_t *c, const char *sbuf, size_t sbytes, int dst,
                            char *rbuf, size_t rbytes, int src, int tag) {
     size_t P = c->piece, W = (size_t)ddl_stream_window;
     /* A message of at most P bytes (also an empty one) is one piece: the same single
@@ -306,7 +306,7 @@ static ddl_status_t stream(const ddl_comm_t *c, const char *sbuf, size_t sbytes,
     }
 }
 
-static ddl_status_t sendrecv(const ddl_comm_t *c, const void *sbuf, size_t sbytes, int dst,
+static ddl_status_t sendrecv(const ddl_mpicomm_t *c, const void *sbuf, size_t sbytes, int dst,
                              void *rbuf, size_t rbytes, int src, int tag) {
     if (c->piece > 0 && (sbytes > c->piece || rbytes > c->piece) && sbytes <= PIECE &&
         rbytes <= PIECE)
@@ -326,12 +326,12 @@ static ddl_status_t sendrecv(const ddl_comm_t *c, const void *sbuf, size_t sbyte
     return DDL_SUCCESS;
 }
 
-ddl_status_t ddl_sendrecv(const ddl_comm_t *c, const void *sbuf, size_t sbytes, int dst,
+ddl_status_t ddl_sendrecv(const ddl_mpicomm_t *c, const void *sbuf, size_t sbytes, int dst,
                           void *rbuf, size_t rbytes, int src, int tag) {
     return sendrecv(c, sbuf, sbytes, dst, rbuf, rbytes, src, tag);
 }
 
-ddl_status_t ddl_sendrecv_capped(const ddl_comm_t *c, const void *sbuf, size_t sbytes, int dst,
+ddl_status_t ddl_sendrecv_capped(const ddl_mpicomm_t *c, const void *sbuf, size_t sbytes, int dst,
                                  void *rbuf, size_t rcap, int src, int tag, size_t *got) {
     MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     MPI_Status sts[2];
@@ -360,7 +360,7 @@ ddl_status_t ddl_sendrecv_capped(const ddl_comm_t *c, const void *sbuf, size_t s
     return DDL_SUCCESS;
 }
 
-ddl_status_t ddl_wait_request(MPI_Request *req, const ddl_comm_t *c, const char *what) {
+ddl_status_t ddl_wait_request(MPI_Request *req, const ddl_mpicomm_t *c, const char *what) {
     poller_t poll = {0};
     for (unsigned spin = 0;; spin++) {
         int done = 0;
@@ -374,21 +374,21 @@ ddl_status_t ddl_wait_request(MPI_Request *req, const ddl_comm_t *c, const char 
 
 /* ---- non-blocking pieces for pipelines: at most PIECE bytes, waits under the deadline ---- */
 
-ddl_status_t ddl_isend(const ddl_comm_t *c, const void *buf, size_t bytes, int dst, int tag,
+ddl_status_t ddl_isend(const ddl_mpicomm_t *c, const void *buf, size_t bytes, int dst, int tag,
                        MPI_Request *req) {
     if (bytes > PIECE) return ddl_fail(DDL_ERR_INTERNAL, "pipeline segment over %zu bytes", PIECE);
     MPI_CHECK(MPI_Isend(buf, (int)bytes, MPI_BYTE, dst, tag, c->comm, req));
     return DDL_SUCCESS;
 }
 
-ddl_status_t ddl_irecv(const ddl_comm_t *c, void *buf, size_t bytes, int src, int tag,
+ddl_status_t ddl_irecv(const ddl_mpicomm_t *c, void *buf, size_t bytes, int src, int tag,
                        MPI_Request *req) {
     if (bytes > PIECE) return ddl_fail(DDL_ERR_INTERNAL, "pipeline segment over %zu bytes", PIECE);
     MPI_CHECK(MPI_Irecv(buf, (int)bytes, MPI_BYTE, src, tag, c->comm, req));
     return DDL_SUCCESS;
 }
 
-ddl_status_t ddl_wait_recv(const ddl_comm_t *c, MPI_Request *req, size_t bytes, int src) {
+ddl_status_t ddl_wait_recv(const ddl_mpicomm_t *c, MPI_Request *req, size_t bytes, int src) {
     poller_t poll = {0};
     for (unsigned spin = 0;; spin++) {
         int done = 0;

@@ -7,6 +7,8 @@
  * torch and plain buffers; errors become the exception classes defined here. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
+#include <stdint.h>
 
 #include "ddl.h"
 
@@ -437,6 +439,183 @@ static PyObject *request_gathered(RequestObject *r, PyObject *noargs) {
     return Py_NewRef(r->gathered);
 }
 
+
+/* ---- communicators: handles are the ddl_comm_t pointer as an integer, owned by
+ * ddl_core.Comm (which never hands out a freed one). ---- */
+
+static ddl_comm_t handle_of(unsigned long long h) { return (ddl_comm_t)(uintptr_t)h; }
+
+static PyObject *handle_or_none(ddl_comm_t c) {
+    if (!c) Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)c);
+}
+
+static PyObject *py_comm_world(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    ddl_comm_t c = NULL;
+    ddl_status_t st = ddl_comm_world(&c);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    return handle_or_none(c);
+}
+
+static PyObject *py_comm_split(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long h;
+    int color, key;
+    if (!PyArg_ParseTuple(args, "Kii", &h, &color, &key)) return NULL;
+    ddl_comm_t out = NULL;
+    ddl_status_t st;
+    Py_BEGIN_ALLOW_THREADS st = ddl_comm_split(handle_of(h), color, key, &out);
+    Py_END_ALLOW_THREADS
+    if (st != DDL_SUCCESS) return raise_status(st);
+    return handle_or_none(out);
+}
+
+static PyObject *py_comm_create(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long h;
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "KO", &h, &seq)) return NULL;
+    PyObject *fast = PySequence_Fast(seq, "ranks must be a sequence of ints");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    int *ranks = PyMem_Malloc(sizeof(int) * (size_t)(n ? n : 1));
+    if (!ranks) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (v == -1 && PyErr_Occurred()) {
+            PyMem_Free(ranks);
+            Py_DECREF(fast);
+            return NULL;
+        }
+        ranks[i] = v < INT_MIN ? INT_MIN : v > INT_MAX ? INT_MAX : (int)v;
+    }
+    Py_DECREF(fast);
+    ddl_comm_t out = NULL;
+    ddl_status_t st;
+    Py_BEGIN_ALLOW_THREADS st = ddl_comm_create(handle_of(h), ranks, (int)n, &out);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(ranks);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    return handle_or_none(out);
+}
+
+static PyObject *py_comm_free(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    ddl_comm_t c = handle_of(h);
+    ddl_status_t st = ddl_comm_free(&c);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_comm_set_timeout(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long h;
+    double s;
+    if (!PyArg_ParseTuple(args, "Kd", &h, &s)) return NULL;
+    ddl_status_t st = ddl_comm_set_timeout(handle_of(h), s);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    Py_RETURN_NONE;
+}
+
+/* (rank, size, world ranks of the members) */
+static PyObject *py_comm_info(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    ddl_comm_t c = handle_of(h);
+    int rank, size;
+    ddl_status_t st = ddl_comm_rank(c, &rank);
+    if (st == DDL_SUCCESS) st = ddl_comm_size(c, &size);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    PyObject *members = PyTuple_New(size);
+    if (!members) return NULL;
+    for (int i = 0; i < size; i++) {
+        int w = 0;
+        st = ddl_comm_world_rank(c, i, &w);
+        if (st != DDL_SUCCESS) {
+            Py_DECREF(members);
+            return raise_status(st);
+        }
+        PyTuple_SET_ITEM(members, i, PyLong_FromLong(w));
+    }
+    return Py_BuildValue("iiN", rank, size, members);
+}
+
+static int opt_buf(PyObject *o, Py_buffer *v, int writable, const void **p) {
+    *p = NULL;
+    v->obj = NULL;
+    if (o == Py_None) return 0;
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(o, v, flags) != 0) return -1;
+    *p = v->buf;
+    return 0;
+}
+
+enum { K_ALLREDUCE, K_BROADCAST, K_ALLGATHER, K_REDUCE_SCATTER, K_BARRIER, K_ALLTOALL,
+       K_ALLTOALLV, K_ALLGATHERV, K_GATHER, K_SCATTER, K_REDUCE, K_SEND, K_RECV };
+
+/* comm_op(kind, handle, send, recv, count, dtype, op, root_or_peer, tag, scounts, rcounts):
+ * buffers are None or contiguous; sizes were checked by ddl_core (comm.py); counts are
+ * uint64 arrays of the communicator's size. send None = in place. */
+static PyObject *py_comm_op(PyObject *self, PyObject *args) {
+    (void)self;
+    int kind, dtype, op, root, tag;
+    unsigned long long h, count;
+    PyObject *so, *ro, *sco, *rco;
+    if (!PyArg_ParseTuple(args, "iKOOKiiiiOO", &kind, &h, &so, &ro, &count, &dtype, &op, &root,
+                          &tag, &sco, &rco))
+        return NULL;
+    Py_buffer sv, rv, scv, rcv;
+    const void *sp, *rp, *scp, *rcp;
+    if (opt_buf(so, &sv, 0, &sp) < 0) return NULL;
+    if (opt_buf(ro, &rv, 1, &rp) < 0) goto fail1;
+    if (opt_buf(sco, &scv, 0, &scp) < 0) goto fail2;
+    if (opt_buf(rco, &rcv, 0, &rcp) < 0) goto fail3;
+    ddl_comm_t c = handle_of(h);
+    void *r = (void *)rp;
+    size_t n = (size_t)count;
+    ddl_dtype_t dt = (ddl_dtype_t)dtype;
+    ddl_op_t o = (ddl_op_t)op;
+    const void *s = sp ? sp : DDL_IN_PLACE;
+    ddl_status_t st = DDL_SUCCESS;
+    Py_BEGIN_ALLOW_THREADS switch (kind) {
+    case K_ALLREDUCE: st = ddl_comm_allreduce(c, s, r, n, dt, o); break;
+    case K_BROADCAST: st = ddl_comm_broadcast(c, r, n, dt, root); break;
+    case K_ALLGATHER: st = ddl_comm_allgather(c, s, r, n, dt); break;
+    case K_REDUCE_SCATTER: st = ddl_comm_reduce_scatter(c, s, r, n, dt, o); break;
+    case K_BARRIER: st = ddl_comm_barrier(c); break;
+    case K_ALLTOALL: st = ddl_comm_alltoall(c, s, r, n, dt); break;
+    case K_ALLTOALLV: st = ddl_comm_alltoallv(c, sp, scp, r, rcp, dt); break;
+    case K_ALLGATHERV: st = ddl_comm_allgatherv(c, sp, n, r, rcp, dt); break;
+    case K_GATHER: st = ddl_comm_gather(c, sp, r, n, dt, root); break;
+    case K_SCATTER: st = ddl_comm_scatter(c, sp, r, n, dt, root); break;
+    case K_REDUCE: st = ddl_comm_reduce(c, sp, r, n, dt, o, root); break;
+    case K_SEND: st = ddl_comm_send(c, sp, n, dt, root, tag); break;
+    case K_RECV: st = ddl_comm_recv(c, r, n, dt, root, tag); break;
+    default: st = DDL_ERR_INVALID_ARG; break;
+    }
+    Py_END_ALLOW_THREADS
+    if (rcv.obj) PyBuffer_Release(&rcv);
+    if (scv.obj) PyBuffer_Release(&scv);
+    if (rv.obj) PyBuffer_Release(&rv);
+    if (sv.obj) PyBuffer_Release(&sv);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    Py_RETURN_NONE;
+fail3:
+    if (scv.obj) PyBuffer_Release(&scv);
+fail2:
+    if (rv.obj) PyBuffer_Release(&rv);
+fail1:
+    if (sv.obj) PyBuffer_Release(&sv);
+    return NULL;
+}
+
 static PyMethodDef request_methods[] = {
     {"test", (PyCFunction)request_test, METH_NOARGS, "True once finished (raises its error)."},
     {"wait", (PyCFunction)request_wait, METH_NOARGS, "Block until finished (raises its error)."},
@@ -805,6 +984,13 @@ static PyMethodDef methods[] = {
     {"local_size", py_local_size, METH_NOARGS, NULL},
     {"topology", py_topology, METH_NOARGS, NULL},
     {"allreduce", py_allreduce, METH_VARARGS, NULL},
+    {"comm_world", py_comm_world, METH_NOARGS, NULL},
+    {"comm_split", py_comm_split, METH_VARARGS, NULL},
+    {"comm_create", py_comm_create, METH_VARARGS, NULL},
+    {"comm_free", py_comm_free, METH_VARARGS, NULL},
+    {"comm_set_timeout", py_comm_set_timeout, METH_VARARGS, NULL},
+    {"comm_info", py_comm_info, METH_VARARGS, NULL},
+    {"comm_op", py_comm_op, METH_VARARGS, NULL},
     {"broadcast", py_broadcast, METH_VARARGS, NULL},
     {"allgather", py_allgather, METH_VARARGS, NULL},
     {"reduce_scatter", py_reduce_scatter, METH_VARARGS, NULL},

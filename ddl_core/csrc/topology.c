@@ -43,7 +43,7 @@ ddl_status_t ddl_parse_topology(const char *text, int *dims, int *nlevels) {
     return DDL_SUCCESS;
 }
 
-static ddl_status_t comm_fill(ddl_comm_t *c, MPI_Comm comm) {
+static ddl_status_t comm_fill(ddl_mpicomm_t *c, MPI_Comm comm) {
     c->comm = comm;
     c->piece = 0;
     MPI_CHECK(MPI_Comm_rank(comm, &c->rank));

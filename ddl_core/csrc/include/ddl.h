@@ -20,8 +20,9 @@
  *     300, or ddl_set_thread_timeout) fails it with DDL_ERR_TIMEOUT naming the ranks that
  *     have not reached the collective.
  *
- * Thread safety: the blocking collectives may be called from one application thread at a
- * time; the asynchronous ones (ddl_i*) may be called from any thread and are executed by
+ * Thread safety: the blocking collectives of one communicator may be called from one
+ * application thread at a time (different communicators from different threads at once,
+ * see ddl_comm_t); the asynchronous ones (ddl_i*) may be called from any thread and are executed by
  * libddl's progress thread on its own communicators, in an order all ranks agree on.
  */
 #ifndef DDL_H
@@ -34,8 +35,8 @@
 extern "C" {
 #endif
 
-#define DDL_VERSION_MAJOR 1
-#define DDL_VERSION_MINOR 1
+#define DDL_VERSION_MAJOR 2
+#define DDL_VERSION_MINOR 0
 #define DDL_VERSION_PATCH 0
 
 typedef enum {
@@ -299,6 +300,80 @@ ddl_status_t ddl_reduce_scatter_stream(const void *sendbuf, void *recvbuf, size_
  * called before ddl_init. Returns what snprintf would (the full length). */
 int ddl_gpu_info(char *buf, size_t len);
 
+/* ---- communicators (libddl 2) ------------------------------------------------------ */
+/*
+ * A communicator is a group of ranks with its own topology grid (the world's grid
+ * restricted to its members when they form a sub-grid, else flat), its own cost-model
+ * plan, mismatch checks, collective order and timeout. The 1.x calls above are calls on
+ * the world communicator (ddl_comm_world). Collectives on one communicator are called by
+ * one thread at a time on each rank; collectives on disjoint communicators (or on
+ * different communicators of one rank) may run at the same time from different threads.
+ * Each collective on a communicator involves its members only: a count, dtype, op or root
+ * that differs fails with DDL_ERR_MISMATCH on every member (and on no other rank) before
+ * any data moves, and the next call works; a member that does not arrive within the
+ * communicator's timeout (ddl_comm_set_timeout, else the thread's, else DDL_TIMEOUT) fails
+ * it with DDL_ERR_TIMEOUT. A NULL or freed communicator, a root or peer outside it, is
+ * DDL_ERR_INVALID_ARG before anything moves. Host buffers only (device buffers: the
+ * *_stream calls, on the world).
+ */
+typedef struct ddl_comm_s *ddl_comm_t;
+#define DDL_UNDEFINED (-1) /* ddl_comm_split's color for "not a member" */
+
+ddl_status_t ddl_comm_world(ddl_comm_t *world);
+/* Collective over `comm`, like MPI_Comm_split: ranks with the same color form one new
+ * communicator, ordered by key then by rank in comm; color DDL_UNDEFINED gives NULL. */
+ddl_status_t ddl_comm_split(ddl_comm_t comm, int color, int key, ddl_comm_t *newcomm);
+/* Collective over `comm`: the n ranks listed (ranks of comm, the same list on every rank)
+ * in that order; NULL on the ranks not listed. */
+ddl_status_t ddl_comm_create(ddl_comm_t comm, const int *ranks, int n, ddl_comm_t *newcomm);
+/* Local: releases the communicator and sets *comm to NULL (the world cannot be freed). */
+ddl_status_t ddl_comm_free(ddl_comm_t *comm);
+/* `seconds` > 0, or 0 to follow the thread's timeout / DDL_TIMEOUT. Split and created
+ * communicators inherit their parent's. */
+ddl_status_t ddl_comm_set_timeout(ddl_comm_t comm, double seconds);
+ddl_status_t ddl_comm_rank(ddl_comm_t comm, int *rank);
+ddl_status_t ddl_comm_size(ddl_comm_t comm, int *size);
+/* The world rank of member `rank`. */
+ddl_status_t ddl_comm_world_rank(ddl_comm_t comm, int rank, int *world_rank);
+
+ddl_status_t ddl_comm_allreduce(ddl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                size_t count, ddl_dtype_t dtype, ddl_op_t op);
+ddl_status_t ddl_comm_broadcast(ddl_comm_t comm, void *buf, size_t count, ddl_dtype_t dtype,
+                                int root);
+ddl_status_t ddl_comm_allgather(ddl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                size_t sendcount, ddl_dtype_t dtype);
+ddl_status_t ddl_comm_reduce_scatter(ddl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                     size_t recvcount, ddl_dtype_t dtype, ddl_op_t op);
+ddl_status_t ddl_comm_barrier(ddl_comm_t comm);
+/* Block i (count elements) of sendbuf goes to rank i; block j of recvbuf comes from j. */
+ddl_status_t ddl_comm_alltoall(ddl_comm_t comm, const void *sendbuf, void *recvbuf,
+                               size_t count, ddl_dtype_t dtype);
+/* sendcounts[i] elements (consecutive in sendbuf) go to rank i; recvcounts[j] arrive from
+ * j (consecutive in recvbuf, in rank order). Rank i's sendcounts[j] must equal rank j's
+ * recvcounts[i]: otherwise DDL_ERR_MISMATCH on every member, naming the counts. */
+ddl_status_t ddl_comm_alltoallv(ddl_comm_t comm, const void *sendbuf, const size_t *sendcounts,
+                                void *recvbuf, const size_t *recvcounts, ddl_dtype_t dtype);
+/* recvbuf receives every rank's sendcount elements in rank order; recvcounts[j] must be
+ * rank j's sendcount (else DDL_ERR_MISMATCH on every member). */
+ddl_status_t ddl_comm_allgatherv(ddl_comm_t comm, const void *sendbuf, size_t sendcount,
+                                 void *recvbuf, const size_t *recvcounts, ddl_dtype_t dtype);
+/* recvbuf (root only) holds size x count elements, rank i's at offset i x count. */
+ddl_status_t ddl_comm_gather(ddl_comm_t comm, const void *sendbuf, void *recvbuf, size_t count,
+                             ddl_dtype_t dtype, int root);
+/* sendbuf (root only) holds size x count elements; rank i receives block i. */
+ddl_status_t ddl_comm_scatter(ddl_comm_t comm, const void *sendbuf, void *recvbuf, size_t count,
+                              ddl_dtype_t dtype, int root);
+/* The allreduce's result (bit for bit), delivered to root's recvbuf only. */
+ddl_status_t ddl_comm_reduce(ddl_comm_t comm, const void *sendbuf, void *recvbuf, size_t count,
+                             ddl_dtype_t dtype, ddl_op_t op, int root);
+/* Point-to-point, tags 0..32767, matched by (source, tag) in order. A message whose size
+ * differs from the receive buffer's is consumed and fails the recv with DDL_ERR_MISMATCH
+ * naming both sizes (never truncated). Both wait at most the communicator's timeout. */
+ddl_status_t ddl_comm_send(ddl_comm_t comm, const void *buf, size_t count, ddl_dtype_t dtype,
+                           int dest, int tag);
+ddl_status_t ddl_comm_recv(ddl_comm_t comm, void *buf, size_t count, ddl_dtype_t dtype,
+                           int source, int tag);
+
 /* ---- tuning and introspection ---------------------------------------------------- */
 
 /* Force one allreduce algorithm for every level (DDL_ALGO_AUTO restores the model). Like
@@ -344,7 +419,7 @@ const char *ddl_dtype_name(ddl_dtype_t dtype);
 const char *ddl_op_name(ddl_op_t op);
 const char *ddl_algo_name(ddl_algo_t algo);
 size_t ddl_dtype_size(ddl_dtype_t dtype);
-/* "libddl 1.1.0 (Open MPI v5.0.11 ...)" */
+/* "libddl 2.0.0 (Open MPI v5.0.11 ...)" */
 const char *ddl_version_string(void);
 
 #ifdef __cplusplus

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import _cuda, _ddl
+from . import comm as _comm
 from ._buffers import _NP_CODE, DTYPES, OP_CODE, OPS, as_buffer, empty_like, op_code
 from ._ddl import (
     DDLError,
@@ -34,8 +35,20 @@ from ._ddl import (
     NotInitializedError,
     PeerLostError,
 )
+from .comm import (
+    Comm,
+    allgatherv,
+    comm_world,
+    gather,
+    irecv,
+    isend,
+    recv,
+    reduce,
+    scatter,
+    send,
+)
 
-__version__ = "1.1.0"
+__version__ = "2.0.0"
 __all__ = [
     "DTYPES", "OPS", "DDLError", "DDLTimeoutError", "InvalidArgumentError", "MismatchError",
     "NotInitializedError", "PeerLostError", "Handle", "init", "finalize", "is_initialized",
@@ -45,6 +58,8 @@ __all__ = [
     "alltoall", "alltoallv", "alltoall_counts",
     "reduce_scatter_async", "barrier", "plan", "set_algorithm", "set_fusion", "version",
     "async_stats", "gpu_info", "is_gpu_array", "set_thread_timeout",
+    "Comm", "comm_world", "allgatherv", "gather", "scatter", "reduce",
+    "send", "recv", "isend", "irecv",
 ]
 
 _OP_CODE = dict(OP_CODE)
@@ -55,7 +70,31 @@ size = _ddl.size
 local_rank = _ddl.local_rank
 local_size = _ddl.local_size
 is_initialized = _ddl.initialized
-barrier = _ddl.barrier
+
+
+def barrier(*, comm: Comm | None = None) -> None:
+    """Wait until every rank of `comm` (default: the world) has called barrier."""
+    if _sub(comm):
+        comm.barrier()
+        return
+    _ddl.barrier()
+
+
+def _sub(comm: Comm | None) -> bool:
+    """True for a communicator other than the world (the world keeps the 1.x paths)."""
+    if comm is None:
+        return False
+    if not isinstance(comm, Comm):
+        raise TypeError(f"comm must be a ddl_core.Comm or None, not {type(comm).__name__}")
+    comm.handle  # noqa: B018 - raises for a freed communicator before anything moves
+    return not comm.is_world
+
+
+def _world_only(comm: Comm | None, fn: str) -> None:
+    if _sub(comm):
+        raise InvalidArgumentError(
+            f"{fn}: asynchronous collectives run on the world communicator only (libddl "
+            "2.0); use the blocking call with comm=, or isend/irecv")
 version = _ddl.version
 
 
@@ -138,6 +177,7 @@ def _finalize_at_exit() -> None:
 def finalize() -> None:
     """Finish queued asynchronous work and shut DDL (and MPI, if DDL started it) down."""
     _ddl.finalize()
+    _comm._reset()
 
 
 def set_thread_timeout(seconds: float | None) -> float | None:
@@ -186,9 +226,11 @@ def _dev_out(x: Any, d: _cuda.DeviceArray, out: Any,
     return out, r
 
 
-def allreduce(x: Any, op: str = "sum", out: Any = None) -> Any:
+def allreduce(x: Any, op: str = "sum", out: Any = None, *, comm: Comm | None = None) -> Any:
     """Reduce x over all ranks; the result goes to `out` (a new array if None; `out=x`
     works in place) and is returned. op: sum, avg, min, max, prod."""
+    if _sub(comm):
+        return _comm.comm_allreduce(comm, x, op, out)
     o = _OP_CODE.get(op)
     if o is None:
         o = op_code(op)
@@ -214,8 +256,10 @@ def allreduce(x: Any, op: str = "sum", out: Any = None) -> Any:
     return res
 
 
-def broadcast(x: Any, root: int = 0) -> Any:
+def broadcast(x: Any, root: int = 0, *, comm: Comm | None = None) -> Any:
     """Overwrite x on every rank with root's x (in place); returns x."""
+    if _sub(comm):
+        return _comm.comm_broadcast(comm, x, root)
     d = _cuda.device_array(x)
     if d is not None:
         _ddl.dev_broadcast(d.ptr, d.count, d.code, root, d.stream)
@@ -231,8 +275,10 @@ def _gather_shape(x: Any) -> tuple[int, ...]:
     return (n * shape[0], *shape[1:]) if shape else (n,)
 
 
-def allgather(x: Any, out: Any = None) -> Any:
+def allgather(x: Any, out: Any = None, *, comm: Comm | None = None) -> Any:
     """Concatenate every rank's x along the first axis, in rank order."""
+    if _sub(comm):
+        return _comm.comm_allgather(comm, x, out)
     d = _cuda.device_array(x)
     if d is not None:
         res, r = _dev_out(x, d, out, _gather_shape(x) if out is None else None)
@@ -246,9 +292,12 @@ def allgather(x: Any, out: Any = None) -> Any:
     return res
 
 
-def alltoall(x: Any, out: Any = None) -> Any:
+def alltoall(x: Any, out: Any = None, *, comm: Any = None) -> Any:
     """Block i of x (split evenly along the first axis, or flat) goes to rank i; returns
-    the blocks that arrived, block j from rank j, shaped like x. Host buffers."""
+    the blocks that arrived, block j from rank j, shaped like x. Host buffers. comm=: on
+    that communicator (ddl_core.comm.alltoall)."""
+    if comm is not None:
+        return _comm.alltoall(x, out, comm=comm)
     if _cuda.device_array(x) is not None:
         raise NotImplementedError("alltoall of GPU buffers is not available yet: copy to "
                                   "the host (x.cpu()) first")
@@ -259,13 +308,19 @@ def alltoall(x: Any, out: Any = None) -> Any:
     return res
 
 
-def alltoallv(x: Any, send_counts: Any, recv_counts: Any = None, out: Any = None) -> Any:
+def alltoallv(x: Any, send_counts: Any, recv_counts: Any = None, out: Any = None, *,
+              comm: Any = None) -> Any:
     """send_counts[i] elements of a flat x (packed in rank order) go to rank i; returns,
     flat, what arrived from every rank, in rank order (its counts: alltoall_counts, which
     runs first unless recv_counts gives them). A rank sending nothing to some ranks is
     fine; recv_counts that disagree with the senders' raise MismatchError on every rank.
     out: where to receive (flat, at least sum(recv_counts) elements), else a new array.
-    Host buffers."""
+    Host buffers. comm=: on that communicator (ddl_core.comm.alltoallv; without
+    recv_counts and out there)."""
+    if comm is not None:
+        if recv_counts is not None or out is not None:
+            raise TypeError("alltoallv: recv_counts and out are for the world communicator")
+        return _comm.alltoallv(x, send_counts, comm=comm)
     if _cuda.device_array(x) is not None:
         raise NotImplementedError("alltoallv of GPU buffers is not available yet: copy to "
                                   "the host (x.cpu()) first")
@@ -301,9 +356,11 @@ def _scatter_shape(x: Any) -> tuple[int, ...]:
     return (total // n,)
 
 
-def reduce_scatter(x: Any, op: str = "sum", out: Any = None) -> Any:
+def reduce_scatter(x: Any, op: str = "sum", out: Any = None, *, comm: Comm | None = None) -> Any:
     """Reduce x over ranks and give rank i the i-th of `size()` equal blocks."""
     o = op_code(op)
+    if _sub(comm):
+        return _comm.comm_reduce_scatter(comm, x, op, out)
     d = _cuda.device_array(x)
     if d is not None:
         res, r = _dev_out(x, d, out, _scatter_shape(x) if out is None else None)
@@ -366,7 +423,7 @@ def _named(x: Any, name: str | None, shape: Any) -> dict[str, Any]:
 
 
 def allreduce_async(x: Any, op: str = "sum", out: Any = None, *, name: str | None = None,
-                    shape: Any = None) -> Handle:
+                    shape: Any = None, comm: Comm | None = None) -> Handle:
     """Queue an allreduce for the progress thread; small ones are fused (see set_fusion).
 
     Unnamed requests are matched across ranks by submission order. With `name=`, the
@@ -375,6 +432,7 @@ def allreduce_async(x: Any, op: str = "sum", out: Any = None, *, name: str | Non
     across ranks as well as the count. A mismatch raises MismatchError from wait() on
     every rank. GPU arrays run at once, ordered on their stream; the handle is then done.
     """
+    _world_only(comm, "allreduce_async")
     o = op_code(op)
     kw = _named(x, name, shape)
     if _cuda.device_array(x) is not None:
@@ -385,8 +443,9 @@ def allreduce_async(x: Any, op: str = "sum", out: Any = None, *, name: str | Non
 
 
 def broadcast_async(x: Any, root: int = 0, *, name: str | None = None,
-                    shape: Any = None) -> Handle:
+                    shape: Any = None, comm: Comm | None = None) -> Handle:
     """Queue a broadcast of root's x into x; name= and shape= as for allreduce_async."""
+    _world_only(comm, "broadcast_async")
     kw = _named(x, name, shape)
     if _cuda.device_array(x) is not None:
         return Handle(_DONE, broadcast(x, root), None)
@@ -395,9 +454,10 @@ def broadcast_async(x: Any, root: int = 0, *, name: str | None = None,
 
 
 def allgather_async(x: Any, out: Any = None, *, name: str | None = None,
-                    shape: Any = None) -> Handle:
+                    shape: Any = None, comm: Comm | None = None) -> Handle:
     """Queue an allgather (every rank's x has the same count); name= and shape= as for
     allreduce_async (shapes: all dimensions but the first must agree)."""
+    _world_only(comm, "allgather_async")
     kw = _named(x, name, shape)
     if _cuda.device_array(x) is not None:
         return Handle(_DONE, allgather(x, out), None)
@@ -406,8 +466,9 @@ def allgather_async(x: Any, out: Any = None, *, name: str | None = None,
 
 
 def reduce_scatter_async(x: Any, op: str = "sum", out: Any = None, *, name: str | None = None,
-                         shape: Any = None) -> Handle:
+                         shape: Any = None, comm: Comm | None = None) -> Handle:
     """Queue a reduce_scatter; name= and shape= (of x) as for allreduce_async."""
+    _world_only(comm, "reduce_scatter_async")
     o = op_code(op)
     kw = _named(x, name, shape)
     if _cuda.device_array(x) is not None:
@@ -447,11 +508,13 @@ def _from_bytes(like: Any, data: bytearray, count: int) -> Any:
     return np.frombuffer(data, dtype=dtype, count=count).reshape(rows)
 
 
-def allgatherv_async(x: Any, *, name: str | None = None, shape: Any = None) -> Handle:
+def allgatherv_async(x: Any, *, name: str | None = None, shape: Any = None,
+                     comm: Comm | None = None) -> Handle:
     """Queue an allgather whose first dimension may differ between ranks (Horovod's
     allgather): wait() returns every rank's x concatenated along the first axis, in rank
     order (numpy for numpy and buffers, torch for torch). name= and shape= as for
     allreduce_async; with shape=, all dimensions but the first must agree."""
+    _world_only(comm, "allgatherv_async")
     kw = _named(x, name, shape)
     if _cuda.device_array(x) is not None:
         raise ValueError("allgatherv_async takes host memory")

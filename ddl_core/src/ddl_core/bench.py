@@ -1,6 +1,7 @@
 """nccl-tests-style benchmark of DDL's collectives against mpi4py, in one run.
 
     ddlrun -n 2 python -m ddl_core.bench allreduce [--json F] [--plot F.png]
+    ddlrun -n 2 python -m ddl_core.bench alltoall|allgatherv|gather|scatter|reduce|sendrecv
     ddlrun -n 2 python -m ddl_core.bench check       # what the mismatch check costs
     ddlrun -n 2 python -m ddl_core.bench liveness    # what the liveness check costs
     python -m ddl_core.bench compare --baseline DIR   (this build against another: see
@@ -10,7 +11,9 @@ For every size, DDL and MPI run on the same buffers, interleaved repetition by
 repetition so machine noise hits both alike; the table shows the median of the
 repetitions (each the slowest rank's mean over its iterations), the bus bandwidth and
 the DDL/MPI ratio. busbw = algbw x 2(n-1)/n for allreduce, (n-1)/n for allgather and
-reduce_scatter, 1 for broadcast (as nccl-tests). #wrong counts elements that differ from
+reduce_scatter, allgatherv, alltoall, gather and scatter, 1 for broadcast, reduce and
+sendrecv (as nccl-tests; sendrecv: each rank sends `size` bytes to the next rank and
+receives as much from the previous one). #wrong counts elements that differ from
 the exact expected result after the timed loop.
 """
 
@@ -28,7 +31,9 @@ import numpy as np
 
 import ddl_core as ddl
 
-COLLECTIVES = ("allreduce", "allgather", "broadcast", "reduce_scatter")
+COLLECTIVES = ("allreduce", "allgather", "broadcast", "reduce_scatter", "alltoall", "allgatherv",
+               "gather", "scatter", "reduce", "sendrecv")
+_PARTED = ("allgather", "reduce_scatter", "alltoall", "allgatherv", "gather", "scatter")
 NP_DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32,
              "int64": np.int64, "float16": np.float16, "int8": np.int8, "uint8": np.uint8}
 
@@ -42,7 +47,7 @@ def parse_size(text: str) -> int:
 def busbw_factor(coll: str, n: int) -> float:
     if coll == "allreduce":
         return 2.0 * (n - 1) / n
-    if coll in ("allgather", "reduce_scatter"):
+    if coll in _PARTED:
         return (n - 1) / n
     return 1.0
 
@@ -60,8 +65,8 @@ class Case:
         n, r = ddl.size(), ddl.rank()
         es = np.dtype(dtype).itemsize
         # size = the bytes of the larger buffer, as nccl-tests reports it
-        total = max(nbytes // es, n if coll in ("allgather", "reduce_scatter") else 1)
-        if coll in ("allgather", "reduce_scatter"):
+        total = max(nbytes // es, n if coll in _PARTED else 1)
+        if coll in _PARTED:
             total -= total % n
         self.count = total
         self.nbytes = total * es
@@ -77,13 +82,56 @@ class Case:
             self.x, self.y = vals(total, r + 1), np.empty(part, dtype)
             full = sum(vals(total, q + 1) for q in range(n)).astype(dtype)
             self.expect = full[r * part:(r + 1) * part]
+        elif coll == "alltoall":  # block j of rank q holds q * n + j + 1
+            self.x = np.concatenate([vals(part, r * n + j + 1) for j in range(n)])
+            self.y = np.empty(total, dtype)
+            self.expect = np.concatenate([vals(part, q * n + r + 1) for q in range(n)])
+        elif coll in ("allgatherv", "gather"):
+            self.x, self.y = vals(part, r + 1), np.empty(total, dtype)
+            self.expect = np.concatenate([vals(part, q + 1) for q in range(n)])
+            if coll == "gather" and r != 0:
+                self.y = self.expect = np.empty(0, dtype)
+        elif coll == "scatter":
+            self.x = np.concatenate([vals(part, j + 1) for j in range(n)]) if r == 0 else (
+                np.empty(total, dtype))
+            self.y, self.expect = np.empty(part, dtype), vals(part, r + 1)
+        elif coll == "reduce":
+            self.x = vals(total, r + 1)
+            self.y = np.empty(total if r == 0 else 0, dtype)
+            self.expect = (sum(vals(total, q + 1) for q in range(n)).astype(dtype) if r == 0
+                           else self.y)
+        elif coll == "sendrecv":
+            self.x, self.y = vals(total, r + 1), np.empty(total, dtype)
+            self.expect = vals(total, (r - 1) % n + 1)
         else:
             self.x = self.y = vals(total, 7) if r == 0 else np.zeros(total, dtype)
             self.expect = vals(total, 7)
+        self.part = part
 
     def ddl_fn(self) -> Callable[[], None]:
-        x, y = self.x, self.y
+        x, y, r, n = self.x, self.y, ddl.rank(), ddl.size()
+        nxt, prv = (r + 1) % n, (r - 1) % n
+
+        def sendrecv() -> None:
+            if r % 2 == 0:
+                ddl.send(x, nxt)
+                ddl.recv(y, prv)
+            else:
+                ddl.recv(y, prv)
+                ddl.send(x, nxt)
+
+        counts = [self.part] * n
+
+        def allgatherv() -> None:
+            ddl.allgatherv(x, counts, out=y)  # counts known, as MPI's Allgatherv needs
+
         return {
+            "alltoall": lambda: ddl.alltoall(x, out=y),
+            "allgatherv": allgatherv,
+            "gather": lambda: ddl.gather(x, root=0, out=y if r == 0 else None),
+            "scatter": lambda: ddl.scatter(x, root=0, out=y),
+            "reduce": lambda: ddl.reduce(x, root=0, out=y if r == 0 else None),
+            "sendrecv": sendrecv,
             "allreduce": lambda: ddl.allreduce(x, out=y),
             "allgather": lambda: ddl.allgather(x, out=y),
             "reduce_scatter": lambda: ddl.reduce_scatter(x, out=y),
@@ -92,7 +140,25 @@ class Case:
 
     def mpi_fn(self) -> Callable[[], None]:
         x, y, c = self.x, self.y, self.comm
+        r, n = c.Get_rank(), c.Get_size()
+        nxt, prv = (r + 1) % n, (r - 1) % n
+        counts = [self.part] * n
+
+        def sendrecv() -> None:
+            if r % 2 == 0:
+                c.Send(x, nxt)
+                c.Recv(y, prv)
+            else:
+                c.Recv(y, prv)
+                c.Send(x, nxt)
+
         return {
+            "alltoall": lambda: c.Alltoall(x, y),
+            "allgatherv": lambda: c.Allgatherv(x, [y, counts]),
+            "gather": lambda: c.Gather(x, y if r == 0 else None, root=0),
+            "scatter": lambda: c.Scatter(x if r == 0 else None, y, root=0),
+            "reduce": lambda: c.Reduce(x, y if r == 0 else None, root=0),
+            "sendrecv": sendrecv,
             "allreduce": lambda: c.Allreduce(x, y),
             "allgather": lambda: c.Allgather(x, y),
             "reduce_scatter": lambda: c.Reduce_scatter_block(x, y),
@@ -143,7 +209,7 @@ def run(coll: str, sizes: list[int], dtype: Any, reps: int) -> list[dict[str, An
             rows.append({
                 "impl": impl, "algo": algo if impl == "ddl" else "MPI_" + coll,
                 "size": case.nbytes, "count": case.count, "dtype": np.dtype(dtype).name,
-                "redop": "sum" if coll in ("allreduce", "reduce_scatter") else "none",
+                "redop": "sum" if coll in ("allreduce", "reduce_scatter", "reduce") else "none",
                 "time_us": t * 1e6, "algbw": algbw,
                 "busbw": algbw * busbw_factor(coll, n), "wrong": wrong[impl],
             })

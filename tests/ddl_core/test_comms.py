@@ -1,0 +1,40 @@
+"""Communicators and the libddl 2 collectives under real mpirun (workers/comms.py)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import ok_lines, run_mpi
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 5])
+def test_comm_collectives_every_dtype_op(ranks: int) -> None:
+    """Split (odd sizes at 3 and 5 ranks, reversed key) and created communicators: every
+    dtype x op (bitwise on integers) x odd counts, the new collectives, point-to-point,
+    and two communicators of each rank driven from two threads at once."""
+    proc = run_mpi(ranks, "comms.py", "collectives", timeout=240)
+    assert ok_lines(proc, "comms-collectives") == ranks
+
+
+@pytest.mark.parametrize("grid,ranks", [("2x2", 4), ("2x2x2", 8)])
+def test_comm_collectives_on_grids(grid: str, ranks: int) -> None:
+    """Sub-communicators of a DDL_TOPOLOGY grid get the grid restricted to their members."""
+    proc = run_mpi(ranks, "comms.py", "collectives", env={"DDL_TOPOLOGY": grid}, timeout=300)
+    assert ok_lines(proc, "comms-collectives") == ranks
+
+
+@pytest.mark.parametrize("ranks", [2, 5])
+def test_comm_errors(ranks: int) -> None:
+    """Mismatch on a sub-communicator fails its members only and the next call works;
+    wrong-size recv names both sizes; freed communicator, bad root/peer, bitwise op on
+    floats are clear errors."""
+    proc = run_mpi(ranks, "comms.py", "errors", timeout=120)
+    assert ok_lines(proc, "comms-errors") == ranks
+
+
+def test_comm_timeout_on_sub_communicator() -> None:
+    """A member that never arrives: the others of its communicator raise DDLTimeoutError
+    after the communicator's 2 s; the other communicator is unaffected."""
+    proc = run_mpi(5, "comms.py", "timeout", timeout=120, check=False)
+    assert ok_lines(proc, "comms-timeout") == 5, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.count("DDLTimeout") == 0  # messages are the library's own
+    assert proc.stdout.count("no answer from rank 2 for 2 s") == 2, proc.stdout

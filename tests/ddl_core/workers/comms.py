@@ -1,0 +1,229 @@
+"""Communicators (libddl 2) against numpy: split and created communicators of odd sizes,
+every dtype x op (bitwise ops on integers) x odd counts for the reductions, the new
+collectives and point-to-point, concurrent communicators, and the errors.
+
+Modes: `collectives`, `errors` (mismatch on a sub-communicator, wrong-size recv, freed
+communicator, bad root/peer), `timeout` (a member of a sub-communicator never arrives)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import numpy as np
+from common import DTYPES, OPS, data, reference, same
+
+import ddl_core as ddl
+
+ddl.init()
+world = ddl.comm_world()
+r, n = world.rank, world.size
+failures: list[str] = []
+checks = [0]
+COUNTS = (0, 1, 7, 97, 4099)
+BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+
+
+def expect(ok: bool, what: str) -> None:
+    checks[0] += 1
+    if not ok:
+        failures.append(f"rank {r}: {what}")
+
+
+def ref(inputs: list[np.ndarray], dt: np.dtype, op: str) -> np.ndarray:
+    if op in BITWISE:
+        return BITWISE[op].reduce(np.stack(inputs), axis=0).astype(dt)
+    return reference(inputs, dt, op)
+
+
+def reductions(c: ddl.Comm, tag: str) -> None:
+    """allreduce, reduce and reduce_scatter on c for every dtype x op x count."""
+    members = c.members
+    for dname, dt in DTYPES.items():
+        ops = OPS + (tuple(BITWISE) if dt.kind in "iu" else ())
+        for op in ops:
+            dop = "max" if op in BITWISE else op
+            for count in COUNTS:
+                ins = [data(q, count, dt, dop) for q in members]
+                want = ref(ins, dt, op)
+                got = ddl.allreduce(ins[c.rank], op=op, comm=c)
+                expect(same(got, want), f"{tag} allreduce {dname} {op} {count}")
+                root = c.size - 1
+                red = ddl.reduce(ins[c.rank], op=op, root=root, comm=c)
+                expect(same(red, want) if c.rank == root else red is None,
+                       f"{tag} reduce {dname} {op} {count}")
+            if dname in ("float32", "int32", "float16") and op in ("sum", "avg", "bxor"):
+                # large and divisible by every communicator size here: the
+                # reduce-scatter + gather path of reduce (>= 256 KiB)
+                big = [data(q, 72000 * 2, dt, dop, salt=1) for q in members]
+                red = ddl.reduce(big[c.rank], op=op, root=0, comm=c)
+                expect(same(red, ref(big, dt, op)) if c.rank == 0 else red is None,
+                       f"{tag} large reduce {dname} {op}")
+            blocks = [np.concatenate([data(q, 3, dt, dop, salt=b) for b in range(c.size)])
+                      for q in members]
+            rs = ddl.reduce_scatter(blocks[c.rank], op=op, comm=c)
+            want = ref([b[c.rank * 3:(c.rank + 1) * 3] for b in blocks], dt, op)
+            expect(same(rs, want), f"{tag} reduce_scatter {dname} {op}")
+
+
+def movers(c: ddl.Comm, tag: str) -> None:
+    """The data-movement collectives and point-to-point on c, every dtype."""
+    m, me = c.size, c.rank
+    for dname, dt in DTYPES.items():
+        for count in (0, 1, 13):
+            def mk(q: int, salt: int = 0, k: int = count, dt: np.dtype = dt) -> np.ndarray:
+                return data(q, k, dt, "max", salt=salt)
+            src = [np.concatenate([mk(q, salt=j) for j in range(m)]) for q in range(m)]
+            got = ddl.alltoall(src[me], comm=c)
+            want = np.concatenate([src[j][me * count:(me + 1) * count] for j in range(m)])
+            expect(same(got, want), f"{tag} alltoall {dname} {count}")
+            # alltoallv: rank q sends (q + j + count) % 4 elements to rank j
+            sc = [[(q + j + count) % 4 for j in range(m)] for q in range(m)]
+            vin = [np.concatenate([mk(q, salt=j, k=sc[q][j]) for j in range(m)]) for q in range(m)]
+            got = ddl.alltoallv(vin[me], sc[me], comm=c)
+            want = np.concatenate([mk(j, salt=me, k=sc[j][me]) for j in range(m)])
+            expect(same(got, want), f"{tag} alltoallv {dname} {count}")
+            got = ddl.allgatherv(mk(me, k=(me * 2 + count) % 5), comm=c)
+            want = np.concatenate([mk(q, k=(q * 2 + count) % 5) for q in range(m)])
+            expect(same(got, want), f"{tag} allgatherv {dname} {count}")
+            root = (count + 1) % m
+            got = ddl.gather(mk(me), root=root, comm=c)
+            expect(same(got, np.concatenate([mk(q) for q in range(m)])) if me == root
+                   else got is None, f"{tag} gather {dname} {count}")
+            got = ddl.scatter(src[root] if me == root else np.empty(m * count, dt), root=root,
+                              comm=c)
+            expect(same(got, src[root][me * count:(me + 1) * count]),
+                   f"{tag} scatter {dname} {count}")
+            x = mk(me, salt=5)
+            ddl.broadcast(x, root=root, comm=c)
+            expect(same(x, mk(root, salt=5)), f"{tag} broadcast {dname} {count}")
+            got = ddl.allgather(mk(me), comm=c)
+            expect(same(got, np.concatenate([mk(q) for q in range(m)])),
+                   f"{tag} allgather {dname} {count}")
+            if m > 1:  # a ring of send/recv, tags per dtype; isend/irecv the other way
+                nxt, prv = (me + 1) % m, (me - 1) % m
+                h = ddl.isend(mk(me, salt=9), prv, tag=7, comm=c)
+                if me % 2 == 0:
+                    ddl.send(mk(me), nxt, tag=3, comm=c)
+                    got = ddl.recv(np.empty(count, dt), prv, tag=3, comm=c)
+                else:
+                    got = ddl.recv(np.empty(count, dt), prv, tag=3, comm=c)
+                    ddl.send(mk(me), nxt, tag=3, comm=c)
+                expect(same(got, mk(prv)), f"{tag} send/recv {dname} {count}")
+                got = ddl.irecv(np.empty(count, dt), nxt, tag=7, comm=c).wait()
+                h.wait()
+                expect(same(got, mk(nxt, salt=9)), f"{tag} isend/irecv {dname} {count}")
+
+
+def mode_collectives() -> None:
+    halves = world.split(r % 2, key=-r)  # odd sizes for 3 and 5 ranks; reversed order
+    expect(halves.size == (n + 1 - r % 2) // 2, "split size")
+    expect(list(halves.members) == sorted((q for q in range(n) if q % 2 == r % 2),
+                                          reverse=True), f"split members {halves.members}")
+    listed = list(range(n - 1, -1, -2))  # every other rank from the last, in that order
+    made = world.create(listed)
+    expect((made is None) == (r not in listed), "create membership")
+    if made is not None:
+        expect(list(made.members) == listed and made.rank == listed.index(r), "create order")
+    none = world.split(None if r == 0 else 1)
+    expect((none is None) == (r == 0), "split color None")
+    for c, tag in ((world, "world"), (halves, "split"), (made, "create")):
+        if c is not None:
+            reductions(c, tag)
+            movers(c, tag)
+    # Two communicators of this rank used at once from two threads, 40 calls each.
+    other = world.split(0, key=r)
+    errs: list[str] = []
+
+    def spin(c: ddl.Comm, salt: int) -> None:
+        try:
+            for i in range(40):
+                x = np.full(257, c.rank + i + salt, np.int64)
+                got = ddl.allreduce(x, comm=c)
+                want = sum(q + i + salt for q in range(c.size))
+                if not (got == want).all():
+                    errs.append(f"concurrent {salt} call {i}")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errs.append(repr(e))
+
+    ts = [threading.Thread(target=spin, args=(halves, 0)),
+          threading.Thread(target=spin, args=(other, 1000))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    expect(not errs, f"concurrent communicators: {errs}")
+    for c in (halves, made, none, other):
+        if c is not None:
+            c.free()
+
+
+def raises(exc: type, fn, *a, **kw) -> str:
+    try:
+        fn(*a, **kw)
+    except exc as e:
+        return str(e)
+    failures.append(f"rank {r}: {getattr(fn, '__name__', fn)} did not raise {exc.__name__}")
+    return ""
+
+
+def mode_errors() -> None:
+    half = world.split(r % 2)
+    # Mismatch inside color 0 only: every member of it raises, color 1 runs a good call.
+    if r % 2 == 0 and half.size > 1:
+        msg = raises(ddl.MismatchError, ddl.allreduce, np.ones(3 + half.rank, np.float32),
+                     comm=half)
+        expect("different" in msg or "count" in msg, f"mismatch message: {msg}")
+        msg = raises(ddl.MismatchError, ddl.reduce, np.ones(4, np.float32),
+                     root=half.rank % 2, comm=half)
+    else:
+        got = ddl.allreduce(np.ones(5, np.float32), comm=half)
+        expect((got == half.size).all(), "non-member of the mismatch unaffected")
+    got = ddl.allreduce(np.ones(5, np.int32), comm=half)  # the next call works
+    expect((got == half.size).all(), "call after a mismatch")
+    # Wrong-size recv: an error naming both sizes; the next exchange works.
+    if n > 1 and r < 2:
+        if r == 0:
+            ddl.send(np.arange(4, dtype=np.float32), 1, tag=2)
+            ddl.send(np.arange(5, dtype=np.float32), 1, tag=2)
+        else:
+            msg = raises(ddl.MismatchError, ddl.recv, np.empty(5, np.float32), 0, tag=2)
+            expect("16 bytes" in msg and "20 bytes" in msg, f"recv size message: {msg}")
+            got = ddl.recv(np.empty(5, np.float32), 0, tag=2)
+            expect(same(got, np.arange(5, dtype=np.float32)), "recv after a wrong size")
+    raises(ddl.InvalidArgumentError, ddl.reduce, np.ones(2), root=half.size, comm=half)
+    raises(ddl.InvalidArgumentError, ddl.send, np.ones(2), half.size, comm=half)
+    raises(ddl.InvalidArgumentError, ddl.allreduce, np.ones(2), op="bxor", comm=half)
+    half.free()
+    msg = raises(ddl.InvalidArgumentError, ddl.allreduce, np.ones(2), comm=half)
+    expect("freed" in msg, f"freed message: {msg}")
+    raises(ddl.InvalidArgumentError, world.free)
+    world.barrier()
+
+
+def mode_timeout() -> None:
+    """Rank 1 of color 0 never arrives: the others of color 0 time out after the
+    communicator's 2 s; color 1 is unaffected."""
+    half = world.split(r % 2)
+    half.set_timeout(2.0)
+    if r % 2 == 0:
+        if half.rank != 1:
+            t0 = time.monotonic()
+            msg = raises(ddl.DDLTimeoutError, ddl.allreduce, np.ones(3), comm=half)
+            took = time.monotonic() - t0
+            expect(1.5 < took < 20, f"timeout after {took:.1f} s")
+            print(f"timeout rank {r}: {took:.1f} s: {msg}", flush=True)
+    else:
+        got = ddl.allreduce(np.ones(3), comm=half)
+        expect((got == half.size).all(), "other communicator unaffected")
+    time.sleep(0.5)
+
+
+{"collectives": mode_collectives, "errors": mode_errors, "timeout": mode_timeout}[sys.argv[1]]()
+if failures:
+    print("\n".join(failures[:30]), file=sys.stderr)
+    sys.exit(1)
+print(f"checks {checks[0]}", flush=True)
+print(f"OK comms-{sys.argv[1]}")
+ddl.finalize()
