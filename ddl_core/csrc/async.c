@@ -32,25 +32,15 @@ static const int KIND_COLL[] = {DDL_COLL_ALLREDUCE, DDL_COLL_BROADCAST, DDL_COLL
 #define MAX_NAME 1024       /* longest name, in bytes */
 #define IDLE_MAX_S 0.05     /* longest pause between an idle thread's looks at its peers */
 
-/* ---- the queue ------------------------------------------------------------------------- */
+/* ---- the engines ----------------------------------------------------------------------- */
 
-static struct {
-    pthread_mutex_t lock;
-    pthread_cond_t work; /* the progress thread waits here */
-    pthread_cond_t done; /* waiters on requests wait here */
-    struct ddl_request_s *head, *tail;
-    size_t pending;
-    size_t fresh;        /* submitted since the progress thread last looked */
-    size_t fresh_bytes;
-    double first_fresh;
-    uint64_t unnamed_seq;
-    ddl_namemap_t inflight;  /* names of the requests submitted and not yet complete */
-    int stop;
-    int running;
-    pthread_t thread;
-    int hurry; /* someone blocks on a queued request: negotiate without the cycle time */
-} q = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL,
-       0, 0, 0, 0.0, 0, {NULL, 0, 0}, 0, 0, 0, 0};
+/* The world communicator's engine (started by ddl_init), and every live engine in a list
+ * for ddl_progress_hurry and the statistics. */
+static ddl_engine_t world_engine = {.lock = PTHREAD_MUTEX_INITIALIZER,
+                                    .work = PTHREAD_COND_INITIALIZER,
+                                    .done = PTHREAD_COND_INITIALIZER};
+static pthread_mutex_t engines_lock = PTHREAD_MUTEX_INITIALIZER;
+static ddl_engine_t *engines;
 
 static uint64_t stat_batches, stat_cycles;
 uint64_t ddl_stat_fused_buffers, ddl_stat_fused_requests, ddl_stat_full_cycles, ddl_stat_names;
@@ -72,34 +62,40 @@ ddl_status_t ddl_negotiation_stats(uint64_t *cycles, uint64_t *full_cycles, uint
     *cycles = __atomic_load_n(&stat_cycles, __ATOMIC_RELAXED);
     *full_cycles = __atomic_load_n(&ddl_stat_full_cycles, __ATOMIC_RELAXED);
     *names = __atomic_load_n(&ddl_stat_names, __ATOMIC_RELAXED);
-    pthread_mutex_lock(&q.lock);
-    *pending = q.pending;
-    pthread_mutex_unlock(&q.lock);
+    *pending = 0;
+    pthread_mutex_lock(&engines_lock);
+    for (ddl_engine_t *e = engines; e; e = e->next_engine) {
+        pthread_mutex_lock(&e->lock);
+        *pending += e->pending;
+        pthread_mutex_unlock(&e->lock);
+    }
+    pthread_mutex_unlock(&engines_lock);
     return DDL_SUCCESS;
 }
 
 /* Finish a request with `st`; `msg` (or this thread's last error) explains a failure. */
 void ddl_req_finish(struct ddl_request_s *r, ddl_status_t st, const char *msg) {
-    pthread_mutex_lock(&q.lock);
+    ddl_engine_t *e = r->eng;
+    pthread_mutex_lock(&e->lock);
     r->status = st;
     if (st != DDL_SUCCESS) snprintf(r->error, sizeof r->error, "%s", msg ? msg : ddl_last_error());
     if (r->name) {
-        ddl_nm_entry_t *e = ddl_nm_find(&q.inflight, r->name, r->hash);
-        if (e && e->val == (size_t)(uintptr_t)r) ddl_nm_del(&q.inflight, e);
+        ddl_nm_entry_t *ent = ddl_nm_find(&e->inflight, r->name, r->hash);
+        if (ent && ent->val == (size_t)(uintptr_t)r) ddl_nm_del(&e->inflight, ent);
     }
     __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
-    pthread_cond_broadcast(&q.done);
-    pthread_mutex_unlock(&q.lock);
+    pthread_cond_broadcast(&e->done);
+    pthread_mutex_unlock(&e->lock);
 }
 
 static void complete(struct ddl_request_s *r, ddl_status_t st) { ddl_req_finish(r, st, NULL); }
 
-/* Take a request out of the pending list (under q.lock). */
-static void unlink_locked(struct ddl_request_s *r) {
-    if (r->prev) r->prev->next = r->next; else q.head = r->next;
-    if (r->next) r->next->prev = r->prev; else q.tail = r->prev;
+/* Take a request out of the pending list (under e->lock). */
+static void unlink_locked(ddl_engine_t *e, struct ddl_request_s *r) {
+    if (r->prev) r->prev->next = r->next; else e->head = r->next;
+    if (r->next) r->next->prev = r->prev; else e->tail = r->prev;
     r->prev = r->next = NULL;
-    q.pending--;
+    e->pending--;
 }
 
 /* How a request describes itself in messages: "allreduce 'grad.fc1'" or "unnamed
@@ -116,9 +112,9 @@ void ddl_req_describe(const struct ddl_request_s *r, char *out, size_t n) {
  * early when the fusion buffer is full or when an application thread blocks on a queued
  * request (ddl_progress_hurry): it can submit nothing more meanwhile, so waiting out the
  * cycle would only add latency (a blocking torch all_reduce paid 1 ms for 4 KiB). */
-static void cycle_wait(double wake) {
-    pthread_mutex_lock(&q.lock);
-    while (!q.hurry && !q.stop && !(q.fresh && q.fresh_bytes >= ddl_g.fusion_threshold)) {
+static void cycle_wait(ddl_engine_t *e, double wake) {
+    pthread_mutex_lock(&e->lock);
+    while (!e->hurry && !e->stop && !(e->fresh && e->fresh_bytes >= ddl_g.fusion_threshold)) {
         double d = wake - ddl_now();
         if (d <= 0) break;
         struct timespec ts;
@@ -126,26 +122,30 @@ static void cycle_wait(double wake) {
         double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + d;
         ts.tv_sec = (time_t)t;
         ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-        pthread_cond_timedwait(&q.work, &q.lock, &ts);
+        pthread_cond_timedwait(&e->work, &e->lock, &ts);
     }
-    pthread_mutex_unlock(&q.lock);
+    pthread_mutex_unlock(&e->lock);
 }
 
 void ddl_progress_hurry(void) {
-    pthread_mutex_lock(&q.lock);
-    if (q.pending) {
-        q.hurry = 1;
-        pthread_cond_broadcast(&q.work);
+    pthread_mutex_lock(&engines_lock);
+    for (ddl_engine_t *e = engines; e; e = e->next_engine) {
+        pthread_mutex_lock(&e->lock);
+        if (e->pending) {
+            e->hurry = 1;
+            pthread_cond_broadcast(&e->work);
+        }
+        pthread_mutex_unlock(&e->lock);
     }
-    pthread_mutex_unlock(&q.lock);
+    pthread_mutex_unlock(&engines_lock);
 }
 
 /* Whether a peer has started a negotiation this rank has not joined: its first message
  * (a recursive-doubling step, or the doorbell of a folded pair) is waiting here. Only
  * called while this rank has nothing running on the progress communicators, so any such
  * message belongs to a new negotiation. */
-static int peer_negotiating(void) {
-    const ddl_mpicomm_t *c = &ddl_g.progress.world;
+static int peer_negotiating(ddl_engine_t *e) {
+    const ddl_mpicomm_t *c = &e->ctx->world;
     int tags[2] = {DDL_TAG_RD, DDL_TAG_BELL};
     for (int i = 0; i < 2; i++) {
         int flag = 0;
@@ -157,12 +157,12 @@ static int peer_negotiating(void) {
 }
 
 static void *progress_main(void *arg) {
-    (void)arg;
+    ddl_engine_t *e = arg;
     ddl_reqvec_t snap = {0}, batch = {0}, stalled = {0};
     double last_cycle = 0;
     int more = 0; /* agreed: after the last negotiation some rank still had requests queued */
     for (;;) {
-        pthread_mutex_lock(&q.lock);
+        pthread_mutex_lock(&e->lock);
         /* Idle: sleep until a request arrives, looking now and then whether a peer has
          * started a negotiation (its first message is waiting here), which happens when
          * it waits for a request this rank has not submitted: joining it (with nothing)
@@ -174,9 +174,9 @@ static void *progress_main(void *arg) {
          * so an idle rank costs the others nothing and spends next to no CPU. */
         int joining = 0;
         double interval = more ? 20e-6 : 1e-3;
-        while (!q.stop && q.pending == 0) {
-            if (ddl_g.size == 1) {
-                pthread_cond_wait(&q.work, &q.lock);
+        while (!e->stop && e->pending == 0) {
+            if (e->ctx->world.size == 1) {
+                pthread_cond_wait(&e->work, &e->lock);
                 continue;
             }
             double until = ddl_now() + interval;
@@ -185,55 +185,55 @@ static void *progress_main(void *arg) {
             double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + interval;
             ts.tv_sec = (time_t)t;
             ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-            pthread_cond_timedwait(&q.work, &q.lock, &ts);
-            if (q.pending || q.stop || ddl_now() < until) continue;
-            pthread_mutex_unlock(&q.lock);
-            joining = peer_negotiating();
-            pthread_mutex_lock(&q.lock);
+            pthread_cond_timedwait(&e->work, &e->lock, &ts);
+            if (e->pending || e->stop || ddl_now() < until) continue;
+            pthread_mutex_unlock(&e->lock);
+            joining = peer_negotiating(e);
+            pthread_mutex_lock(&e->lock);
             if (joining) break;
             interval = interval * 2 < IDLE_MAX_S ? interval * 2 : IDLE_MAX_S;
         }
-        if (q.pending == 0 && !joining) { /* stopping */
-            pthread_mutex_unlock(&q.lock);
+        if (e->pending == 0 && !joining) { /* stopping */
+            pthread_mutex_unlock(&e->lock);
             break;
         }
         /* Give requests submitted close together the cycle time to join the batch; when
          * only requests other ranks have not submitted yet are left, look again a cycle
          * time after the last look. */
-        double wake = (q.fresh ? q.first_fresh : last_cycle) + ddl_g.cycle_time_s;
-        int full = joining || q.hurry || (q.fresh && q.fresh_bytes >= ddl_g.fusion_threshold);
-        pthread_mutex_unlock(&q.lock);
-        if (!full) cycle_wait(wake);
+        double wake = (e->fresh ? e->first_fresh : last_cycle) + ddl_g.cycle_time_s;
+        int full = joining || e->hurry || (e->fresh && e->fresh_bytes >= ddl_g.fusion_threshold);
+        pthread_mutex_unlock(&e->lock);
+        if (!full) cycle_wait(e, wake);
 
-        pthread_mutex_lock(&q.lock);
+        pthread_mutex_lock(&e->lock);
         snap.n = 0;
         int oom = 0;
-        for (struct ddl_request_s *r = q.head; r; r = r->next) oom |= ddl_reqvec_push(&snap, r);
-        q.fresh = 0;
-        q.fresh_bytes = 0;
-        q.hurry = 0;
-        pthread_mutex_unlock(&q.lock);
+        for (struct ddl_request_s *r = e->head; r; r = r->next) oom |= ddl_reqvec_push(&snap, r);
+        e->fresh = 0;
+        e->fresh_bytes = 0;
+        e->hurry = 0;
+        pthread_mutex_unlock(&e->lock);
         last_cycle = ddl_now();
         __atomic_add_fetch(&stat_cycles, 1, __ATOMIC_RELAXED);
         batch.n = stalled.n = 0;
         /* The negotiation waits with the deadline of the oldest request (DDL_TIMEOUT when
          * only joining), and counts as a collective of the progress context for messages. */
         ddl_set_thread_timeout(snap.n ? snap.v[0]->timeout : 0);
-        ddl_coll_begin(&ddl_g.progress, "negotiation", 0);
+        ddl_coll_begin(e->ctx, "negotiation", 0);
         ddl_status_t st = oom ? ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the queue")
-                              : ddl_negotiate(&snap, &batch, &stalled, &more);
+                              : ddl_negotiate(e, &snap, &batch, &stalled, &more);
         if (st != DDL_SUCCESS) { /* no agreement: fail everything this rank has queued */
             more = 0;
-            pthread_mutex_lock(&q.lock);
-            for (size_t i = 0; i < snap.n; i++) unlink_locked(snap.v[i]);
-            pthread_mutex_unlock(&q.lock);
+            pthread_mutex_lock(&e->lock);
+            for (size_t i = 0; i < snap.n; i++) unlink_locked(e, snap.v[i]);
+            pthread_mutex_unlock(&e->lock);
             for (size_t i = 0; i < snap.n; i++) complete(snap.v[i], st);
             continue;
         }
-        pthread_mutex_lock(&q.lock);
-        for (size_t i = 0; i < batch.n; i++) unlink_locked(batch.v[i]);
-        for (size_t i = 0; i < stalled.n; i++) unlink_locked(stalled.v[i]);
-        pthread_mutex_unlock(&q.lock);
+        pthread_mutex_lock(&e->lock);
+        for (size_t i = 0; i < batch.n; i++) unlink_locked(e, batch.v[i]);
+        for (size_t i = 0; i < stalled.n; i++) unlink_locked(e, stalled.v[i]);
+        pthread_mutex_unlock(&e->lock);
         for (size_t i = 0; i < stalled.n; i++) {
             char msg[sizeof stalled.v[i]->error];
             memcpy(msg, stalled.v[i]->error, sizeof msg);
@@ -250,25 +250,71 @@ static void *progress_main(void *arg) {
     return NULL;
 }
 
-ddl_status_t ddl_progress_start(void) {
-    q.stop = 0;
-    if (pthread_create(&q.thread, NULL, progress_main, NULL) != 0)
-        return ddl_fail(DDL_ERR_INTERNAL, "cannot start the progress thread");
-    q.running = 1;
+static ddl_status_t engine_start(ddl_engine_t *e, ddl_ctx_t *ctx) {
+    e->ctx = ctx;
+    e->stop = 0;
+    if (pthread_create(&e->thread, NULL, progress_main, e) != 0)
+        return ddl_fail(DDL_ERR_INTERNAL, "cannot start a progress thread");
+    e->running = 1;
+    pthread_mutex_lock(&engines_lock);
+    e->next_engine = engines;
+    engines = e;
+    pthread_mutex_unlock(&engines_lock);
     return DDL_SUCCESS;
 }
 
+/* Stop after what is queued has run (or failed at its deadline), then forget the names. */
+static void engine_stop(ddl_engine_t *e) {
+    if (!e->running) return;
+    pthread_mutex_lock(&engines_lock);
+    for (ddl_engine_t **pp = &engines; *pp; pp = &(*pp)->next_engine)
+        if (*pp == e) {
+            *pp = e->next_engine;
+            break;
+        }
+    pthread_mutex_unlock(&engines_lock);
+    pthread_mutex_lock(&e->lock);
+    e->stop = 1;
+    pthread_cond_broadcast(&e->work);
+    pthread_mutex_unlock(&e->lock);
+    pthread_join(e->thread, NULL);
+    e->running = 0;
+    ddl_negotiate_free(e);
+    ddl_nm_free(&e->inflight);
+}
+
+ddl_status_t ddl_progress_start(void) { return engine_start(&world_engine, &ddl_g.progress); }
+
 ddl_status_t ddl_progress_stop(void) {
-    if (!q.running) return DDL_SUCCESS;
-    pthread_mutex_lock(&q.lock);
-    q.stop = 1;
-    pthread_cond_broadcast(&q.work);
-    pthread_mutex_unlock(&q.lock);
-    pthread_join(q.thread, NULL);
-    q.running = 0;
-    ddl_negotiate_free();
-    ddl_nm_free(&q.inflight);
+    engine_stop(&world_engine);
     return DDL_SUCCESS;
+}
+
+int ddl_progress_running(void) { return world_engine.running; }
+
+ddl_status_t ddl_engine_create(ddl_ctx_t *ctx, ddl_engine_t **out) {
+    *out = NULL;
+    ddl_engine_t *e = calloc(1, sizeof *e);
+    if (!e) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for a communicator's queue");
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_cond_init(&e->work, NULL);
+    pthread_cond_init(&e->done, NULL);
+    ddl_status_t st = engine_start(e, ctx);
+    if (st != DDL_SUCCESS) {
+        ddl_engine_destroy(e);
+        return st;
+    }
+    *out = e;
+    return DDL_SUCCESS;
+}
+
+void ddl_engine_destroy(ddl_engine_t *e) {
+    if (!e) return;
+    engine_stop(e);
+    pthread_mutex_destroy(&e->lock);
+    pthread_cond_destroy(&e->work);
+    pthread_cond_destroy(&e->done);
+    free(e);
 }
 
 /* ---- submission -------------------------------------------------------------------------- */
@@ -288,12 +334,12 @@ static uint64_t request_sig(int kind, size_t count, ddl_dtype_t dtype, ddl_op_t 
     return s;
 }
 
-static ddl_status_t submit(int kind, const void *send, void *recv, size_t count,
+static ddl_status_t submit(ddl_engine_t *e, int kind, const void *send, void *recv, size_t count,
                            ddl_dtype_t dtype, int op, int root, const ddl_match_t *match,
                            ddl_request_t *out, const char *fn) {
     DDL_CHECK(ddl_require_init());
     if (!out) return ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL request pointer", fn);
-    if (!q.running)
+    if (!e || !e->running)
         return ddl_fail(DDL_ERR_UNSUPPORTED,
                         "%s: asynchronous collectives need MPI initialized with "
                         "MPI_THREAD_MULTIPLE; let ddl_init() initialize MPI",
@@ -303,9 +349,10 @@ static ddl_status_t submit(int kind, const void *send, void *recv, size_t count,
     DDL_CHECK(ddl_check_op((int)dtype, op, fn));
     if (count && !(kind == REQ_ALLGATHERV ? send : recv))
         return ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL buffer", fn);
-    if (kind == REQ_BROADCAST && (root < 0 || root >= ddl_g.size))
+    int size = e->ctx->world.size;
+    if (kind == REQ_BROADCAST && (root < 0 || root >= size))
         return ddl_fail(DDL_ERR_INVALID_ARG, "%s: root %d is not a rank (0..%d)", fn, root,
-                        ddl_g.size - 1);
+                        size - 1);
     const char *name = match && match->name && *match->name ? match->name : NULL;
     size_t namelen = name ? strlen(name) : 0;
     if (namelen > MAX_NAME)
@@ -318,7 +365,7 @@ static ddl_status_t submit(int kind, const void *send, void *recv, size_t count,
     if (ndim >= 0) {
         /* The shape describes the tensor: the input of a reduce_scatter (size x count
          * elements), the buffer of the others. */
-        size_t want = kind == REQ_REDUCE_SCATTER ? count * (size_t)ddl_g.size : count, have = 1;
+        size_t want = kind == REQ_REDUCE_SCATTER ? count * (size_t)size : count, have = 1;
         for (int i = 0; i < ndim; i++) {
             if (match->shape[i] < 0)
                 return ddl_fail(DDL_ERR_INVALID_ARG, "%s: dimension %d of the shape is negative "
@@ -343,6 +390,7 @@ static ddl_status_t submit(int kind, const void *send, void *recv, size_t count,
         r->name = tail;
         r->hash = ddl_name_hash(tail);
     }
+    r->eng = e;
     r->kind = kind;
     r->send = send ? send : DDL_IN_PLACE;
     r->recv = recv;
@@ -354,10 +402,10 @@ static ddl_status_t submit(int kind, const void *send, void *recv, size_t count,
     r->sig = request_sig(kind, count, dtype, r->op, root, ndim, r->shape);
     r->submitted = ddl_now();
     r->timeout = ddl_thread_timeout();
-    pthread_mutex_lock(&q.lock);
+    pthread_mutex_lock(&e->lock);
     if (name) {
-        if (ddl_nm_find(&q.inflight, r->name, r->hash)) {
-            pthread_mutex_unlock(&q.lock);
+        if (ddl_nm_find(&e->inflight, r->name, r->hash)) {
+            pthread_mutex_unlock(&e->lock);
             free(r);
             return ddl_fail(DDL_ERR_INVALID_ARG,
                             "%s: a request named '%.200s' is already in flight on this rank "
@@ -365,85 +413,134 @@ static ddl_status_t submit(int kind, const void *send, void *recv, size_t count,
                             "time, so wait for the first one or give this one another name",
                             fn, name);
         }
-        if (ddl_nm_put(&q.inflight, r->name, r->hash, (size_t)(uintptr_t)r) != 0) {
-            pthread_mutex_unlock(&q.lock);
+        if (ddl_nm_put(&e->inflight, r->name, r->hash, (size_t)(uintptr_t)r) != 0) {
+            pthread_mutex_unlock(&e->lock);
             free(r);
             return ddl_fail(DDL_ERR_NO_MEMORY, "%s: no memory for a request", fn);
         }
     } else {
-        r->seq = q.unnamed_seq++;
+        r->seq = e->unnamed_seq++;
     }
-    if (q.fresh == 0) q.first_fresh = r->submitted;
-    r->prev = q.tail;
-    if (q.tail)
-        q.tail->next = r;
+    if (e->fresh == 0) e->first_fresh = r->submitted;
+    r->prev = e->tail;
+    if (e->tail)
+        e->tail->next = r;
     else
-        q.head = r;
-    q.tail = r;
-    q.pending++;
-    q.fresh++;
-    q.fresh_bytes += ddl_req_bytes(r);
-    pthread_cond_signal(&q.work);
-    pthread_mutex_unlock(&q.lock);
+        e->head = r;
+    e->tail = r;
+    e->pending++;
+    e->fresh++;
+    e->fresh_bytes += ddl_req_bytes(r);
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->lock);
     *out = r;
     return DDL_SUCCESS;
 }
 
 ddl_status_t ddl_iallreduce(const void *sendbuf, void *recvbuf, size_t count, ddl_dtype_t dtype,
                             ddl_op_t op, ddl_request_t *req) {
-    return submit(REQ_ALLREDUCE, sendbuf, recvbuf, count, dtype, (int)op, 0, NULL, req,
+    return submit(&world_engine, REQ_ALLREDUCE, sendbuf, recvbuf, count, dtype, (int)op, 0, NULL, req,
                   "ddl_iallreduce");
 }
 
 ddl_status_t ddl_ibroadcast(void *buf, size_t count, ddl_dtype_t dtype, int root,
                             ddl_request_t *req) {
-    return submit(REQ_BROADCAST, DDL_IN_PLACE, buf, count, dtype, -1, root, NULL, req,
+    return submit(&world_engine, REQ_BROADCAST, DDL_IN_PLACE, buf, count, dtype, -1, root, NULL, req,
                   "ddl_ibroadcast");
 }
 
 ddl_status_t ddl_iallgather(const void *sendbuf, void *recvbuf, size_t sendcount,
                             ddl_dtype_t dtype, ddl_request_t *req) {
-    return submit(REQ_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, -1, 0, NULL, req,
+    return submit(&world_engine, REQ_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, -1, 0, NULL, req,
                   "ddl_iallgather");
 }
 
 ddl_status_t ddl_ireduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                  ddl_dtype_t dtype, ddl_op_t op, ddl_request_t *req) {
-    return submit(REQ_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, (int)op, 0, NULL, req,
+    return submit(&world_engine, REQ_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, (int)op, 0, NULL, req,
                   "ddl_ireduce_scatter");
 }
 
 ddl_status_t ddl_iallreduce_named(const void *sendbuf, void *recvbuf, size_t count,
                                   ddl_dtype_t dtype, ddl_op_t op, const ddl_match_t *match,
                                   ddl_request_t *req) {
-    return submit(REQ_ALLREDUCE, sendbuf, recvbuf, count, dtype, (int)op, 0, match, req,
+    return submit(&world_engine, REQ_ALLREDUCE, sendbuf, recvbuf, count, dtype, (int)op, 0, match, req,
                   "ddl_iallreduce_named");
 }
 
 ddl_status_t ddl_ibroadcast_named(void *buf, size_t count, ddl_dtype_t dtype, int root,
                                   const ddl_match_t *match, ddl_request_t *req) {
-    return submit(REQ_BROADCAST, DDL_IN_PLACE, buf, count, dtype, -1, root, match, req,
+    return submit(&world_engine, REQ_BROADCAST, DDL_IN_PLACE, buf, count, dtype, -1, root, match, req,
                   "ddl_ibroadcast_named");
 }
 
 ddl_status_t ddl_iallgather_named(const void *sendbuf, void *recvbuf, size_t sendcount,
                                   ddl_dtype_t dtype, const ddl_match_t *match,
                                   ddl_request_t *req) {
-    return submit(REQ_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, -1, 0, match, req,
+    return submit(&world_engine, REQ_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, -1, 0, match, req,
                   "ddl_iallgather_named");
 }
 
 ddl_status_t ddl_ireduce_scatter_named(const void *sendbuf, void *recvbuf, size_t recvcount,
                                        ddl_dtype_t dtype, ddl_op_t op, const ddl_match_t *match,
                                        ddl_request_t *req) {
-    return submit(REQ_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, (int)op, 0, match,
+    return submit(&world_engine, REQ_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, (int)op, 0, match,
                   req, "ddl_ireduce_scatter_named");
 }
 
 ddl_status_t ddl_iallgatherv_named(const void *sendbuf, size_t sendcount, ddl_dtype_t dtype,
                                    const ddl_match_t *match, ddl_request_t *req) {
-    return submit(REQ_ALLGATHERV, sendbuf, NULL, sendcount, dtype, -1, 0, match, req,
+    return submit(&world_engine, REQ_ALLGATHERV, sendbuf, NULL, sendcount, dtype, -1, 0, match, req,
                   "ddl_iallgatherv_named");
+}
+
+/* ---- the same on a communicator: its own engine ---------------------------------------- */
+
+/* Submit to a communicator's engine, after ddl_comm_enter's checks (live, a member); the
+ * communicator's timeout becomes the request's deadline. (A communicator made while MPI
+ * lacked MPI_THREAD_MULTIPLE has no engine: submit says so.) */
+#define COMM_SUBMIT(c, fn, ...)                                                           \
+    do {                                                                                  \
+        double saved_;                                                                    \
+        DDL_CHECK(ddl_comm_enter(c, fn, &saved_));                                        \
+        ddl_engine_t *e_ = (c)->is_world ? &world_engine : (c)->eng;                      \
+        ddl_status_t st_ = submit(e_, __VA_ARGS__, fn);                                   \
+        ddl_comm_leave(saved_);                                                           \
+        return st_;                                                                       \
+    } while (0)
+
+ddl_status_t ddl_comm_iallreduce(ddl_comm_t c, const void *sendbuf, void *recvbuf, size_t count,
+                                 ddl_dtype_t dtype, ddl_op_t op, const ddl_match_t *match,
+                                 ddl_request_t *req) {
+    COMM_SUBMIT(c, "ddl_comm_iallreduce", REQ_ALLREDUCE, sendbuf, recvbuf, count, dtype, (int)op,
+                0, match, req);
+}
+
+ddl_status_t ddl_comm_ibroadcast(ddl_comm_t c, void *buf, size_t count, ddl_dtype_t dtype,
+                                 int root, const ddl_match_t *match, ddl_request_t *req) {
+    COMM_SUBMIT(c, "ddl_comm_ibroadcast", REQ_BROADCAST, DDL_IN_PLACE, buf, count, dtype, -1, root,
+                match, req);
+}
+
+ddl_status_t ddl_comm_iallgather(ddl_comm_t c, const void *sendbuf, void *recvbuf,
+                                 size_t sendcount, ddl_dtype_t dtype, const ddl_match_t *match,
+                                 ddl_request_t *req) {
+    COMM_SUBMIT(c, "ddl_comm_iallgather", REQ_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, -1,
+                0, match, req);
+}
+
+ddl_status_t ddl_comm_ireduce_scatter(ddl_comm_t c, const void *sendbuf, void *recvbuf,
+                                      size_t recvcount, ddl_dtype_t dtype, ddl_op_t op,
+                                      const ddl_match_t *match, ddl_request_t *req) {
+    COMM_SUBMIT(c, "ddl_comm_ireduce_scatter", REQ_REDUCE_SCATTER, sendbuf, recvbuf, recvcount,
+                dtype, (int)op, 0, match, req);
+}
+
+ddl_status_t ddl_comm_iallgatherv(ddl_comm_t c, const void *sendbuf, size_t sendcount,
+                                  ddl_dtype_t dtype, const ddl_match_t *match,
+                                  ddl_request_t *req) {
+    COMM_SUBMIT(c, "ddl_comm_iallgatherv", REQ_ALLGATHERV, sendbuf, NULL, sendcount, dtype, -1,
+                0, match, req);
 }
 
 ddl_status_t ddl_request_gathered(ddl_request_t req, const void **buf, const size_t **counts) {
@@ -473,16 +570,17 @@ ddl_status_t ddl_test(ddl_request_t req, int *done) {
 ddl_status_t ddl_wait(ddl_request_t req) {
     if (!req) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_wait: NULL request");
     if (!__atomic_load_n(&req->done, __ATOMIC_ACQUIRE)) {
-        pthread_mutex_lock(&q.lock);
-        while (!req->done) pthread_cond_wait(&q.done, &q.lock);
-        pthread_mutex_unlock(&q.lock);
+        ddl_engine_t *e = req->eng;
+        pthread_mutex_lock(&e->lock);
+        while (!req->done) pthread_cond_wait(&e->done, &e->lock);
+        pthread_mutex_unlock(&e->lock);
     }
     return request_status(req);
 }
 
 void ddl_request_free(ddl_request_t req) {
     if (!req) return;
-    if (!__atomic_load_n(&req->done, __ATOMIC_ACQUIRE) && q.running) (void)ddl_wait(req);
+    if (!__atomic_load_n(&req->done, __ATOMIC_ACQUIRE) && req->eng->running) (void)ddl_wait(req);
     free(req->gathered);
     free(req->counts);
     free(req);

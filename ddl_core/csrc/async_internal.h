@@ -5,6 +5,8 @@
 #ifndef DDL_ASYNC_INTERNAL_H
 #define DDL_ASYNC_INTERNAL_H
 
+#include <pthread.h>
+
 #include "ddl_internal.h"
 
 enum { REQ_ALLREDUCE, REQ_BROADCAST, REQ_ALLGATHER, REQ_REDUCE_SCATTER, REQ_ALLGATHERV };
@@ -13,7 +15,10 @@ enum { REQ_ALLREDUCE, REQ_BROADCAST, REQ_ALLGATHER, REQ_REDUCE_SCATTER, REQ_ALLG
 extern const char *const ddl_kind_name[];
 extern const char *const ddl_kind_word[];
 
+struct ddl_engine_s;
+
 struct ddl_request_s {
+    struct ddl_engine_s *eng; /* the communicator's engine it was submitted to */
     int kind;
     const void *send;
     void *recv;
@@ -48,7 +53,52 @@ static inline size_t ddl_req_bytes(const struct ddl_request_s *r) {
     return r->count * ddl_dtype_size(r->dtype);
 }
 
+/* ---- names.c / negotiate.c state kept per engine ---- */
+
+typedef struct {
+    uint64_t hash;
+    const char *name; /* NULL: empty; the map does not own it */
+    size_t val;
+} ddl_nm_entry_t;
+typedef struct {
+    ddl_nm_entry_t *e;
+    size_t cap, n; /* cap is 0 or a power of two, at most half full */
+} ddl_namemap_t;
+
+typedef struct {
+    struct ddl_request_s **v;
+    size_t n, cap;
+} ddl_reqvec_t;
+
+/* One engine per communicator that runs asynchronous requests (the world's, and each
+ * sub-communicator's): its queue, its progress thread, its own context (MPI communicators
+ * no other thread uses) and its own table of names. Engines share nothing, so the
+ * requests of disjoint communicators progress independently, and a name is matched
+ * within its communicator only (as Horovod matches per process set). */
+typedef struct ddl_engine_s {
+    pthread_mutex_t lock;
+    pthread_cond_t work; /* the progress thread waits here */
+    pthread_cond_t done; /* waiters on requests wait here */
+    struct ddl_request_s *head, *tail;
+    size_t pending;
+    size_t fresh; /* submitted since the progress thread last looked */
+    size_t fresh_bytes;
+    double first_fresh;
+    uint64_t unnamed_seq;
+    ddl_namemap_t inflight; /* names of the requests submitted and not yet complete */
+    int stop;
+    int running;
+    pthread_t thread;
+    int hurry; /* someone blocks on a queued request: negotiate without the cycle time */
+    ddl_ctx_t *ctx; /* the progress context: ddl_g.progress, or the communicator's */
+    struct ddl_negstate_s *neg; /* negotiate.c's table of names and buffers */
+    struct ddl_engine_s *next_engine; /* the list of live engines (ddl_progress_hurry) */
+} ddl_engine_t;
+
 /* ---- async.c ---- */
+
+/* ddl_engine_create (ddl_internal.h) starts an engine's progress thread on `ctx`, which it
+ * then owns for MPI; ddl_engine_destroy waits for what is queued and stops the thread. */
 
 /* Finish a request with `st`; `msg` (NULL: this thread's last error) explains a failure. */
 void ddl_req_finish(struct ddl_request_s *r, ddl_status_t st, const char *msg);
@@ -63,15 +113,6 @@ extern uint64_t ddl_stat_fused_buffers, ddl_stat_fused_requests, ddl_stat_full_c
 
 uint64_t ddl_mix64(uint64_t x);
 uint64_t ddl_name_hash(const char *s);
-typedef struct {
-    uint64_t hash;
-    const char *name; /* NULL: empty; the map does not own it */
-    size_t val;
-} ddl_nm_entry_t;
-typedef struct {
-    ddl_nm_entry_t *e;
-    size_t cap, n; /* cap is 0 or a power of two, at most half full */
-} ddl_namemap_t;
 ddl_nm_entry_t *ddl_nm_find(const ddl_namemap_t *m, const char *name, uint64_t h);
 int ddl_nm_put(ddl_namemap_t *m, const char *name, uint64_t h, size_t val); /* -1: no memory */
 void ddl_nm_del(ddl_namemap_t *m, ddl_nm_entry_t *e);
@@ -79,27 +120,24 @@ void ddl_nm_free(ddl_namemap_t *m);
 
 /* ---- negotiate.c ---- */
 
-typedef struct {
-    struct ddl_request_s **v;
-    size_t n, cap;
-} ddl_reqvec_t;
 int ddl_reqvec_push(ddl_reqvec_t *v, struct ddl_request_s *r); /* -1: no memory */
 
 /* Every rank's progress thread calls this once per cycle with what it has queued (in
  * submission order): `batch` receives the requests every rank has and runs now, in the
  * order all ranks share; `stalled` this rank's requests some rank did not submit within
  * DDL_TIMEOUT, their message in r->error; *more whether some rank keeps requests queued. */
-ddl_status_t ddl_negotiate(const ddl_reqvec_t *snap, ddl_reqvec_t *batch, ddl_reqvec_t *stalled,
+ddl_status_t ddl_negotiate(ddl_engine_t *e, const ddl_reqvec_t *snap, ddl_reqvec_t *batch, ddl_reqvec_t *stalled,
                            int *more);
 /* The tag of the doorbell a folded rank's partner rings (negotiate.c), which an idle
  * progress thread looks out for with DDL_TAG_RD. */
 enum { DDL_TAG_BELL = 401 };
-/* Forget the table of names (at ddl_finalize). */
-void ddl_negotiate_free(void);
+/* Forget an engine's table of names (when it stops). */
+void ddl_negotiate_free(ddl_engine_t *e);
 
 /* ---- batch.c ---- */
 
-/* Run a batch (the same requests, in the same order, on every rank), completing each. */
+/* Run a batch (the same requests, in the same order, on every rank of their engine's
+ * communicator), completing each. */
 void ddl_run_batch(struct ddl_request_s **reqs, size_t n);
 
 #endif

@@ -18,8 +18,8 @@
 #include "async_internal.h"
 
 static ddl_status_t run_allgatherv(struct ddl_request_s *r) {
-    ddl_ctx_t *ctx = &ddl_g.progress;
-    int p = ddl_g.size;
+    ddl_ctx_t *ctx = r->eng->ctx;
+    int p = ctx->world.size;
     size_t es = ddl_dtype_size(r->dtype);
     int64_t mine = (int64_t)r->count;
     int64_t *cnt = malloc((size_t)p * sizeof *cnt);
@@ -71,7 +71,7 @@ static ddl_status_t run_allgatherv(struct ddl_request_s *r) {
 }
 
 static ddl_status_t run_one(struct ddl_request_s *r) {
-    ddl_ctx_t *ctx = &ddl_g.progress;
+    ddl_ctx_t *ctx = r->eng->ctx;
     switch (r->kind) {
     case REQ_ALLREDUCE:
         return ddl_allreduce_ctx(ctx, r->send, r->recv, r->count, r->dtype, r->op, r->sig);
@@ -107,7 +107,7 @@ static ddl_status_t run_fused(struct ddl_request_s **reqs, size_t n) {
         memcpy(buf + off, src, ddl_req_bytes(reqs[i]));
         off += ddl_req_bytes(reqs[i]);
     }
-    DDL_CHECK(ddl_allreduce_ctx(&ddl_g.progress, buf, buf, total, reqs[0]->dtype, reqs[0]->op,
+    DDL_CHECK(ddl_allreduce_ctx(reqs[0]->eng->ctx, buf, buf, total, reqs[0]->dtype, reqs[0]->op,
                                 sig));
     off = 0;
     for (size_t i = 0; i < n; i++) {
@@ -154,10 +154,10 @@ static ddl_status_t explain(struct ddl_request_s *r) {
     req_desc_t me = {r->kind, (int32_t)r->dtype, (int32_t)r->op, r->root, r->ndim, 0,
                      (int64_t)r->count, {0}};
     for (int i = 0; i < r->ndim && i < 8; i++) me.dims[i] = r->shape[i];
-    int p = ddl_g.size;
+    int p = r->eng->ctx->world.size;
     req_desc_t *all = malloc((size_t)p * sizeof *all);
     if (!all) return ddl_fail_verbatim(DDL_ERR_MISMATCH, first);
-    ddl_status_t st = ddl_allgather_ctx_sig(&ddl_g.progress, &me, all, sizeof me, DDL_UINT8, 0);
+    ddl_status_t st = ddl_allgather_ctx_sig(r->eng->ctx, &me, all, sizeof me, DDL_UINT8, 0);
     if (st != DDL_SUCCESS) {
         free(all);
         return st;

@@ -148,6 +148,8 @@ static ddl_status_t restricted_grid(MPI_Comm comm, int size, int *dims, int *nle
 
 static ddl_status_t comm_setup(ddl_comm_t c, MPI_Comm newcomm) {
     ddl_mpicomm_t *cw = &c->own.world;
+    c->prog.world.comm = MPI_COMM_NULL;
+    c->p2p = MPI_COMM_NULL;
     cw->comm = newcomm;
     cw->piece = 0;
     MPI_CHECK(MPI_Comm_set_errhandler(newcomm, MPI_ERRORS_RETURN));
@@ -160,6 +162,18 @@ static ddl_status_t comm_setup(ddl_comm_t c, MPI_Comm newcomm) {
     MPI_Comm base;
     MPI_CHECK(MPI_Comm_split(newcomm, 0, key, &base));
     ddl_status_t st = ddl_topo_build(&c->own, base, dims, nlevels);
+    /* The engine's context: communicators of its own, so its progress thread's messages
+     * never meet the application thread's. */
+    if (st == DDL_SUCCESS && ddl_progress_running()) {
+        int rc = MPI_Comm_dup(newcomm, &c->prog.world.comm);
+        if (rc != MPI_SUCCESS) st = ddl_mpi_fail(rc, "MPI_Comm_dup");
+        if (st == DDL_SUCCESS) {
+            c->prog.world.rank = cw->rank;
+            c->prog.world.size = cw->size;
+            c->prog.id = -1;
+            st = ddl_topo_build(&c->prog, base, dims, nlevels);
+        }
+    }
     MPI_Comm_free(&base);
     DDL_CHECK(st);
     MPI_CHECK(MPI_Comm_dup(newcomm, &c->p2p));
@@ -169,8 +183,9 @@ static ddl_status_t comm_setup(ddl_comm_t c, MPI_Comm newcomm) {
     MPI_Request req;
     MPI_CHECK(MPI_Iallgather(&ddl_g.rank, 1, MPI_INT, c->world_ranks, 1, MPI_INT, newcomm, &req));
     DDL_CHECK(ddl_wait_request(&req, cw, "MPI_Iallgather (communicator members)"));
-    c->own.members = c->world_ranks;
-    c->own.nmembers = cw->size;
+    c->own.members = c->prog.members = c->world_ranks;
+    c->own.nmembers = c->prog.nmembers = cw->size;
+    if (c->prog.world.comm != MPI_COMM_NULL) DDL_CHECK(ddl_engine_create(&c->prog, &c->eng));
     c->magic = DDL_COMM_MAGIC;
     return DDL_SUCCESS;
 }
@@ -258,6 +273,12 @@ ddl_status_t ddl_comm_free(ddl_comm_t *cp) {
         return ddl_fail(DDL_ERR_INVALID_ARG,
                         "ddl_comm_free: the world communicator is freed by ddl_finalize");
     c->freed = 1;
+    ddl_engine_destroy(c->eng); /* what is queued on it runs (or fails) first */
+    c->eng = NULL;
+    if (c->prog.world.comm != MPI_COMM_NULL) {
+        ddl_topo_free(&c->prog);
+        MPI_Comm_free(&c->prog.world.comm);
+    }
     ddl_topo_free(&c->own);
     if (c->own.world.comm != MPI_COMM_NULL) MPI_Comm_free(&c->own.world.comm);
     if (c->p2p != MPI_COMM_NULL) MPI_Comm_free(&c->p2p);

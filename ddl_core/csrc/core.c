@@ -95,6 +95,7 @@ static ddl_status_t share_model(void) {
         DDL_CHECK(ddl_broadcast_ctx(&ddl_g.app, &m, sizeof m, DDL_UINT8, 0));
         __atomic_store_n(&ddl_g.app.seq, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&ddl_g.app.reached, 0, __ATOMIC_RELAXED);
+        ddl_cur.ctx = -1; /* out of it: no message names it as the collective waited in */
     }
     if (m.status != DDL_SUCCESS) {
         m.error[sizeof m.error - 1] = 0;

@@ -353,6 +353,9 @@ struct ddl_comm_s {
     int is_world;
     ddl_ctx_t own;     /* sub-communicators only */
     ddl_ctx_t *ctx;    /* &own, or &ddl_g.app for the world */
+    ddl_ctx_t prog;    /* sub-communicators: their engine's context (async.c) */
+    struct ddl_engine_s *eng; /* sub-communicators: their asynchronous queue; NULL without
+                                 MPI_THREAD_MULTIPLE (the world's is async.c's own) */
     MPI_Comm p2p;      /* send/recv */
     double timeout_s;  /* 0: the thread's or DDL_TIMEOUT */
     int *world_ranks;  /* world rank of each member, in communicator order */
@@ -364,9 +367,14 @@ void ddl_comm_leave(double saved_timeout);
 /* The header-only signature check every communicator collective starts with. */
 ddl_status_t ddl_comm_check(ddl_ctx_t *ctx, uint64_t sig, uint64_t count, const char *coll);
 
-/* Progress thread (async.c). */
+/* Progress thread (async.c): the world communicator's engine. */
 ddl_status_t ddl_progress_start(void);
 ddl_status_t ddl_progress_stop(void);
+int ddl_progress_running(void);
+/* A sub-communicator's engine, on its own context (async_internal.h). */
+struct ddl_engine_s;
+ddl_status_t ddl_engine_create(ddl_ctx_t *ctx, struct ddl_engine_s **out);
+void ddl_engine_destroy(struct ddl_engine_s *e);
 
 /* ---- GPU buffers: run-time loading (dlsearch.c, cuda_rt.c, nccl.c) and paths (gpu.c) ---- */
 

@@ -189,6 +189,9 @@ static const char *ctx_words(int ctx) {
 /* Whether rank r's departure dooms the current collective: it died, or it finalized
  * before beginning it (caller holds L.lock). */
 static int dooms(int r) {
+    /* During ddl_init's own exchanges (L.active is set when they end) a peer that finalized
+     * had finished them: only a death matters. */
+    if (!L.active) return L.gone[r] == DIED;
     if (ddl_cur.members) {
         /* A communicator's collective: only its members matter, and only a death dooms it
          * at once (its own collectives are not counted here, so a member that finalized

@@ -32,64 +32,89 @@
 
 #define TABLE_SOFT_MAX 4096 /* names kept in the table before the least recently used go */
 
-static struct {
+typedef struct {
+    size_t slot;
+    struct ddl_request_s *r;
+} slotted_t;
+
+typedef struct {
     char **name;
     uint64_t *hash;
     uint64_t *used; /* the last cycle that named it: least recently used names go first */
     uint32_t *gen;  /* bumped when a slot is given to another name */
     size_t n, cap;
-    ddl_namemap_t map;  /* name -> slot */
-} tab;
-static uint64_t cycle_no;
+    ddl_namemap_t map; /* name -> slot */
+} nametab_t;
 
-static long req_slot(struct ddl_request_s *r) {
-    if (r->slot_gen && r->slot < tab.n && tab.gen[r->slot] == r->slot_gen) return (long)r->slot;
-    ddl_nm_entry_t *e = ddl_nm_find(&tab.map, r->name, r->hash);
+/* An engine's negotiation state: its table of names and the buffers it reuses. */
+struct ddl_negstate_s {
+    nametab_t tab;
+    uint64_t cycle_no;
+    uint8_t *ready_buf, *have_buf;
+    size_t ready_cap, have_cap;
+    void *blob_buf, *all_buf;
+    size_t blob_cap, all_cap;
+    slotted_t *named_buf;
+    size_t named_cap;
+};
+
+/* The engine's state, made at its first negotiation (NULL: no memory). */
+static struct ddl_negstate_s *state(ddl_engine_t *e) {
+    if (!e->neg) e->neg = calloc(1, sizeof *e->neg);
+    return e->neg;
+}
+
+static long req_slot(struct ddl_negstate_s *N, struct ddl_request_s *r) {
+    nametab_t *T = &N->tab;
+    if (r->slot_gen && r->slot < T->n && T->gen[r->slot] == r->slot_gen) return (long)r->slot;
+    ddl_nm_entry_t *e = ddl_nm_find(&T->map, r->name, r->hash);
     if (!e) return -1;
     r->slot = e->val;
-    r->slot_gen = tab.gen[e->val];
+    r->slot_gen = T->gen[e->val];
     return (long)e->val;
 }
 
 /* A slot for a name no slot holds: a new one, or the least recently used one not named
  * in this cycle. Every rank calls this with the same names in the same order. */
-static long tab_assign(const char *name, uint64_t h) {
-    size_t s = tab.n;
-    if (tab.n >= TABLE_SOFT_MAX) {
+static long tab_assign(struct ddl_negstate_s *N, const char *name, uint64_t h) {
+    nametab_t *T = &N->tab;
+    uint64_t cycle_no = N->cycle_no;
+    size_t s = T->n, before = T->map.n;
+    if (T->n >= TABLE_SOFT_MAX) {
         uint64_t oldest = cycle_no;
-        for (size_t i = 0; i < tab.n; i++)
-            if (tab.used[i] < oldest) oldest = tab.used[i], s = i;
+        for (size_t i = 0; i < T->n; i++)
+            if (T->used[i] < oldest) oldest = T->used[i], s = i;
     }
-    if (s == tab.n && tab.n == tab.cap) {
-        size_t cap = tab.cap ? 2 * tab.cap : 64;
-        char **nn = realloc(tab.name, cap * sizeof *nn);
-        if (nn) tab.name = nn;
-        uint64_t *nh = realloc(tab.hash, cap * sizeof *nh);
-        if (nh) tab.hash = nh;
-        uint64_t *nu = realloc(tab.used, cap * sizeof *nu);
-        if (nu) tab.used = nu;
-        uint32_t *ng = realloc(tab.gen, cap * sizeof *ng);
-        if (ng) tab.gen = ng;
+    if (s == T->n && T->n == T->cap) {
+        size_t cap = T->cap ? 2 * T->cap : 64;
+        char **nn = realloc(T->name, cap * sizeof *nn);
+        if (nn) T->name = nn;
+        uint64_t *nh = realloc(T->hash, cap * sizeof *nh);
+        if (nh) T->hash = nh;
+        uint64_t *nu = realloc(T->used, cap * sizeof *nu);
+        if (nu) T->used = nu;
+        uint32_t *ng = realloc(T->gen, cap * sizeof *ng);
+        if (ng) T->gen = ng;
         if (!nn || !nh || !nu || !ng) return -1;
-        tab.cap = cap;
+        T->cap = cap;
     }
     char *copy = strdup(name);
     if (!copy) return -1;
-    if (s < tab.n) { /* evict */
-        ddl_nm_entry_t *e = ddl_nm_find(&tab.map, tab.name[s], tab.hash[s]);
-        if (e) ddl_nm_del(&tab.map, e);
-        free(tab.name[s]);
-        tab.gen[s]++;
-        if (!tab.gen[s]) tab.gen[s] = 1;
+    if (s < T->n) { /* evict */
+        ddl_nm_entry_t *e = ddl_nm_find(&T->map, T->name[s], T->hash[s]);
+        if (e) ddl_nm_del(&T->map, e);
+        free(T->name[s]);
+        T->gen[s]++;
+        if (!T->gen[s]) T->gen[s] = 1;
     } else {
-        tab.gen[s] = 1;
-        tab.n++;
+        T->gen[s] = 1;
+        T->n++;
     }
-    tab.name[s] = copy;
-    tab.hash[s] = h;
-    tab.used[s] = cycle_no;
-    if (ddl_nm_put(&tab.map, copy, h, s) != 0) return -1;
-    __atomic_store_n(&ddl_stat_names, (uint64_t)tab.map.n, __ATOMIC_RELAXED);
+    T->name[s] = copy;
+    T->hash[s] = h;
+    T->used[s] = cycle_no;
+    if (ddl_nm_put(&T->map, copy, h, s) != 0) return -1;
+    __atomic_add_fetch(&ddl_stat_names, (uint64_t)T->map.n - (uint64_t)before, __ATOMIC_RELAXED);
     return (long)s;
 }
 
@@ -115,10 +140,6 @@ static void *grow(void **buf, size_t *cap, size_t bytes) {
     return *buf ? *buf : (*buf = malloc(1));
 }
 
-static uint8_t *ready_buf;
-static size_t ready_cap;
-static void *blob_buf, *all_buf;
-static size_t blob_cap, all_cap;
 
 /* "1, 3-5" */
 static void rank_list(const uint8_t *flag, int p, char *out, size_t n) {
@@ -137,9 +158,10 @@ static void rank_list(const uint8_t *flag, int p, char *out, size_t n) {
 /* The full exchange: every rank's queued names; the table gains the new ones; ready[s] is
  * set for the slots every rank has queued; this rank's requests stalled past DDL_TIMEOUT
  * go to `stalled` with their message in r->error. */
-static ddl_status_t full_exchange(const ddl_reqvec_t *snap, uint64_t ready_unnamed,
-                                  ddl_reqvec_t *stalled) {
-    int p = ddl_g.size;
+static ddl_status_t full_exchange(ddl_engine_t *eng, const ddl_reqvec_t *snap,
+                                  uint64_t ready_unnamed, ddl_reqvec_t *stalled) {
+    struct ddl_negstate_s *N = eng->neg;
+    int p = eng->ctx->world.size;
     __atomic_add_fetch(&ddl_stat_full_cycles, 1, __ATOMIC_RELAXED);
     /* My report: [unnamed count][named count][names, each NUL-terminated]. */
     size_t len = 2 * sizeof(uint64_t);
@@ -157,15 +179,15 @@ static ddl_status_t full_exchange(const ddl_reqvec_t *snap, uint64_t ready_unnam
     if (!lens || !start || !unn || !nnamed || !flag)
         st = ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the negotiation");
     if (st == DDL_SUCCESS) st = ddl_allgather_ctx_sig(
-            &ddl_g.progress, &mylen, lens, 1, DDL_INT64,
+            eng->ctx, &mylen, lens, 1, DDL_INT64,
             ddl_signature(DDL_COLL_NEGOTIATE, 1, DDL_INT64, 0, 1));
     size_t longest = 0;
     for (int i = 0; st == DDL_SUCCESS && i < p; i++)
         if ((size_t)lens[i] > longest) longest = (size_t)lens[i];
     char *blob = NULL, *all = NULL;
     if (st == DDL_SUCCESS) {
-        blob = grow(&blob_buf, &blob_cap, longest);
-        all = grow(&all_buf, &all_cap, longest * (size_t)p);
+        blob = grow(&N->blob_buf, &N->blob_cap, longest);
+        all = grow(&N->all_buf, &N->all_cap, longest * (size_t)p);
         if (!blob || !all) st = ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the negotiation");
     }
     if (st == DDL_SUCCESS) {
@@ -179,7 +201,7 @@ static ddl_status_t full_exchange(const ddl_reqvec_t *snap, uint64_t ready_unnam
             memcpy(w, snap->v[i]->name, l);
             w += l;
         }
-        st = ddl_allgather_ctx_sig(&ddl_g.progress, blob, all, longest, DDL_UINT8,
+        st = ddl_allgather_ctx_sig(eng->ctx, blob, all, longest, DDL_UINT8,
                                    ddl_signature(DDL_COLL_NEGOTIATE, longest, DDL_UINT8, 0, 2));
     }
     /* Parse and check every report before using any. */
@@ -205,35 +227,37 @@ static ddl_status_t full_exchange(const ddl_reqvec_t *snap, uint64_t ready_unnam
     for (int r = 0; st == DDL_SUCCESS && r < p; r++) {
         const char *c = start[r];
         for (uint64_t k = 0; k < nnamed[r]; k++, c += strlen(c) + 1) {
-            ddl_nm_entry_t *e = ddl_nm_find(&tab.map, c, ddl_name_hash(c));
-            if (e) tab.used[e->val] = cycle_no;
+            ddl_nm_entry_t *e = ddl_nm_find(&N->tab.map, c, ddl_name_hash(c));
+            if (e) N->tab.used[e->val] = N->cycle_no;
         }
     }
     for (int r = 0; st == DDL_SUCCESS && r < p; r++) {
         const char *c = start[r];
         for (uint64_t k = 0; k < nnamed[r] && st == DDL_SUCCESS; k++, c += strlen(c) + 1) {
             uint64_t h = ddl_name_hash(c);
-            if (!ddl_nm_find(&tab.map, c, h) && tab_assign(c, h) < 0)
+            if (!ddl_nm_find(&N->tab.map, c, h) && tab_assign(N, c, h) < 0)
                 st = ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the table of names");
         }
     }
-    uint8_t *ready = st == DDL_SUCCESS ? grow((void **)&ready_buf, &ready_cap, tab.n) : NULL;
-    uint32_t *cnt = st == DDL_SUCCESS ? calloc(tab.n ? tab.n : 1, sizeof *cnt) : NULL;
+    size_t nslots = N->tab.n;
+    uint8_t *ready =
+        st == DDL_SUCCESS ? grow((void **)&N->ready_buf, &N->ready_cap, nslots) : NULL;
+    uint32_t *cnt = st == DDL_SUCCESS ? calloc(nslots ? nslots : 1, sizeof *cnt) : NULL;
     if (st == DDL_SUCCESS && (!ready || !cnt))
         st = ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the negotiation");
     for (int r = 0; st == DDL_SUCCESS && r < p; r++) {
         const char *c = start[r];
         for (uint64_t k = 0; k < nnamed[r]; k++, c += strlen(c) + 1)
-            cnt[ddl_nm_find(&tab.map, c, ddl_name_hash(c))->val]++;
+            cnt[ddl_nm_find(&N->tab.map, c, ddl_name_hash(c))->val]++;
     }
-    for (size_t s = 0; st == DDL_SUCCESS && s < tab.n; s++) ready[s] = cnt[s] == (uint32_t)p;
+    for (size_t s = 0; st == DDL_SUCCESS && s < nslots; s++) ready[s] = cnt[s] == (uint32_t)p;
     /* Stalls: my requests that some rank has not submitted within DDL_TIMEOUT. */
     double now = ddl_now();
     uint64_t my_unnamed = 0;
     for (size_t i = 0; st == DDL_SUCCESS && i < snap->n; i++) {
         struct ddl_request_s *r = snap->v[i];
         uint64_t pos = r->name ? 0 : my_unnamed++;
-        int is_ready = r->name ? ready[req_slot(r)] : pos < ready_unnamed;
+        int is_ready = r->name ? ready[req_slot(N, r)] : pos < ready_unnamed;
         if (is_ready || now - r->submitted <= ddl_req_timeout(r)) continue;
         for (int k = 0; k < p; k++) {
             if (r->name) {
@@ -245,16 +269,32 @@ static ddl_status_t full_exchange(const ddl_reqvec_t *snap, uint64_t ready_unnam
                 flag[k] = unn[k] <= pos;
             }
         }
-        char who[256], what[300];
+        char who[256], what[300], world[200] = "";
         int missing = 0;
         for (int k = 0; k < p; k++) missing += flag[k] != 0;
         rank_list(flag, p, who, sizeof who);
+        const int *mem = eng->ctx->members;
+        if (mem) { /* a communicator's ranks: say which processes those are */
+            int w[64], nw = 0;
+            for (int k = 0; k < p && nw < 64; k++)
+                if (flag[k]) w[nw++] = mem[k];
+            for (int a = 1; a < nw; a++) /* sorted for ddl_format_ranks */
+                for (int b = a; b > 0 && w[b - 1] > w[b]; b--) {
+                    int t = w[b];
+                    w[b] = w[b - 1];
+                    w[b - 1] = t;
+                }
+            char list[160];
+            ddl_format_ranks(list, sizeof list, w, nw);
+            snprintf(world, sizeof world, " of the communicator (world rank%s %s)",
+                     nw == 1 ? "" : "s", list);
+        }
         ddl_req_describe(r, what, sizeof what);
         snprintf(r->error, sizeof r->error,
-                 "rank %d: %s was not submitted by rank%s %s within %s (%.0f s): "
+                 "rank %d: %s was not submitted by rank%s %s%s within %s (%.0f s): "
                  "every rank must submit the same named requests, and the same number of "
                  "unnamed ones, or a rank stopped early",
-                 ddl_g.rank, what, missing == 1 ? "" : "s", who,
+                 ddl_g.rank, what, missing == 1 ? "" : "s", who, world,
                  r->timeout > 0 ? "the timeout set for this call" : "DDL_TIMEOUT",
                  ddl_req_timeout(r));
         if (ddl_reqvec_push(stalled, r) != 0) st = ddl_fail(DDL_ERR_NO_MEMORY, "no memory");
@@ -268,14 +308,6 @@ static ddl_status_t full_exchange(const ddl_reqvec_t *snap, uint64_t ready_unnam
     return st;
 }
 
-static uint8_t *have_buf;
-static size_t have_cap;
-typedef struct {
-    size_t slot;
-    struct ddl_request_s *r;
-} slotted_t;
-static slotted_t *named_buf;
-static size_t named_cap;
 
 static int by_slot(const void *a, const void *b) {
     size_t x = ((const slotted_t *)a)->slot, y = ((const slotted_t *)b)->slot;
@@ -285,13 +317,15 @@ static int by_slot(const void *a, const void *b) {
 /* Agree with every rank on this cycle's batch (ready requests, in the agreed order) and
  * find this rank's stalled requests. *more: some rank keeps requests queued after this
  * cycle (and will start another negotiation, which idle ranks then look out for). */
-ddl_status_t ddl_negotiate(const ddl_reqvec_t *snap, ddl_reqvec_t *batch, ddl_reqvec_t *stalled,
-                           int *more) {
-    cycle_no++; /* every rank counts the same cycles: the table's LRU order agrees */
-    size_t nslots = tab.n;
+ddl_status_t ddl_negotiate(ddl_engine_t *eng, const ddl_reqvec_t *snap, ddl_reqvec_t *batch,
+                           ddl_reqvec_t *stalled, int *more) {
+    struct ddl_negstate_s *N = state(eng);
+    if (!N) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the negotiation");
+    N->cycle_no++; /* every rank counts the same cycles: the table's LRU order agrees */
+    size_t nslots = N->tab.n;
     /* One byte per table slot (1: queued here), then one byte that is 0 when this rank
      * needs the full exchange; all combined with min. */
-    uint8_t *have = grow((void **)&have_buf, &have_cap, nslots + 1);
+    uint8_t *have = grow((void **)&N->have_buf, &N->have_cap, nslots + 1);
     if (!have) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the negotiation");
     memset(have, 0, nslots);
     uint64_t unnamed = 0;
@@ -302,19 +336,19 @@ ddl_status_t ddl_negotiate(const ddl_reqvec_t *snap, ddl_reqvec_t *batch, ddl_re
         if (!r->name) {
             unnamed++;
         } else {
-            long s = req_slot(r);
+            long s = req_slot(N, r);
             if (s >= 0) {
                 have[s] = 1;
             } else if (!full) {
                 full = 1;
                 ddl_log(2, "negotiation %llu: '%.200s' is not in the table of names yet",
-                        (unsigned long long)cycle_no, r->name);
+                        (unsigned long long)N->cycle_no, r->name);
             }
         }
         if (now - r->submitted > ddl_req_timeout(r) && !full) {
             full = 1;
             ddl_log(2, "negotiation %llu: a request waited longer than DDL_TIMEOUT",
-                    (unsigned long long)cycle_no);
+                    (unsigned long long)N->cycle_no);
         }
     }
     have[nslots] = !full;
@@ -322,7 +356,7 @@ ddl_status_t ddl_negotiate(const ddl_reqvec_t *snap, ddl_reqvec_t *batch, ddl_re
      * r < 2*rem sends first, to r+1, and hears back only at the end, so an idle one would
      * never see a negotiation start. Its partner rings first (DDL_TAG_BELL); the even rank
      * takes the ring after the exchange, by when it has surely arrived. */
-    const ddl_mpicomm_t *w = &ddl_g.progress.world;
+    const ddl_mpicomm_t *w = &eng->ctx->world;
     int pof2 = 1;
     while (pof2 * 2 <= w->size) pof2 *= 2;
     int folded = w->rank < 2 * (w->size - pof2), odd = w->rank % 2;
@@ -342,8 +376,8 @@ ddl_status_t ddl_negotiate(const ddl_reqvec_t *snap, ddl_reqvec_t *batch, ddl_re
     const uint8_t *ready = have;
     *more = 0;
     if (!have[nslots]) {
-        DDL_CHECK(full_exchange(snap, ready_unnamed, stalled));
-        ready = ready_buf;
+        DDL_CHECK(full_exchange(eng, snap, ready_unnamed, stalled));
+        ready = N->ready_buf;
         *more = 1;
     }
     /* The batch: unnamed ones in order, then named ones by slot. */
@@ -356,16 +390,16 @@ ddl_status_t ddl_negotiate(const ddl_reqvec_t *snap, ddl_reqvec_t *batch, ddl_re
                 return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for a batch");
             continue;
         }
-        long s = req_slot(r);
+        long s = req_slot(N, r);
         if (s < 0 || !ready[s]) continue;
-        slotted_t *nb = grow((void **)&named_buf, &named_cap, (nn + 1) * sizeof *nb);
+        slotted_t *nb = grow((void **)&N->named_buf, &N->named_cap, (nn + 1) * sizeof *nb);
         if (!nb) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for a batch");
         nb[nn++] = (slotted_t){(size_t)s, r};
     }
-    if (nn > 1) qsort(named_buf, nn, sizeof *named_buf, by_slot);
+    if (nn > 1) qsort(N->named_buf, nn, sizeof *N->named_buf, by_slot);
     for (size_t i = 0; i < nn; i++) {
-        tab.used[named_buf[i].slot] = cycle_no;
-        if (ddl_reqvec_push(batch, named_buf[i].r) != 0)
+        N->tab.used[N->named_buf[i].slot] = N->cycle_no;
+        if (ddl_reqvec_push(batch, N->named_buf[i].r) != 0)
             return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for a batch");
     }
     /* The batch is the same on every rank: whoever had more queued keeps some. */
@@ -373,18 +407,21 @@ ddl_status_t ddl_negotiate(const ddl_reqvec_t *snap, ddl_reqvec_t *batch, ddl_re
     return DDL_SUCCESS;
 }
 
-void ddl_negotiate_free(void) {
-    for (size_t i = 0; i < tab.n; i++) free(tab.name[i]);
-    free(tab.name);
-    free(tab.hash);
-    free(tab.used);
-    free(tab.gen);
-    ddl_nm_free(&tab.map);
-    memset(&tab, 0, sizeof tab);
-    free(have_buf), have_buf = NULL, have_cap = 0;
-    free(ready_buf), ready_buf = NULL, ready_cap = 0;
-    free(blob_buf), blob_buf = NULL, blob_cap = 0;
-    free(all_buf), all_buf = NULL, all_cap = 0;
-    free(named_buf), named_buf = NULL, named_cap = 0;
-    cycle_no = 0;
+void ddl_negotiate_free(ddl_engine_t *eng) {
+    struct ddl_negstate_s *N = eng->neg;
+    if (!N) return;
+    __atomic_sub_fetch(&ddl_stat_names, (uint64_t)N->tab.map.n, __ATOMIC_RELAXED);
+    for (size_t i = 0; i < N->tab.n; i++) free(N->tab.name[i]);
+    free(N->tab.name);
+    free(N->tab.hash);
+    free(N->tab.used);
+    free(N->tab.gen);
+    ddl_nm_free(&N->tab.map);
+    free(N->have_buf);
+    free(N->ready_buf);
+    free(N->blob_buf);
+    free(N->all_buf);
+    free(N->named_buf);
+    free(N);
+    eng->neg = NULL;
 }

@@ -350,6 +350,7 @@ typedef struct {
     int finished;
     int kind;
     size_t es;          /* element size */
+    int size;           /* ranks of the communicator it was submitted on */
     PyObject *gathered; /* allgatherv: (bytearray of the result, tuple of counts) */
 } RequestObject;
 
@@ -357,9 +358,8 @@ typedef struct {
 static int keep_gathered(RequestObject *r) {
     const void *buf;
     const size_t *counts;
-    int size = 0;
-    if (ddl_request_gathered(r->req, &buf, &counts) != DDL_SUCCESS || ddl_size(&size) != DDL_SUCCESS)
-        return 0;
+    int size = r->size;
+    if (ddl_request_gathered(r->req, &buf, &counts) != DDL_SUCCESS) return 0;
     size_t total = 0;
     PyObject *tup = PyTuple_New(size);
     if (!tup) return -1;
@@ -654,19 +654,22 @@ static int get_shape(PyObject *obj, int64_t *dims, int max) {
     return (int)n;
 }
 
-/* submit(kind, send or None, recv or None, dtype, op, root, name=None, shape=None)
+/* submit(kind, send or None, recv or None, dtype, op, root, name=None, shape=None, comm=0)
  * -> Request. Kinds: 0 allreduce, 1 broadcast, 2 allgather, 3 reduce_scatter,
- * 4 allgatherv (recv None; the result comes from Request.gathered()). */
+ * 4 allgatherv (recv None; the result comes from Request.gathered()). comm: a
+ * communicator's handle (its own queue), 0 for the world. */
 static PyObject *py_submit(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"kind", "send", "recv", "dtype", "op", "root", "name", "shape",
-                             NULL};
+                             "comm", NULL};
     int kind, dtype, op, root;
     PyObject *send, *recv, *shape_obj = Py_None;
     const char *name = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iOOiii|zO", kwlist, &kind, &send, &recv,
-                                     &dtype, &op, &root, &name, &shape_obj))
+    unsigned long long comm_h = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iOOiii|zOK", kwlist, &kind, &send, &recv,
+                                     &dtype, &op, &root, &name, &shape_obj, &comm_h))
         return NULL;
+    ddl_comm_t comm = comm_h ? handle_of(comm_h) : NULL;
     int64_t dims[32];
     ddl_match_t match = {name, 0, NULL};
     if (shape_obj != Py_None) {
@@ -698,12 +701,13 @@ static PyObject *py_submit(PyObject *self, PyObject *args, PyObject *kwargs) {
     void *rp = r->have_recv ? r->recv.buf : NULL;
     ddl_status_t st;
     int size = 1;
+    st = comm ? ddl_comm_size(comm, &size) : ddl_size(&size);
+    if (st != DDL_SUCCESS) {
+        raise_status(st);
+        goto fail;
+    }
+    r->size = size;
     if (kind == 2 || kind == 3) {
-        st = ddl_size(&size);
-        if (st != DDL_SUCCESS) {
-            raise_status(st);
-            goto fail;
-        }
         size_t small = kind == 3 ? rcount : scount, big = kind == 3 ? scount : rcount;
         if (!r->have_send || big != small * (size_t)size) {
             PyErr_Format(PyExc_ValueError, "the larger buffer must hold size (%d) x the smaller",
@@ -716,7 +720,25 @@ static PyObject *py_submit(PyObject *self, PyObject *args, PyObject *kwargs) {
     }
     const ddl_match_t *m = name || shape_obj != Py_None ? &match : NULL;
     Py_BEGIN_ALLOW_THREADS
-    switch (kind) {
+    if (comm) {
+        switch (kind) {
+        case 0:
+            st = ddl_comm_iallreduce(comm, sp, rp, rcount, (ddl_dtype_t)dtype, (ddl_op_t)op, m,
+                                     &r->req);
+            break;
+        case 1: st = ddl_comm_ibroadcast(comm, rp, rcount, (ddl_dtype_t)dtype, root, m, &r->req);
+            break;
+        case 2: st = ddl_comm_iallgather(comm, sp, rp, scount, (ddl_dtype_t)dtype, m, &r->req);
+            break;
+        case 3:
+            st = ddl_comm_ireduce_scatter(comm, sp, rp, rcount, (ddl_dtype_t)dtype, (ddl_op_t)op,
+                                          m, &r->req);
+            break;
+        case 4: st = ddl_comm_iallgatherv(comm, sp, scount, (ddl_dtype_t)dtype, m, &r->req);
+            break;
+        default: st = DDL_ERR_INTERNAL; break;
+        }
+    } else switch (kind) {
     case 0: st = ddl_iallreduce_named(sp, rp, rcount, (ddl_dtype_t)dtype, (ddl_op_t)op, m,
                                       &r->req); break;
     case 1: st = ddl_ibroadcast_named(rp, rcount, (ddl_dtype_t)dtype, root, m, &r->req); break;

@@ -38,3 +38,15 @@ def test_comm_timeout_on_sub_communicator() -> None:
     assert ok_lines(proc, "comms-timeout") == 5, proc.stdout + proc.stderr[-3000:]
     assert proc.stdout.count("DDLTimeout") == 0  # messages are the library's own
     assert proc.stdout.count("no answer from rank 2 for 2 s") == 2, proc.stdout
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 5])
+def test_comm_async_queues(ranks: int) -> None:
+    """Each communicator's own asynchronous queue: named requests matched by name among its
+    members whatever their order (the same names in flight on the world's queue), unnamed
+    ones by order for every kind, fusion, two communicators' queues flooded from two
+    threads, a dtype mismatch failing that communicator's members only (the next request
+    works), a member that never submits named with its world rank at the communicator's
+    timeout, and a freed communicator refused."""
+    proc = run_mpi(ranks, "comms.py", "async", timeout=180)
+    assert ok_lines(proc, "comms-async") == ranks

@@ -315,6 +315,12 @@ int ddl_gpu_info(char *buf, size_t len);
  * it with DDL_ERR_TIMEOUT. A NULL or freed communicator, a root or peer outside it, is
  * DDL_ERR_INVALID_ARG before anything moves. Host buffers only (device buffers: the
  * *_stream calls, on the world).
+ *
+ * Each communicator also has its own asynchronous queue and progress thread (the
+ * ddl_comm_i* calls below): its requests are negotiated (unnamed ones by order, named ones
+ * by name, a name unique per communicator), fused and run among its members only,
+ * independently of every other communicator's, with the communicator's timeout as their
+ * deadline. ddl_comm_free waits for what is queued on it.
  */
 typedef struct ddl_comm_s *ddl_comm_t;
 #define DDL_UNDEFINED (-1) /* ddl_comm_split's color for "not a member" */
@@ -373,6 +379,24 @@ ddl_status_t ddl_comm_send(ddl_comm_t comm, const void *buf, size_t count, ddl_d
                            int dest, int tag);
 ddl_status_t ddl_comm_recv(ddl_comm_t comm, void *buf, size_t count, ddl_dtype_t dtype,
                            int source, int tag);
+
+/* Asynchronous collectives on a communicator, as ddl_iallreduce_named and its siblings
+ * (match may be NULL: unnamed); complete them with ddl_wait / ddl_test and free them with
+ * ddl_request_free. On the world communicator they are those calls. */
+ddl_status_t ddl_comm_iallreduce(ddl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                 size_t count, ddl_dtype_t dtype, ddl_op_t op,
+                                 const ddl_match_t *match, ddl_request_t *req);
+ddl_status_t ddl_comm_ibroadcast(ddl_comm_t comm, void *buf, size_t count, ddl_dtype_t dtype,
+                                 int root, const ddl_match_t *match, ddl_request_t *req);
+ddl_status_t ddl_comm_iallgather(ddl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                 size_t sendcount, ddl_dtype_t dtype, const ddl_match_t *match,
+                                 ddl_request_t *req);
+ddl_status_t ddl_comm_ireduce_scatter(ddl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                      size_t recvcount, ddl_dtype_t dtype, ddl_op_t op,
+                                      const ddl_match_t *match, ddl_request_t *req);
+ddl_status_t ddl_comm_iallgatherv(ddl_comm_t comm, const void *sendbuf, size_t sendcount,
+                                  ddl_dtype_t dtype, const ddl_match_t *match,
+                                  ddl_request_t *req);
 
 /* ---- tuning and introspection ---------------------------------------------------- */
 

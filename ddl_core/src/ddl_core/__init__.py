@@ -90,11 +90,16 @@ def _sub(comm: Comm | None) -> bool:
     return not comm.is_world
 
 
-def _world_only(comm: Comm | None, fn: str) -> None:
+def _queue(comm: Comm | None) -> dict[str, int]:
+    """The submit keyword of a request's queue: a communicator's own, or the world's."""
+    return {"comm": comm.handle} if _sub(comm) else {}
+
+
+def _gpu_on_world(comm: Comm | None, fn: str) -> None:
     if _sub(comm):
         raise InvalidArgumentError(
-            f"{fn}: asynchronous collectives run on the world communicator only (libddl "
-            "2.0); use the blocking call with comm=, or isend/irecv")
+            f"{fn}: GPU arrays run on the world communicator only (libddl 2.0); give "
+            "host memory for a communicator's queue")
 version = _ddl.version
 
 
@@ -269,9 +274,9 @@ def broadcast(x: Any, root: int = 0, *, comm: Comm | None = None) -> Any:
     return x
 
 
-def _gather_shape(x: Any) -> tuple[int, ...]:
+def _gather_shape(x: Any, n: int | None = None) -> tuple[int, ...]:
     shape = tuple(getattr(x, "shape", ()) or ())
-    n = size()
+    n = size() if n is None else n
     return (n * shape[0], *shape[1:]) if shape else (n,)
 
 
@@ -343,9 +348,9 @@ def alltoall_counts(send_counts: Any) -> tuple[int, ...]:
     return _ddl.alltoall_counts([int(c) for c in send_counts])
 
 
-def _scatter_shape(x: Any) -> tuple[int, ...]:
+def _scatter_shape(x: Any, n: int | None = None) -> tuple[int, ...]:
     shape = tuple(getattr(x, "shape", ()) or ())
-    n = size()
+    n = size() if n is None else n
     if shape and shape[0] % n == 0:
         return (shape[0] // n, *shape[1:])
     total = 1
@@ -431,11 +436,12 @@ def allreduce_async(x: Any, op: str = "sum", out: Any = None, *, name: str | Non
     does); a name may be in flight once per rank. `shape=` (e.g. x.shape) is compared
     across ranks as well as the count. A mismatch raises MismatchError from wait() on
     every rank. GPU arrays run at once, ordered on their stream; the handle is then done.
+    comm=: on that communicator's own queue, matched and fused among its members only.
     """
-    _world_only(comm, "allreduce_async")
     o = op_code(op)
-    kw = _named(x, name, shape)
+    kw = _named(x, name, shape) | _queue(comm)
     if _cuda.device_array(x) is not None:
+        _gpu_on_world(comm, "allreduce_async")
         return Handle(_DONE, allreduce(x, op, out), None)
     res, rbuf, buf, code = _out(x, out)
     sbuf = None if res is x else buf
@@ -444,10 +450,11 @@ def allreduce_async(x: Any, op: str = "sum", out: Any = None, *, name: str | Non
 
 def broadcast_async(x: Any, root: int = 0, *, name: str | None = None,
                     shape: Any = None, comm: Comm | None = None) -> Handle:
-    """Queue a broadcast of root's x into x; name= and shape= as for allreduce_async."""
-    _world_only(comm, "broadcast_async")
-    kw = _named(x, name, shape)
+    """Queue a broadcast of root's x into x; name=, shape= and comm= as for
+    allreduce_async (root: a rank of comm)."""
+    kw = _named(x, name, shape) | _queue(comm)
     if _cuda.device_array(x) is not None:
+        _gpu_on_world(comm, "broadcast_async")
         return Handle(_DONE, broadcast(x, root), None)
     buf, code = as_buffer(x)
     return Handle(_ddl.submit(1, None, buf, code, 0, root, **kw), x, x)
@@ -456,24 +463,26 @@ def broadcast_async(x: Any, root: int = 0, *, name: str | None = None,
 def allgather_async(x: Any, out: Any = None, *, name: str | None = None,
                     shape: Any = None, comm: Comm | None = None) -> Handle:
     """Queue an allgather (every rank's x has the same count); name= and shape= as for
-    allreduce_async (shapes: all dimensions but the first must agree)."""
-    _world_only(comm, "allgather_async")
-    kw = _named(x, name, shape)
+    allreduce_async (shapes: all dimensions but the first must agree); comm= likewise."""
+    kw = _named(x, name, shape) | _queue(comm)
     if _cuda.device_array(x) is not None:
+        _gpu_on_world(comm, "allgather_async")
         return Handle(_DONE, allgather(x, out), None)
-    res, rbuf, buf, code = _out(x, out, _gather_shape(x) if out is None else None)
+    n = comm.size if _sub(comm) else None
+    res, rbuf, buf, code = _out(x, out, _gather_shape(x, n) if out is None else None)
     return Handle(_ddl.submit(2, buf, rbuf, code, 0, 0, **kw), res, (x, res))
 
 
 def reduce_scatter_async(x: Any, op: str = "sum", out: Any = None, *, name: str | None = None,
                          shape: Any = None, comm: Comm | None = None) -> Handle:
-    """Queue a reduce_scatter; name= and shape= (of x) as for allreduce_async."""
-    _world_only(comm, "reduce_scatter_async")
+    """Queue a reduce_scatter; name=, shape= (of x) and comm= as for allreduce_async."""
     o = op_code(op)
-    kw = _named(x, name, shape)
+    kw = _named(x, name, shape) | _queue(comm)
     if _cuda.device_array(x) is not None:
+        _gpu_on_world(comm, "reduce_scatter_async")
         return Handle(_DONE, reduce_scatter(x, op, out), None)
-    res, rbuf, buf, code = _out(x, out, _scatter_shape(x) if out is None else None)
+    n = comm.size if _sub(comm) else None
+    res, rbuf, buf, code = _out(x, out, _scatter_shape(x, n) if out is None else None)
     return Handle(_ddl.submit(3, buf, rbuf, code, o, 0, **kw), res, (x, res))
 
 
@@ -513,9 +522,8 @@ def allgatherv_async(x: Any, *, name: str | None = None, shape: Any = None,
     """Queue an allgather whose first dimension may differ between ranks (Horovod's
     allgather): wait() returns every rank's x concatenated along the first axis, in rank
     order (numpy for numpy and buffers, torch for torch). name= and shape= as for
-    allreduce_async; with shape=, all dimensions but the first must agree."""
-    _world_only(comm, "allgatherv_async")
-    kw = _named(x, name, shape)
+    allreduce_async; with shape=, all dimensions but the first must agree. comm= likewise."""
+    kw = _named(x, name, shape) | _queue(comm)
     if _cuda.device_array(x) is not None:
         raise ValueError("allgatherv_async takes host memory")
     buf, code = as_buffer(x)

@@ -3,7 +3,9 @@ every dtype x op (bitwise ops on integers) x odd counts for the reductions, the 
 collectives and point-to-point, concurrent communicators, and the errors.
 
 Modes: `collectives`, `errors` (mismatch on a sub-communicator, wrong-size recv, freed
-communicator, bad root/peer), `timeout` (a member of a sub-communicator never arrives)."""
+communicator, bad root/peer), `timeout` (a member of a sub-communicator never arrives),
+`async` (each communicator's own queue: matching by name and order among its members,
+fusion, concurrency with the world's queue, mismatch and a missing member)."""
 
 from __future__ import annotations
 
@@ -220,7 +222,107 @@ def mode_timeout() -> None:
     time.sleep(0.5)
 
 
-{"collectives": mode_collectives, "errors": mode_errors, "timeout": mode_timeout}[sys.argv[1]]()
+def mode_async() -> None:
+    """Asynchronous collectives on a communicator's own queue."""
+    half = world.split(r % 2, key=-r)  # reversed order, odd sizes at 3 and 5 ranks
+    members = list(half.members)
+    before = ddl.async_stats()
+    # Named requests submitted in an order that differs between members (reversed on odd
+    # communicator ranks), the same names in flight on the world's queue at the same time:
+    # a name is matched within its communicator only.
+    names = [f"t{i}" for i in range(12)]
+    order = names[::-1] if half.rank % 2 else names
+    mine = {nm: np.full(5 + i, 10 * half.rank + i, np.float32) for i, nm in enumerate(names)}
+    hs = {nm: ddl.allreduce_async(mine[nm], name=nm, comm=half) for nm in order}
+    ws = {nm: ddl.allreduce_async(np.full(3, r + 1, np.int64), name=nm) for nm in names[:4]}
+    for i, nm in enumerate(names):
+        want = sum(10 * q + i for q in range(half.size))
+        expect((hs[nm].wait() == want).all(), f"named {nm} on the communicator")
+    for nm in names[:4]:
+        expect((ws[nm].wait() == n * (n + 1) // 2).all(), f"named {nm} on the world")
+    # Unnamed requests, matched by order, with every kind of request.
+    cs = half.size
+    root = cs - 1
+    a = ddl.allreduce_async(np.arange(7, dtype=np.int32) * (half.rank + 1), comm=half)
+    b = ddl.broadcast_async(np.full(4, half.rank, np.float64), root=root, comm=half)
+    g = ddl.allgather_async(np.full((2, 3), half.rank, np.int64), comm=half)
+    rs = ddl.reduce_scatter_async(np.arange(cs * 3, dtype=np.float32), op="max", comm=half)
+    gv = ddl.allgatherv_async(np.full((half.rank + 1, 2), half.rank, np.int32), comm=half)
+    expect((a.wait() == np.arange(7) * sum(range(1, cs + 1))).all(), "unnamed allreduce")
+    expect((b.wait() == root).all(), "broadcast from the last member")
+    got = g.wait()
+    expect(got.shape == (2 * cs, 3) and all((got[2 * q:2 * q + 2] == q).all()
+                                            for q in range(cs)), f"allgather {got}")
+    expect((rs.wait() == np.arange(cs * 3, dtype=np.float32)[3 * half.rank:3 * half.rank + 3])
+           .all(), "reduce_scatter")
+    got = gv.wait()
+    want = np.concatenate([np.full((q + 1, 2), q, np.int32) for q in range(cs)])
+    expect(got.shape == want.shape and (got == want).all(), f"allgatherv {got.shape}")
+    # Many small ones: fused on the communicator's queue.
+    small = [ddl.allreduce_async(np.full(16, half.rank + k, np.float32), comm=half)
+             for k in range(64)]
+    for k, h in enumerate(small):
+        expect((h.wait() == sum(q + k for q in range(cs))).all(), f"small {k}")
+    after = ddl.async_stats()
+    if cs > 1:
+        expect(after["fused_requests"] > before["fused_requests"], f"fusion {after}")
+    # Two threads, each with its communicator's requests in flight, against the world's.
+    other = world.split(0, key=r)
+    errs: list[str] = []
+
+    def flood(c: ddl.Comm, salt: int) -> None:
+        try:
+            hs = [ddl.allreduce_async(np.full(33, c.rank + i + salt, np.int64), comm=c,
+                                      name=f"f{i}") for i in range(30)]
+            for i, h in enumerate(hs):
+                if not (h.wait() == sum(q + i + salt for q in range(c.size))).all():
+                    errs.append(f"flood {salt} request {i}")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errs.append(repr(e))
+
+    ts = [threading.Thread(target=flood, args=(half, 0)),
+          threading.Thread(target=flood, args=(other, 100))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    expect(not errs, f"concurrent queues: {errs}")
+    # A dtype that differs on one member: MismatchError on that communicator's members
+    # only, and its next request works.
+    if r % 2 == 0 and cs > 1:
+        dt = np.float64 if half.rank == 0 else np.float32
+        msg = raises(ddl.MismatchError, lambda: ddl.allreduce_async(
+            np.ones(4, dt), name="odd", comm=half).wait())
+        expect("data types" in msg or "dtype" in msg, f"mismatch message: {msg}")
+    ok = ddl.allreduce_async(np.ones(6, np.int32), name="odd", comm=half).wait()
+    expect((ok == cs).all(), "the request after a mismatch")
+    # A member that never submits: the others hear of it at the communicator's timeout,
+    # named; the other communicator is unaffected.
+    half.set_timeout(2.0)
+    if r % 2 == 1 and cs > 1:
+        if half.rank != 0:
+            t0 = time.monotonic()
+            msg = raises(ddl.DDLTimeoutError, lambda: ddl.allreduce_async(
+                np.ones(2), name="late", comm=half).wait())
+            took = time.monotonic() - t0
+            expect(1.5 < took < 20, f"async timeout after {took:.1f} s")
+            absent = members[0]  # communicator rank 0: the highest world rank of its half
+            expect("'late'" in msg and "by rank 0 of the communicator (world rank "
+                   f"{absent})" in msg, f"timeout message: {msg}")
+        half.set_timeout(None)  # the absent member waits here meanwhile
+        half.barrier()
+    else:
+        expect((ddl.allreduce_async(np.ones(2), comm=half).wait() == cs).all(),
+               "the other communicator")
+    for c in (half, other):
+        c.free()
+    msg = raises(ddl.InvalidArgumentError, ddl.allreduce_async, np.ones(2), comm=half)
+    expect("freed" in msg, f"freed message: {msg}")
+    world.barrier()
+
+
+{"collectives": mode_collectives, "errors": mode_errors, "timeout": mode_timeout,
+ "async": mode_async}[sys.argv[1]]()
 if failures:
     print("\n".join(failures[:30]), file=sys.stderr)
     sys.exit(1)
