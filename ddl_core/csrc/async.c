@@ -563,13 +563,16 @@ static ddl_status_t request_status(ddl_request_t req) {
 
 ddl_status_t ddl_test(ddl_request_t req, int *done) {
     if (!req || !done) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_test: NULL argument");
+    if (ddl_req_is_p2p(req)) ddl_p2p_progress(req);
     *done = __atomic_load_n(&req->done, __ATOMIC_ACQUIRE);
     return *done ? request_status(req) : DDL_SUCCESS;
 }
 
 ddl_status_t ddl_wait(ddl_request_t req) {
     if (!req) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_wait: NULL request");
-    if (!__atomic_load_n(&req->done, __ATOMIC_ACQUIRE)) {
+    if (ddl_req_is_p2p(req)) {
+        ddl_p2p_wait(req);
+    } else if (!__atomic_load_n(&req->done, __ATOMIC_ACQUIRE)) {
         ddl_engine_t *e = req->eng;
         pthread_mutex_lock(&e->lock);
         while (!req->done) pthread_cond_wait(&e->done, &e->lock);
@@ -580,7 +583,9 @@ ddl_status_t ddl_wait(ddl_request_t req) {
 
 void ddl_request_free(ddl_request_t req) {
     if (!req) return;
-    if (!__atomic_load_n(&req->done, __ATOMIC_ACQUIRE) && req->eng->running) (void)ddl_wait(req);
+    if (!__atomic_load_n(&req->done, __ATOMIC_ACQUIRE) &&
+        (ddl_req_is_p2p(req) || req->eng->running))
+        (void)ddl_wait(req);
     free(req->gathered);
     free(req->counts);
     free(req);

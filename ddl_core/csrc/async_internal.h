@@ -9,7 +9,8 @@
 
 #include "ddl_internal.h"
 
-enum { REQ_ALLREDUCE, REQ_BROADCAST, REQ_ALLGATHER, REQ_REDUCE_SCATTER, REQ_ALLGATHERV };
+enum { REQ_ALLREDUCE, REQ_BROADCAST, REQ_ALLGATHER, REQ_REDUCE_SCATTER, REQ_ALLGATHERV,
+       REQ_SEND, REQ_RECV /* point-to-point: no engine, see p2p_requests.c */ };
 /* The collective's own name (an allgatherv is an "allgatherv") and the word messages use
  * (to its user an allgatherv is Horovod's allgather). */
 extern const char *const ddl_kind_name[];
@@ -38,6 +39,17 @@ struct ddl_request_s {
     uint32_t slot_gen;  /* ... the slot's generation is this (0: not looked up) */
     void *gathered;     /* allgatherv: the result and every rank's count */
     size_t *counts;
+    /* point-to-point (REQ_SEND, REQ_RECV; eng is NULL): p2p_requests.c */
+    MPI_Request mreq;
+    MPI_Comm p2p;
+    int peer, tag, matched; /* matched: a recv's message was probed and is being received */
+    size_t want;            /* bytes the buffer holds */
+    int got;                /* recv: bytes the message held */
+    void *spill;            /* recv: a message of another size lands here, then is dropped */
+    double deadline;
+    struct ddl_comm_s *comm;       /* irecv: its communicator, whose list it waits in */
+    struct ddl_request_s *pnext;   /* irecv: the next unmatched receive of that list */
+    int listed;
     int done; /* written under the queue's lock, read atomically */
     ddl_status_t status;
     char error[1024];
@@ -108,6 +120,17 @@ void ddl_req_describe(const struct ddl_request_s *r, char *out, size_t n);
 /* Counters (ddl_async_stats, ddl_negotiation_stats), updated atomically. */
 extern uint64_t ddl_stat_fused_buffers, ddl_stat_fused_requests, ddl_stat_full_cycles,
     ddl_stat_names;
+
+/* ---- p2p_requests.c ---- */
+
+static inline int ddl_req_is_p2p(const struct ddl_request_s *r) {
+    return r->kind == REQ_SEND || r->kind == REQ_RECV;
+}
+/* One step of a point-to-point request (MPI_Improbe / MPI_Test, the deadline): completes it
+ * when it is done. Called by the request's one waiting thread (ddl_test, ddl_wait). */
+void ddl_p2p_progress(struct ddl_request_s *r);
+/* ddl_wait for a point-to-point request: progress until done, spinning then pausing. */
+void ddl_p2p_wait(struct ddl_request_s *r);
 
 /* ---- names.c: hashing names, and an open-addressing map (name -> value) ---- */
 

@@ -48,6 +48,7 @@ ddl_status_t ddl_comm_world(ddl_comm_t *out) {
         MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world_comm.p2p));
         MPI_CHECK(MPI_Comm_set_errhandler(world_comm.p2p, MPI_ERRORS_RETURN));
         world_comm.world_ranks = NULL;
+        pthread_mutex_init(&world_comm.recv_lock, NULL);
         world_comm.magic = DDL_COMM_MAGIC;
     }
     *out = &world_comm;
@@ -150,6 +151,7 @@ static ddl_status_t comm_setup(ddl_comm_t c, MPI_Comm newcomm) {
     ddl_mpicomm_t *cw = &c->own.world;
     c->prog.world.comm = MPI_COMM_NULL;
     c->p2p = MPI_COMM_NULL;
+    pthread_mutex_init(&c->recv_lock, NULL);
     cw->comm = newcomm;
     cw->piece = 0;
     MPI_CHECK(MPI_Comm_set_errhandler(newcomm, MPI_ERRORS_RETURN));

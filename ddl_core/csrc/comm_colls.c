@@ -326,8 +326,8 @@ ddl_status_t ddl_comm_reduce(ddl_comm_t c, const void *sendbuf, void *recvbuf, s
 
 /* ---- point-to-point ----------------------------------------------------------------- */
 
-static ddl_status_t p2p_args(ddl_comm_t c, const void *buf, size_t count, ddl_dtype_t dtype,
-                             int peer, int tag, const char *fn) {
+ddl_status_t ddl_p2p_check(ddl_comm_t c, const void *buf, size_t count, ddl_dtype_t dtype,
+                           int peer, int tag, const char *fn) {
     DDL_CHECK(common(c, (int)dtype, -1, -1, fn));
     int n = c->ctx->world.size;
     if (peer < 0 || peer >= n)
@@ -343,7 +343,7 @@ ddl_status_t ddl_comm_send(ddl_comm_t c, const void *buf, size_t count, ddl_dtyp
                            int dest, int tag) {
     const char *fn = "ddl_comm_send";
     ENTER(c, fn);
-    ddl_status_t st = p2p_args(c, buf, count, dtype, dest, tag, fn);
+    ddl_status_t st = ddl_p2p_check(c, buf, count, dtype, dest, tag, fn);
     if (st != DDL_SUCCESS) LEAVE(st);
     ddl_coll_begin(c->ctx, "send", 0);
     ddl_mpicomm_t pc = {c->p2p, c->ctx->world.rank, c->ctx->world.size, 0};
@@ -358,7 +358,7 @@ ddl_status_t ddl_comm_recv(ddl_comm_t c, void *buf, size_t count, ddl_dtype_t dt
                            int tag) {
     const char *fn = "ddl_comm_recv";
     ENTER(c, fn);
-    ddl_status_t st = p2p_args(c, buf, count, dtype, source, tag, fn);
+    ddl_status_t st = ddl_p2p_check(c, buf, count, dtype, source, tag, fn);
     if (st != DDL_SUCCESS) LEAVE(st);
     ddl_coll_begin(c->ctx, "recv", 0);
     size_t want = count * ddl_dtype_size(dtype);

@@ -3,6 +3,7 @@
 #define DDL_INTERNAL_H
 
 #include <mpi.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -359,11 +360,18 @@ struct ddl_comm_s {
     MPI_Comm p2p;      /* send/recv */
     double timeout_s;  /* 0: the thread's or DDL_TIMEOUT */
     int *world_ranks;  /* world rank of each member, in communicator order */
+    /* irecvs not yet matched to a message, in the order they were posted: they are
+     * matched in that order, as MPI matches receives (p2p_requests.c) */
+    pthread_mutex_t recv_lock;
+    struct ddl_request_s *recvs;
 };
 /* DDL_SUCCESS when `c` is a live communicator this rank belongs to (else one error naming
  * `fn`); then sets the calling thread's deadline to the communicator's timeout. */
 ddl_status_t ddl_comm_enter(ddl_comm_t c, const char *fn, double *saved_timeout);
 void ddl_comm_leave(double saved_timeout);
+/* send/recv arguments: dtype, a peer of c, a tag in 0..32767, a buffer, <= 2 GiB. */
+ddl_status_t ddl_p2p_check(ddl_comm_t c, const void *buf, size_t count, ddl_dtype_t dtype,
+                           int peer, int tag, const char *fn);
 /* The header-only signature check every communicator collective starts with. */
 ddl_status_t ddl_comm_check(ddl_ctx_t *ctx, uint64_t sig, uint64_t count, const char *coll);
 

@@ -766,6 +766,45 @@ fail:
     return NULL;
 }
 
+/* p2p(send, handle, buf, dtype, peer, tag) -> Request: ddl_comm_isend (send true) or
+ * ddl_comm_irecv into buf; the Request keeps buf until it is done. */
+static PyObject *py_p2p(PyObject *self, PyObject *args) {
+    (void)self;
+    int is_send, dtype, peer, tag;
+    unsigned long long h;
+    PyObject *obj;
+    if (!PyArg_ParseTuple(args, "pKOiii", &is_send, &h, &obj, &dtype, &peer, &tag)) return NULL;
+    RequestObject *r = PyObject_New(RequestObject, &RequestType);
+    if (!r) return NULL;
+    r->req = NULL;
+    r->have_send = r->have_recv = r->finished = 0;
+    r->kind = is_send ? 5 : 6;
+    r->es = ddl_dtype_size((ddl_dtype_t)dtype);
+    r->size = 0;
+    r->gathered = NULL;
+    size_t count = 0;
+    Py_buffer *view = is_send ? &r->send : &r->recv;
+    if (get_buf(obj, view, !is_send, dtype, &count, is_send ? "the input" : "the output") < 0) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    if (is_send) r->have_send = 1;
+    else r->have_recv = 1;
+    ddl_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = is_send ? ddl_comm_isend(handle_of(h), view->buf, count, (ddl_dtype_t)dtype, peer, tag,
+                                  &r->req)
+                 : ddl_comm_irecv(handle_of(h), view->buf, count, (ddl_dtype_t)dtype, peer, tag,
+                                  &r->req);
+    Py_END_ALLOW_THREADS
+    if (st != DDL_SUCCESS) {
+        r->req = NULL;
+        Py_DECREF(r);
+        return raise_status(st);
+    }
+    return (PyObject *)r;
+}
+
 /* ---- device buffers: raw pointers from ddl_core/_cuda.py ------------------------------ */
 
 /* Pointers and streams arrive as integers (torch's data_ptr(), __cuda_array_interface__,
@@ -1018,6 +1057,8 @@ static PyMethodDef methods[] = {
     {"reduce_scatter", py_reduce_scatter, METH_VARARGS, NULL},
     {"barrier", py_barrier, METH_NOARGS, NULL},
     {"submit", (PyCFunction)(void (*)(void))py_submit, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"p2p", py_p2p, METH_VARARGS,
+     "p2p(send, comm, buf, dtype, peer, tag) -> Request: a non-blocking send or receive."},
     {"set_algorithm", py_set_algorithm, METH_VARARGS, NULL},
     {"plan", py_plan, METH_VARARGS, NULL},
     {"set_level_cost", py_set_level_cost, METH_VARARGS, NULL},

@@ -47,6 +47,8 @@ def test_comm_async_queues(ranks: int) -> None:
     ones by order for every kind, fusion, two communicators' queues flooded from two
     threads, a dtype mismatch failing that communicator's members only (the next request
     works), a member that never submits named with its world rank at the communicator's
-    timeout, and a freed communicator refused."""
+    timeout, and a freed communicator refused; isend/irecv requests matched in posting
+    order whatever order they are waited in, test() polling, a wrong-size irecv and an
+    irecv that times out."""
     proc = run_mpi(ranks, "comms.py", "async", timeout=180)
     assert ok_lines(proc, "comms-async") == ranks

@@ -379,6 +379,15 @@ ddl_status_t ddl_comm_send(ddl_comm_t comm, const void *buf, size_t count, ddl_d
                            int dest, int tag);
 ddl_status_t ddl_comm_recv(ddl_comm_t comm, void *buf, size_t count, ddl_dtype_t dtype,
                            int source, int tag);
+/* The same without blocking: ddl_request_t's completed by ddl_wait / ddl_test (which make
+ * their progress: one thread per request) and released by ddl_request_free; the buffer
+ * stays untouched (isend) or unread (irecv) until then. Messages between a pair with one
+ * tag arrive in the order they were sent; a size mismatch or the deadline (from the call)
+ * fails the request as recv does. */
+ddl_status_t ddl_comm_isend(ddl_comm_t comm, const void *buf, size_t count, ddl_dtype_t dtype,
+                            int dest, int tag, ddl_request_t *req);
+ddl_status_t ddl_comm_irecv(ddl_comm_t comm, void *buf, size_t count, ddl_dtype_t dtype,
+                            int source, int tag, ddl_request_t *req);
 
 /* Asynchronous collectives on a communicator, as ddl_iallreduce_named and its siblings
  * (match may be NULL: unnamed); complete them with ddl_wait / ddl_test and free them with

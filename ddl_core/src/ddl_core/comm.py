@@ -15,8 +15,6 @@ torch CPU tensors, buffer-protocol objects) only for the calls added in libddl 2
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -38,9 +36,6 @@ class Comm:
         self._h: int | None = handle
         self._world = world
         self.rank, self.size, self.members = _ddl.comm_info(handle)
-        self._sender: ThreadPoolExecutor | None = None
-        self._receiver: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         state = "freed" if self._h is None else f"rank {self.rank} of {self.size}"
@@ -79,26 +74,11 @@ class Comm:
         """Release the communicator (local). Later use raises InvalidArgumentError."""
         if self._world:
             raise InvalidArgumentError("the world communicator cannot be freed (finalize() does)")
-        h = self.handle
-        for ex in (self._sender, self._receiver):
-            if ex is not None:
-                ex.shutdown(wait=True)
-        _ddl.comm_free(h)
+        _ddl.comm_free(self.handle)
         self._h = None
 
     def barrier(self) -> None:
         _ddl.comm_op(K_BARRIER, self.handle, None, None, 0, 0, 0, 0, 0, None, None)
-
-    def _executor(self, send: bool) -> ThreadPoolExecutor:
-        """One thread per direction: isends (irecvs) start in the order they were made,
-        as MPI's non-overtaking rule expects."""
-        with self._lock:
-            attr = "_sender" if send else "_receiver"
-            ex = getattr(self, attr)
-            if ex is None:
-                ex = ThreadPoolExecutor(1, thread_name_prefix="ddl-p2p")
-                setattr(self, attr, ex)
-            return ex
 
 
 _world: Comm | None = None
@@ -348,31 +328,34 @@ def recv(out: Any, source: int, tag: int = 0, *, comm: Comm | None = None) -> An
 
 
 class P2PHandle:
-    """An isend/irecv in flight: wait() returns its result (recv: out) or raises its
-    error; test() says whether it finished."""
+    """An isend/irecv in flight (libddl's request): wait() returns its result (recv: out)
+    or raises its error; test() says whether it finished (and makes its progress)."""
 
-    def __init__(self, fut: Future, keep: Any) -> None:
-        self._fut = fut
-        self._keep = keep  # the buffer stays alive until the transfer is done
+    __slots__ = ("_req", "_result")
+
+    def __init__(self, req: Any, result: Any) -> None:
+        self._req = req  # keeps the buffer alive until the transfer is done
+        self._result = result
 
     def test(self) -> bool:
-        return self._fut.done()
+        return self._req.test()
 
     def wait(self) -> Any:
-        return self._fut.result()
+        self._req.wait()
+        return self._result
 
 
 def isend(x: Any, dest: int, tag: int = 0, *, comm: Comm | None = None) -> P2PHandle:
-    """send() in the background (x must stay untouched until wait())."""
+    """send() without blocking (x must stay untouched until wait())."""
     c = resolve(comm)
-    _peer(dest, c, "isend")
-    _host(x, "isend")
-    return P2PHandle(c._executor(True).submit(send, x, dest, tag, comm=c), x)
+    d = _peer(dest, c, "isend")
+    buf, code = _host(x, "isend")
+    return P2PHandle(_ddl.p2p(True, c.handle, buf, code, d, int(tag)), None)
 
 
 def irecv(out: Any, source: int, tag: int = 0, *, comm: Comm | None = None) -> P2PHandle:
-    """recv() in the background; wait() returns out."""
+    """recv() without blocking; wait() returns out."""
     c = resolve(comm)
-    _peer(source, c, "irecv")
-    _host(out, "irecv")
-    return P2PHandle(c._executor(False).submit(recv, out, source, tag, comm=c), out)
+    s = _peer(source, c, "irecv")
+    buf, code = _host(out, "irecv")
+    return P2PHandle(_ddl.p2p(False, c.handle, buf, code, s, int(tag)), out)

@@ -222,6 +222,46 @@ def mode_timeout() -> None:
     time.sleep(0.5)
 
 
+def p2p_requests(c: ddl.Comm) -> None:
+    """isend/irecv (libddl's requests): receives posted before any message arrives are
+    matched in posting order whatever order they are waited in, also across tags; test()
+    makes progress; a wrong size fails that receive with both sizes, the next one works; a
+    receive nobody sends to fails at the communicator's timeout."""
+    c.set_timeout(None)
+    if c.size < 2:
+        return
+    peer = (c.rank + 1) % c.size
+    src = (c.rank - 1) % c.size
+    recvs = [ddl.irecv(np.empty(3, np.int64), src, tag=5 + k % 2, comm=c) for k in range(6)]
+    c.barrier()  # every receive is posted before the messages leave
+    sends = [ddl.isend(np.full(3, 100 * c.rank + k, np.int64), peer, tag=5 + k % 2, comm=c)
+             for k in range(6)]
+    for k in reversed(range(6)):  # waited youngest first: still matched oldest first
+        expect((recvs[k].wait() == 100 * src + k).all(), f"irecv {k} in posting order")
+    for h in sends:
+        h.wait()
+    big = ddl.isend(np.arange(5, dtype=np.float32), peer, tag=9, comm=c)
+    ok = ddl.isend(np.arange(4, dtype=np.float32), peer, tag=9, comm=c)
+    bad = ddl.irecv(np.empty(4, np.float32), src, tag=9, comm=c)
+
+    def poll() -> None:
+        while not bad.test():  # test() raises the request's error once it is done
+            time.sleep(0.001)
+
+    msg = raises(ddl.MismatchError, poll)
+    expect("20 bytes" in msg and "16 bytes" in msg, f"irecv size message: {msg}")
+    got = ddl.irecv(np.empty(4, np.float32), src, tag=9, comm=c).wait()
+    expect((got == np.arange(4)).all(), "irecv after a wrong size")
+    big.wait()
+    ok.wait()
+    c.set_timeout(1.0)
+    t0 = time.monotonic()
+    msg = raises(ddl.DDLTimeoutError, ddl.irecv(np.empty(1), src, tag=11, comm=c).wait)
+    expect(0.8 < time.monotonic() - t0 < 20 and "tag 11" in msg, f"irecv timeout: {msg}")
+    c.set_timeout(None)
+    c.barrier()
+
+
 def mode_async() -> None:
     """Asynchronous collectives on a communicator's own queue."""
     half = world.split(r % 2, key=-r)  # reversed order, odd sizes at 3 and 5 ranks
@@ -314,6 +354,7 @@ def mode_async() -> None:
     else:
         expect((ddl.allreduce_async(np.ones(2), comm=half).wait() == cs).all(),
                "the other communicator")
+    p2p_requests(half)
     for c in (half, other):
         c.free()
     msg = raises(ddl.InvalidArgumentError, ddl.allreduce_async, np.ones(2), comm=half)
