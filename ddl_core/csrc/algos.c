@@ -11,23 +11,6 @@
 
 #include "ddl_internal.h"
 
-#define NSCRATCH 8
-static _Thread_local void *scratch_ptr[NSCRATCH];
-static _Thread_local size_t scratch_len[NSCRATCH];
-
-void *ddl_scratch(int slot, size_t bytes) {
-    if (bytes == 0) bytes = 1;
-    if (scratch_len[slot] < bytes) {
-        size_t want = bytes < 4096 ? 4096 : bytes + bytes / 4;
-        void *p = NULL;
-        if (posix_memalign(&p, 64, want) != 0) return NULL;
-        free(scratch_ptr[slot]);
-        scratch_ptr[slot] = p;
-        scratch_len[slot] = want;
-    }
-    return scratch_ptr[slot];
-}
-
 void ddl_block_range(size_t count, int parts, int i, size_t *lo, size_t *hi) {
     size_t q = count / (size_t)parts, r = count % (size_t)parts, ui = (size_t)i;
     *lo = q * ui + (ui < r ? ui : r);
@@ -69,8 +52,8 @@ ddl_status_t ddl_rd_allreduce_checked(const ddl_mpicomm_t *c, ddl_header_t *hdr,
     size_t total = sizeof(ddl_header_t) + bytes;
     size_t room = total > sizeof(ddl_header_t) + DDL_FUSED_MAX ? total
                                                                : sizeof(ddl_header_t) + DDL_FUSED_MAX;
-    char *mine = ddl_scratch(0, total);
-    char *theirs = ddl_scratch(1, room);
+    char *mine = ddl_scratch(DDL_SCRATCH_RD_MINE, total);
+    char *theirs = ddl_scratch(DDL_SCRATCH_RD_THEIRS, room);
     if (!mine || !theirs) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for %zu bytes", total);
     memcpy(mine, hdr, sizeof *hdr);
     if (bytes) memcpy(mine + sizeof *hdr, buf, bytes);
@@ -133,7 +116,7 @@ ddl_status_t ddl_ring_reduce_scatter(const ddl_mpicomm_t *c, const void *in, voi
     }
     char *b = out;
     const char *src = in;
-    char *tmp = ddl_scratch(2, max_block(count, p) * es);
+    char *tmp = ddl_scratch(DDL_SCRATCH_BLOCK, max_block(count, p) * es);
     if (!tmp) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the ring's block");
     int right = (r + 1) % p, left = (r - 1 + p) % p;
     for (int s = 0; s < p - 1; s++) {
@@ -187,7 +170,7 @@ ddl_status_t ddl_halving_reduce_scatter(const ddl_mpicomm_t *c, const void *in, 
     if (p & (p - 1)) return ddl_fail(DDL_ERR_INTERNAL, "halving needs a power-of-two size");
     char *b = out;
     const char *src = in; /* the first step reads the input; later ones the output */
-    char *tmp = ddl_scratch(2, (count / 2 + (size_t)p) * es);
+    char *tmp = ddl_scratch(DDL_SCRATCH_BLOCK, (count / 2 + (size_t)p) * es);
     if (!tmp) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the halving buffer");
     int b0 = 0, nb = p;
     for (int mask = p / 2; mask >= 1; mask >>= 1) {

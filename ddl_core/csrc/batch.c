@@ -98,7 +98,7 @@ static ddl_status_t run_fused(struct ddl_request_s **reqs, size_t n) {
     }
     __atomic_add_fetch(&ddl_stat_fused_buffers, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&ddl_stat_fused_requests, n, __ATOMIC_RELAXED);
-    char *buf = ddl_scratch(4, total * es);
+    char *buf = ddl_scratch(DDL_SCRATCH_FUSION, total * es);
     if (!buf) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for a %zu-byte fusion buffer",
                               total * es);
     size_t off = 0;

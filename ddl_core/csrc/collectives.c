@@ -13,76 +13,6 @@
 
 #include "ddl_internal.h"
 
-static uint64_t mix(uint64_t x) { /* splitmix64 finaliser */
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
-/* The settings a collective's messages depend on and that can change at run time
- * (ddl_set_algorithm, ddl_set_fusion) are part of every signature, so ranks that changed
- * them differently fail with DDL_ERR_MISMATCH at the next call's check instead of
- * running different algorithms into each other (a hang until DDL_TIMEOUT). */
-void ddl_settings_changed(void) {
-    uint64_t s = mix(((uint64_t)ddl_g.forced_algo << 56) ^ (uint64_t)ddl_g.fusion_threshold);
-    __atomic_store_n(&ddl_g.settings_sig, s, __ATOMIC_RELAXED);
-}
-
-uint64_t ddl_signature(int coll, uint64_t count, int dtype, int op, int root) {
-    /* The negotiation of the asynchronous queue does not depend on the run-time settings,
-     * and an idle rank's progress thread joins one whenever a peer starts it, possibly
-     * while the application changes them (ddl_set_fusion) on some ranks first. */
-    uint64_t settings =
-        coll == DDL_COLL_NEGOTIATE ? 0 : __atomic_load_n(&ddl_g.settings_sig, __ATOMIC_RELAXED);
-    uint64_t h = mix((uint64_t)coll * 0x9e3779b97f4a7c15ULL ^ settings);
-    h = mix(h ^ count);
-    h = mix(h ^ ((uint64_t)(uint32_t)dtype << 32 | (uint32_t)op));
-    return mix(h ^ (uint64_t)(uint32_t)root);
-}
-
-void ddl_header_init(ddl_header_t *h, uint64_t sig, uint64_t count) {
-    h->sig_min = h->sig_max = sig;
-    h->count_min = h->count_max = count;
-}
-
-void ddl_header_merge(ddl_header_t *into, const ddl_header_t *from) {
-    if (from->sig_min < into->sig_min) into->sig_min = from->sig_min;
-    if (from->sig_max > into->sig_max) into->sig_max = from->sig_max;
-    if (from->count_min < into->count_min) into->count_min = from->count_min;
-    if (from->count_max > into->count_max) into->count_max = from->count_max;
-}
-
-ddl_status_t ddl_header_verdict(const ddl_header_t *h, const char *coll) {
-    if (h->sig_min == h->sig_max) return DDL_SUCCESS;
-    if (h->count_min != h->count_max)
-        return ddl_fail(DDL_ERR_MISMATCH,
-                        "%s called with different counts on different ranks (from %llu to %llu "
-                        "elements): every rank must pass the same count, dtype and op, in the "
-                        "same order",
-                        coll, (unsigned long long)h->count_min, (unsigned long long)h->count_max);
-    return ddl_fail(DDL_ERR_MISMATCH,
-                    "%s called with different arguments on different ranks (the dtype, op, "
-                    "root or the collective itself differ, or ddl_set_algorithm / "
-                    "ddl_set_fusion was called on some ranks only; counts agree): every rank "
-                    "must call the same collectives in the same order with the same arguments "
-                    "and settings",
-                    coll);
-}
-
-/* Header-only exchange: the verdict before any data moves. */
-static ddl_status_t check(ddl_ctx_t *ctx, uint64_t sig, uint64_t count, const char *coll) {
-    ddl_header_t h;
-    ddl_header_init(&h, sig, count);
-    DDL_CHECK(ddl_rd_allreduce_checked(&ctx->world, &h, NULL, 0, DDL_UINT8, DDL_SUM));
-    return ddl_header_verdict(&h, coll);
-}
-
-ddl_status_t ddl_comm_check(ddl_ctx_t *ctx, uint64_t sig, uint64_t count, const char *coll) {
-    return check(ctx, sig, count, coll);
-}
-
 /* One allreduce's walk through the levels: the segment each level works on and whether
  * a level reduced its whole segment (nothing to gather back). */
 typedef struct {
@@ -183,7 +113,7 @@ static ddl_status_t leader_pipeline(level_state_t *st, const ddl_mpicomm_t *l0) 
     if (me != 0) {
         /* Chain: receive segment k from me+1 while passing segment k-1 on to me-1. */
         int last = me == p0 - 1;
-        char *tmp = ddl_scratch(5, qmax * es);
+        char *tmp = ddl_scratch(DDL_SCRATCH_PIPELINE, qmax * es);
         if (!tmp) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for a pipeline segment");
         for (size_t k = 0; k <= K; k++) {
             size_t plo = 0, phi = 0;
@@ -208,8 +138,8 @@ static ddl_status_t leader_pipeline(level_state_t *st, const ddl_mpicomm_t *l0) 
         }
         return DDL_SUCCESS;
     }
-    char *stage = ddl_scratch(5, LOOKAHEAD * qmax * es);
-    MPI_Request *sent = ddl_scratch(6, K * sizeof(MPI_Request));
+    char *stage = ddl_scratch(DDL_SCRATCH_PIPELINE, LOOKAHEAD * qmax * es);
+    MPI_Request *sent = ddl_scratch(DDL_SCRATCH_PIPELINE_REQS, K * sizeof(MPI_Request));
     if (!stage || !sent) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the pipeline");
     MPI_Request got[LOOKAHEAD];
     for (size_t k = 0; k < K; k++) sent[k] = MPI_REQUEST_NULL;
@@ -265,7 +195,7 @@ ddl_status_t ddl_allreduce_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *buf, s
         DDL_CHECK(ddl_rd_allreduce_checked(&ctx->world, &h, buf, count, dtype, wop));
         DDL_CHECK(ddl_header_verdict(&h, "allreduce"));
     } else {
-        DDL_CHECK(check(ctx, sig, count, "allreduce"));
+        DDL_CHECK(ddl_comm_check(ctx, sig, count, "allreduce"));
         if (flat && plan[0] == DDL_ALGO_RECDOUBLING) {
             ddl_header_t h;
             ddl_header_init(&h, sig, count);
@@ -321,7 +251,7 @@ ddl_status_t ddl_broadcast_ctx_sig(ddl_ctx_t *ctx, void *buf, size_t count, ddl_
                                    int root, uint64_t sig) {
     ddl_coll_begin(ctx, "broadcast", 1);
     const ddl_mpicomm_t *c = &ctx->world;
-    DDL_CHECK(check(ctx, sig ? sig : ddl_signature(DDL_COLL_BROADCAST, count, dtype, 0, root),
+    DDL_CHECK(ddl_comm_check(ctx, sig ? sig : ddl_signature(DDL_COLL_BROADCAST, count, dtype, 0, root),
                     count, "broadcast"));
     size_t es = ddl_dtype_size(dtype), bytes = count * es;
     int p = c->size;
@@ -355,7 +285,7 @@ ddl_status_t ddl_allgather_ctx_sig(ddl_ctx_t *ctx, const void *sendbuf, void *re
                                    size_t sendcount, ddl_dtype_t dtype, uint64_t sig) {
     ddl_coll_begin(ctx, "allgather", 1);
     const ddl_mpicomm_t *c = &ctx->world;
-    DDL_CHECK(check(ctx, sig ? sig : ddl_signature(DDL_COLL_ALLGATHER, sendcount, dtype, 0, 0),
+    DDL_CHECK(ddl_comm_check(ctx, sig ? sig : ddl_signature(DDL_COLL_ALLGATHER, sendcount, dtype, 0, 0),
                     sendcount, "allgather"));
     size_t es = ddl_dtype_size(dtype), bytes = sendcount * es;
     int p = c->size;
@@ -378,14 +308,14 @@ ddl_status_t ddl_reduce_scatter_ctx_sig(ddl_ctx_t *ctx, const void *sendbuf, voi
                                         uint64_t sig) {
     ddl_coll_begin(ctx, "reduce_scatter", 1);
     const ddl_mpicomm_t *c = &ctx->world;
-    DDL_CHECK(check(ctx,
+    DDL_CHECK(ddl_comm_check(ctx,
                     sig ? sig : ddl_signature(DDL_COLL_REDUCE_SCATTER, recvcount, dtype, op, 0),
                     recvcount, "reduce_scatter"));
     size_t es = ddl_dtype_size(dtype);
     int p = c->size;
     size_t total = recvcount * (size_t)p;
     const void *src = sendbuf == DDL_IN_PLACE ? recvbuf : sendbuf;
-    char *work = ddl_scratch(3, total * es);
+    char *work = ddl_scratch(DDL_SCRATCH_SCATTER_WORK, total * es);
     if (!work) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for %zu bytes", total * es);
     ddl_op_t wop = ddl_wire_op(op);
     if ((p & (p - 1)) == 0)
@@ -399,7 +329,7 @@ ddl_status_t ddl_reduce_scatter_ctx_sig(ddl_ctx_t *ctx, const void *sendbuf, voi
 
 ddl_status_t ddl_barrier_ctx(ddl_ctx_t *ctx) {
     ddl_coll_begin(ctx, "barrier", 1);
-    return check(ctx, ddl_signature(DDL_COLL_BARRIER, 0, 0, 0, 0), 0, "barrier");
+    return ddl_comm_check(ctx, ddl_signature(DDL_COLL_BARRIER, 0, 0, 0, 0), 0, "barrier");
 }
 
 /* ---- alltoall: MPI's algorithm, DDL's checks ------------------------------------------- */
@@ -446,7 +376,7 @@ static ddl_status_t a2a_run(ddl_ctx_t *ctx, const void *sendbuf, const size_t *s
 ddl_status_t ddl_alltoall_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
                               ddl_dtype_t dtype) {
     ddl_coll_begin(ctx, "alltoall", 1);
-    DDL_CHECK(check(ctx, ddl_signature(DDL_COLL_ALLTOALL, count, dtype, 0, 0), count,
+    DDL_CHECK(ddl_comm_check(ctx, ddl_signature(DDL_COLL_ALLTOALL, count, dtype, 0, 0), count,
                     "alltoall"));
     int p = ctx->world.size;
     size_t es = ddl_dtype_size(dtype);
@@ -466,7 +396,7 @@ ddl_status_t ddl_alltoall_counts_ctx(ddl_ctx_t *ctx, const size_t *sendcounts,
                                      size_t *recvcounts) {
     ddl_coll_begin(ctx, "alltoall_counts", 1);
     int p = ctx->world.size;
-    DDL_CHECK(check(ctx, ddl_signature(DDL_COLL_A2A_COUNTS, (uint64_t)p, DDL_INT64, 0, 0),
+    DDL_CHECK(ddl_comm_check(ctx, ddl_signature(DDL_COLL_A2A_COUNTS, (uint64_t)p, DDL_INT64, 0, 0),
                     (uint64_t)p, "alltoall_counts"));
     uint64_t *s = malloc(2 * (size_t)p * sizeof *s);
     if (!s) return ddl_fail(DDL_ERR_NO_MEMORY, "alltoall_counts: no memory for %d ranks", p);
@@ -504,7 +434,7 @@ ddl_status_t ddl_alltoallv_ctx(ddl_ctx_t *ctx, const void *sendbuf, const size_t
     free(pair);
     DDL_CHECK(st);
     /* the verdict is everyone's: the signature carries this rank's "counts agree" */
-    st = check(ctx, ddl_signature(DDL_COLL_ALLTOALLV, 0, dtype, mine[0] ? 1 : 0, 0), 0,
+    st = ddl_comm_check(ctx, ddl_signature(DDL_COLL_ALLTOALLV, 0, dtype, mine[0] ? 1 : 0, 0), 0,
                "alltoallv");
     if (mine[0])
         return ddl_fail(DDL_ERR_MISMATCH, "alltoallv: %s: use ddl_alltoall_counts for the "

@@ -389,7 +389,7 @@ ddl_status_t ddl_comm_recv(ddl_comm_t c, void *buf, size_t count, ddl_dtype_t dt
     }
     int n = 0;
     MPI_Get_count(&mst, MPI_BYTE, &n);
-    void *into = (size_t)n == want ? buf : ddl_scratch(7, (size_t)n);
+    void *into = (size_t)n == want ? buf : ddl_scratch(DDL_SCRATCH_SPILL, (size_t)n);
     if (!into && n > 0) LEAVE(ddl_fail(DDL_ERR_NO_MEMORY, "recv: no memory for %d bytes", n));
     MPI_Request req;
     int rc = MPI_Imrecv(into, n, MPI_BYTE, &msg, &req);

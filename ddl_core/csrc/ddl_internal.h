@@ -145,8 +145,20 @@ ddl_status_t ddl_mpi_allreduce(const ddl_mpicomm_t *c, void *buf, size_t count, 
                                ddl_op_t op);
 /* Block partition of `count` elements into `parts`: block i is [*lo, *hi). */
 void ddl_block_range(size_t count, int parts, int i, size_t *lo, size_t *hi);
-/* Scratch memory per thread, grown on demand and kept (no malloc per call). */
-void *ddl_scratch(int slot, size_t bytes);
+/* Scratch memory per thread and slot, grown on demand and kept (scratch.c). Each slot
+ * has one owner, so buffers that one collective holds at once never share a slot. */
+typedef enum {
+    DDL_SCRATCH_RD_MINE,       /* algos.c: recursive doubling, this rank's packed header+data */
+    DDL_SCRATCH_RD_THEIRS,     /* algos.c: recursive doubling, the peer's */
+    DDL_SCRATCH_BLOCK,         /* algos.c: a ring / halving block received */
+    DDL_SCRATCH_SCATTER_WORK,  /* collectives.c: reduce_scatter's whole reduced buffer */
+    DDL_SCRATCH_FUSION,        /* batch.c: the fusion buffer */
+    DDL_SCRATCH_PIPELINE,      /* collectives.c: the node-leader pipeline's segments */
+    DDL_SCRATCH_PIPELINE_REQS, /* collectives.c: its MPI requests */
+    DDL_SCRATCH_SPILL,         /* p2p.c, comm_colls.c: a message of the wrong size */
+    DDL_SCRATCH_SLOTS
+} ddl_scratch_slot_t;
+void *ddl_scratch(ddl_scratch_slot_t slot, size_t bytes);
 MPI_Datatype ddl_mpi_dtype(ddl_dtype_t dtype);
 
 /* ---- topology (topology.c) and the cost model (model.c) ---------------------------- */

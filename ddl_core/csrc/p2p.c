@@ -197,7 +197,7 @@ static ddl_status_t exchange(const ddl_mpicomm_t *c, const void *sbuf, size_t sb
                 MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &n));
                 /* A message of another size is received whole into scratch (consumed, so
                  * nothing stays queued) and reported. */
-                void *into = (size_t)n == rbytes ? rbuf : ddl_scratch(7, (size_t)n);
+                void *into = (size_t)n == rbytes ? rbuf : ddl_scratch(DDL_SCRATCH_SPILL, (size_t)n);
                 if (!into && n > 0)
                     return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for %d bytes", n);
                 MPI_CHECK(MPI_Imrecv(into, n, MPI_BYTE, &msg, &rreq));
