@@ -22,11 +22,11 @@
 #include "async_internal.h"
 
 const char *const ddl_kind_name[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
-                                     "allgatherv"};
+                                     "allgatherv", "join"};
 const char *const ddl_kind_word[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
-                                     "allgather"};
+                                     "allgather", "join"};
 static const int KIND_COLL[] = {DDL_COLL_ALLREDUCE, DDL_COLL_BROADCAST, DDL_COLL_ALLGATHER,
-                                DDL_COLL_REDUCE_SCATTER, DDL_COLL_ALLGATHERV};
+                                DDL_COLL_REDUCE_SCATTER, DDL_COLL_ALLGATHERV, DDL_COLL_BARRIER};
 
 #define MAX_DIMS 32         /* longest shape a request may carry */
 #define MAX_NAME 1024       /* longest name, in bytes */
@@ -231,7 +231,8 @@ static void *progress_main(void *arg) {
             continue;
         }
         pthread_mutex_lock(&q.lock);
-        for (size_t i = 0; i < batch.n; i++) unlink_locked(batch.v[i]);
+        for (size_t i = 0; i < batch.n; i++)
+            if (!batch.v[i]->synthetic) unlink_locked(batch.v[i]);
         for (size_t i = 0; i < stalled.n; i++) unlink_locked(stalled.v[i]);
         pthread_mutex_unlock(&q.lock);
         for (size_t i = 0; i < stalled.n; i++) {
@@ -241,7 +242,11 @@ static void *progress_main(void *arg) {
         }
         if (batch.n) {
             __atomic_add_fetch(&stat_batches, 1, __ATOMIC_RELAXED);
+            /* A joined rank's stand-ins are all or nothing of a batch (negotiate.c); note
+             * it now: the others may be freed by their owners as soon as they complete. */
+            int stand_ins = batch.v[0]->synthetic;
             ddl_run_batch(batch.v, batch.n);
+            for (size_t i = 0; stand_ins && i < batch.n; i++) ddl_req_free_synthetic(batch.v[i]);
         }
     }
     free(snap.v);
@@ -444,6 +449,28 @@ ddl_status_t ddl_iallgatherv_named(const void *sendbuf, size_t sendcount, ddl_dt
                                    const ddl_match_t *match, ddl_request_t *req) {
     return submit(REQ_ALLGATHERV, sendbuf, NULL, sendcount, dtype, -1, 0, match, req,
                   "ddl_iallgatherv_named");
+}
+
+ddl_status_t ddl_join(int *last_rank) {
+    DDL_CHECK(ddl_require_init());
+    if (!last_rank) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_join: NULL last_rank");
+    pthread_mutex_lock(&q.lock);
+    size_t pending = q.pending;
+    pthread_mutex_unlock(&q.lock);
+    if (pending)
+        return ddl_fail(DDL_ERR_INVALID_ARG,
+                        "ddl_join: %zu asynchronous request%s of this rank %s still queued; wait "
+                        "for them (ddl_wait) before joining",
+                        pending, pending == 1 ? "" : "s", pending == 1 ? "is" : "are");
+    ddl_match_t m;
+    memset(&m, 0, sizeof m);
+    m.name = "ddl.join";
+    ddl_request_t req;
+    DDL_CHECK(submit(REQ_JOIN, NULL, NULL, 0, DDL_UINT8, -1, 0, &m, &req, "ddl_join"));
+    ddl_status_t st = ddl_wait(req);
+    if (st == DDL_SUCCESS) *last_rank = req->root;
+    ddl_request_free(req);
+    return st;
 }
 
 ddl_status_t ddl_request_gathered(ddl_request_t req, const void **buf, const size_t **counts) {

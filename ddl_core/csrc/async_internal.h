@@ -7,7 +7,9 @@
 
 #include "ddl_internal.h"
 
-enum { REQ_ALLREDUCE, REQ_BROADCAST, REQ_ALLGATHER, REQ_REDUCE_SCATTER, REQ_ALLGATHERV };
+/* REQ_JOIN: ddl_join's request (negotiate.c: a rank that has one queued takes part with
+ * zeros in what the others run until every rank has one). */
+enum { REQ_ALLREDUCE, REQ_BROADCAST, REQ_ALLGATHER, REQ_REDUCE_SCATTER, REQ_ALLGATHERV, REQ_JOIN };
 /* The collective's own name (an allgatherv is an "allgatherv") and the word messages use
  * (to its user an allgatherv is Horovod's allgather). */
 extern const char *const ddl_kind_name[];
@@ -33,6 +35,8 @@ struct ddl_request_s {
     uint32_t slot_gen;  /* ... the slot's generation is this (0: not looked up) */
     void *gathered;     /* allgatherv: the result and every rank's count */
     size_t *counts;
+    uint64_t join_cycle; /* REQ_JOIN: the negotiation that first saw it (agreed numbering) */
+    int synthetic;       /* a joined rank's stand-in for the others' request (negotiate.c) */
     int done; /* written under the queue's lock, read atomically */
     ddl_status_t status;
     char error[1024];
@@ -94,6 +98,8 @@ ddl_status_t ddl_negotiate(const ddl_reqvec_t *snap, ddl_reqvec_t *batch, ddl_re
 /* The tag of the doorbell a folded rank's partner rings (negotiate.c), which an idle
  * progress thread looks out for with DDL_TAG_RD. */
 enum { DDL_TAG_BELL = 401 };
+/* Free a joined rank's stand-in request (r->synthetic) once its batch ran. */
+void ddl_req_free_synthetic(struct ddl_request_s *r);
 /* Forget the table of names (at ddl_finalize). */
 void ddl_negotiate_free(void);
 

@@ -915,6 +915,17 @@ static PyObject *py_negotiation_stats(PyObject *self, PyObject *args) {
                          (unsigned long long)p);
 }
 
+/* join() -> the rank that joined last (ddl_join). */
+static PyObject *py_join(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    int last = -1;
+    ddl_status_t st;
+    Py_BEGIN_ALLOW_THREADS st = ddl_join(&last);
+    Py_END_ALLOW_THREADS if (st != DDL_SUCCESS) return raise_status(st);
+    return PyLong_FromLong(last);
+}
+
 /* hurry(): the caller blocks on a queued request next (ddl_progress_hurry). */
 static PyObject *py_hurry(PyObject *self, PyObject *args) {
     (void)self, (void)args;
@@ -1008,6 +1019,7 @@ static PyMethodDef methods[] = {
     {"negotiation_stats", py_negotiation_stats, METH_NOARGS, NULL},
     {"set_thread_timeout", py_set_thread_timeout, METH_VARARGS, NULL},
     {"hurry", py_hurry, METH_NOARGS, NULL},
+    {"join", py_join, METH_NOARGS, NULL},
     {"alltoall", py_alltoall, METH_VARARGS, NULL},
     {"alltoall_counts", py_alltoall_counts, METH_VARARGS, NULL},
     {"alltoallv", py_alltoallv, METH_VARARGS, NULL},

@@ -56,7 +56,7 @@ __all__ = [
     "local_rank", "local_size", "topology", "allreduce", "allreduce_async", "broadcast",
     "broadcast_async", "allgather", "allgather_async", "allgatherv_async", "reduce_scatter",
     "alltoall", "alltoallv", "alltoall_counts",
-    "reduce_scatter_async", "barrier", "plan", "set_algorithm", "set_fusion", "version",
+    "reduce_scatter_async", "barrier", "join", "plan", "set_algorithm", "set_fusion", "version",
     "async_stats", "gpu_info", "is_gpu_array", "set_thread_timeout",
     "Comm", "comm_world", "allgatherv", "gather", "scatter", "reduce",
     "send", "recv", "isend", "irecv",
@@ -78,6 +78,15 @@ def barrier(*, comm: Comm | None = None) -> None:
         comm.barrier()
         return
     _ddl.barrier()
+
+
+def join() -> int:
+    """Horovod's join, for ranks with uneven amounts of data: this rank has finished.
+    Until every rank has joined, it takes part in the asynchronous collectives (*_async)
+    the others still run, contributing zeros (no rows to an allgatherv), so theirs
+    complete; returns the rank that joined last, on every rank. Wait for this rank's own
+    asynchronous requests first (InvalidArgumentError otherwise)."""
+    return _ddl.join()
 
 
 def _sub(comm: Comm | None) -> bool:
