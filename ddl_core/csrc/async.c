@@ -230,9 +230,12 @@ static void *progress_main(void *arg) {
             for (size_t i = 0; i < snap.n; i++) complete(snap.v[i], st);
             continue;
         }
+        double agreed = ddl_now();
         pthread_mutex_lock(&q.lock);
-        for (size_t i = 0; i < batch.n; i++)
+        for (size_t i = 0; i < batch.n; i++) {
+            batch.v[i]->t_negotiated = agreed;
             if (!batch.v[i]->synthetic) unlink_locked(batch.v[i]);
+        }
         for (size_t i = 0; i < stalled.n; i++) unlink_locked(stalled.v[i]);
         pthread_mutex_unlock(&q.lock);
         for (size_t i = 0; i < stalled.n; i++) {
@@ -449,6 +452,15 @@ ddl_status_t ddl_iallgatherv_named(const void *sendbuf, size_t sendcount, ddl_dt
                                    const ddl_match_t *match, ddl_request_t *req) {
     return submit(REQ_ALLGATHERV, sendbuf, NULL, sendcount, dtype, -1, 0, match, req,
                   "ddl_iallgatherv_named");
+}
+
+ddl_status_t ddl_request_timing(ddl_request_t req, ddl_request_timing_t *out) {
+    if (!req || !out) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_request_timing: NULL argument");
+    if (!__atomic_load_n(&req->done, __ATOMIC_ACQUIRE))
+        return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_request_timing: the request has not finished");
+    *out = (ddl_request_timing_t){req->submitted, req->t_negotiated, req->t_started,
+                                  req->t_finished, req->fused, req->fused_bytes};
+    return DDL_SUCCESS;
 }
 
 ddl_status_t ddl_join(int *last_rank) {

@@ -35,6 +35,8 @@ struct ddl_request_s {
     uint32_t slot_gen;  /* ... the slot's generation is this (0: not looked up) */
     void *gathered;     /* allgatherv: the result and every rank's count */
     size_t *counts;
+    double t_negotiated, t_started, t_finished; /* for ddl_request_timing */
+    size_t fused, fused_bytes;
     uint64_t join_cycle; /* REQ_JOIN: the negotiation that first saw it (agreed numbering) */
     int synthetic;       /* a joined rank's stand-in for the others' request (negotiate.c) */
     int done; /* written under the queue's lock, read atomically */

@@ -251,13 +251,25 @@ void ddl_run_batch(struct ddl_request_s **reqs, size_t n) {
             }
         }
         ddl_set_thread_timeout(r->timeout); /* the deadline it was submitted with */
+        double t0 = ddl_now();
         ddl_status_t st = j - i > 1 ? run_fused(reqs + i, j - i) : run_one(r);
+        double t1 = ddl_now();
+        for (size_t k = i; k < j; k++) {
+            reqs[k]->t_started = t0;
+            reqs[k]->t_finished = t1;
+            reqs[k]->fused = j - i;
+            reqs[k]->fused_bytes = bytes;
+        }
         if (st == DDL_ERR_MISMATCH) {
             /* Every rank is here, at request i (see the top of the file): run the rest one
              * at a time, so requests fail or succeed each on their own. */
             for (size_t k = i; k < n; k++) {
                 ddl_set_thread_timeout(reqs[k]->timeout);
+                reqs[k]->t_started = ddl_now();
                 st = run_one(reqs[k]);
+                reqs[k]->t_finished = ddl_now();
+                reqs[k]->fused = 1;
+                reqs[k]->fused_bytes = ddl_req_bytes(reqs[k]);
                 if (st == DDL_ERR_MISMATCH) st = explain(reqs[k]);
                 ddl_req_finish(reqs[k], st, NULL);
             }

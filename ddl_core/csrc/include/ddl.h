@@ -235,6 +235,16 @@ ddl_status_t ddl_request_gathered(ddl_request_t req, const void **buf, const siz
  * blocking collectives are not covered (use the asynchronous ones while ranks join). */
 ddl_status_t ddl_join(int *last_rank);
 
+/* When a finished request went through each stage, for timelines (CLOCK_MONOTONIC
+ * seconds): submitted; negotiated (every rank had it: the batch it runs in was agreed);
+ * started and finished (its collective, fused with others or alone). fused: how many
+ * requests shared its fusion buffer (1: none), fused_bytes: that buffer's size. */
+typedef struct {
+    double submitted, negotiated, started, finished;
+    size_t fused, fused_bytes;
+} ddl_request_timing_t;
+ddl_status_t ddl_request_timing(ddl_request_t req, ddl_request_timing_t *out);
+
 /* *done = 1 once finished; the request's own status is returned then (and only then). */
 ddl_status_t ddl_test(ddl_request_t req, int *done);
 /* Block until finished and return the request's status. */

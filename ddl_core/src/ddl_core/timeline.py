@@ -21,6 +21,8 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 _lock = threading.Lock()
@@ -95,6 +97,51 @@ def span(tensor: str, phase: str, begin_ns: int, end_ns: int, **args: Any) -> No
         if args:
             ev["args"] = args
         _state["buf"].append(ev)
+
+
+plan_fn: Any = None  # ddl_core.plan, set by ddl_core.init: the algorithm of each level
+_plans: dict[int, Any] = {}
+
+
+def request(tensor: str, kind: str, nbytes: int, timing: tuple) -> None:
+    """The spans of one finished libddl request on `tensor`'s row, from its timing
+    (Request.timing(): CLOCK_MONOTONIC seconds, the clock of time.perf_counter_ns):
+    NEGOTIATE_<KIND> until every rank had it, then <KIND> holding QUEUE (behind earlier
+    requests of its batch) and DDL_<KIND> (the collective: fused with how many, the
+    fusion buffer's bytes and, for allreduces, the algorithm of each topology level)."""
+    if not active:
+        return
+    sub, neg, start_, end, fused, fbytes = timing
+    ns = [int(t * 1e9) for t in (sub, neg, start_, end)]
+    if ns[1] <= 0 or ns[2] <= 0:
+        return
+    k = kind.upper()
+    args: dict[str, Any] = {"fused": fused, "fused_bytes": fbytes}
+    if kind == "allreduce" and plan_fn is not None:
+        levels = _plans.get(fbytes)
+        if levels is None:
+            try:
+                levels = _plans[fbytes] = list(plan_fn(fbytes)[0])
+            except Exception:  # noqa: BLE001 - the plan is informative only
+                levels = _plans[fbytes] = []
+        args["levels"] = levels
+    span(tensor, f"NEGOTIATE_{k}", ns[0], ns[1], bytes=nbytes)
+    span(tensor, k, ns[1], ns[3], bytes=nbytes)
+    span(tensor, "QUEUE", ns[1], ns[2])
+    span(tensor, f"DDL_{k}", ns[2], ns[3], **args)
+
+
+@contextmanager
+def timed(tensor: str, phase: str, **args: Any) -> Iterator[None]:
+    """A span of `phase` on `tensor`'s row around a blocking call (no-op when closed)."""
+    if not active:
+        yield
+        return
+    t0 = time.perf_counter_ns()
+    try:
+        yield
+    finally:
+        span(tensor, phase, t0, time.perf_counter_ns(), **args)
 
 
 def _flush() -> None:

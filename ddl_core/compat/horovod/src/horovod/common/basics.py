@@ -137,7 +137,8 @@ def join() -> int:
     first."""
     _need_init()
     try:
-        return ddl_core.join()
+        with timeline.timed("join", "JOIN"):
+            return ddl_core.join()
     except ddl_core.InvalidArgumentError as exc:
         raise ValueError(str(exc)) from exc
     except ddl_core.DDLError as exc:

@@ -133,7 +133,8 @@ class Engine:
                                      f"process set {self.members}: wait for it first")
             req = Request(key, sig, info, x, label)
             self._queue[key] = req
-            timeline.event(label, "QUEUE", "B", nbytes=0 if x is None else x.nbytes)
+            timeline.event(label, f"NEGOTIATE_{sig[0].upper()}", "B",
+                           bytes=0 if x is None else x.nbytes)
             self._cv.notify()
         return req
 
@@ -253,9 +254,10 @@ class Engine:
                 continue
             try:
                 if req is not None:
-                    timeline.event(req.label, "QUEUE", "E")
+                    timeline.event(req.label, f"NEGOTIATE_{ref[0].upper()}", "E")
                     timeline.event(req.label, ref[0].upper(), "B",
-                                   nbytes=0 if req.x is None else req.x.nbytes)
+                                   bytes=0 if req.x is None else req.x.nbytes,
+                                   process_set=self.set_id)
                 out = self._execute(ref, infos, req, me)
                 if req is not None:
                     timeline.event(req.label, ref[0].upper(), "E")

@@ -13,6 +13,7 @@ from ddl_core.objects import broadcast_object as _broadcast_object
 
 import ddl_core
 from ddl_core import tensorflow as _dtf
+from ddl_core import timeline
 
 from ..common.basics import (  # noqa: F401 - re-exported Horovod API  # noqa: F401 - re-exported Horovod API
     Adasum,
@@ -308,7 +309,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     """root_rank's picklable `obj` on every rank of the process set."""
     eng = engine_of(process_set, "broadcast_object")
     if eng is None:
-        return _broadcast_object(obj, root_rank, name)
+        with timeline.timed(name or "broadcast_object", "BROADCAST_OBJECT"):
+            return _broadcast_object(obj, root_rank, name)
     if root_rank not in eng.members:
         raise ValueError(f"broadcast_object: root_rank {root_rank} is not in process set "
                          f"{process_set.process_set_id} (ranks {eng.members})")
@@ -324,7 +326,8 @@ def allgather_object(obj: Any, name: str | None = None,
     """Every set member's picklable `obj`, in the set's rank order."""
     eng = engine_of(process_set, "allgather_object")
     if eng is None:
-        return _allgather_object(obj, name)
+        with timeline.timed(name or "allgather_object", "ALLGATHER_OBJECT"):
+            return _allgather_object(obj, name)
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
     flat, rows = _on_set(eng, op_name("allgather_object", name), (ALLGATHER, "|u1", ()),
                          data.size, data, "allgather_object")
@@ -339,7 +342,8 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the process set has called barrier()."""
     eng = engine_of(process_set, "barrier")
     if eng is None:
-        ddl_core.barrier()
+        with timeline.timed("barrier", "BARRIER"):
+            ddl_core.barrier()
     else:
         _on_set(eng, None, (BARRIER,), None, None, "barrier")
 
@@ -381,5 +385,12 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
                          **unused: Any) -> Any:
     """A Keras optimizer that averages gradients over ranks before applying them."""
     from ddl_core.keras import DistributedOptimizer as _DO
+
+    if engine_of(unused.get("process_set", global_process_set), "DistributedOptimizer") \
+            is not None:
+        raise NotImplementedError(
+            "horovod-ddl: DistributedOptimizer on a process set other than the global one is "
+            "not supported for Keras; use hvd.DistributedGradientTape(tape, process_set=...) "
+            "in a custom training loop")
 
     return _DO(optimizer, op=_HOROVOD_OP[ddl_op(op)])

@@ -167,19 +167,15 @@ def _allreduce_async_inplace(tensor: torch.Tensor, op: str, compression: Any,
     if eng is None:
         h = _submitted(ddl_core.allreduce_async, work, op=wop, out=work, name=full,
                        shape=tuple(work.shape))
-        label = full or prefix
-        timeline.event(label, "ALLREDUCE", "B", nbytes=work.nbytes)
         back = None
     else:
         arr = work.float().numpy() if work.dtype == torch.bfloat16 else work.numpy()
         back = (lambda: work.copy_(torch.from_numpy(arr))) if work.dtype == torch.bfloat16 \
             else None
-        label = _set_label(prefix, name)
-        h = eng.submit(full, (ALLREDUCE, arr.dtype.str, arr.shape, wop), None, arr, label)
+        h = eng.submit(full, (ALLREDUCE, arr.dtype.str, arr.shape, wop), None, arr,
+                       _set_label(prefix, name))
 
     def finish() -> torch.Tensor:
-        if eng is None:
-            timeline.event(label, "ALLREDUCE", "E")
         if back is not None:
             back()
         if post is not None:
@@ -294,15 +290,7 @@ def _allgather_async(tensor: torch.Tensor, name: str | None, prefix: str = "allg
     full = op_name(prefix, name)
     if eng is None:
         h = _submitted(ddl_core.allgatherv_async, wire, name=full, shape=shape)
-        label = full or prefix
-        timeline.event(label, "ALLGATHER", "B", nbytes=wire.nbytes)
-
-        def finish() -> torch.Tensor:
-            out = back(h.wait())
-            timeline.event(label, "ALLGATHER", "E")
-            return out
-
-        return _new_handle(h, finish)
+        return _new_handle(h, lambda: back(h.wait()))
     arr, unbits = _bits(wire)
     req = eng.submit(full, (ALLGATHER, arr.dtype.str, arr.shape[1:]), arr.shape[0], arr,
                      _set_label(prefix, name))
@@ -458,7 +446,8 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the process set has called barrier()."""
     eng = engine_of(process_set, "barrier")
     if eng is None:
-        ddl_core.barrier()
+        with timeline.timed("barrier", "BARRIER"):
+            ddl_core.barrier()
         return
     try:
         eng.submit(None, (BARRIER,), None, None, "barrier").wait()
@@ -470,7 +459,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """root_rank's picklable `obj` on every rank of the process set."""
     if engine_of(process_set, "broadcast_object") is None:
-        return _broadcast_object(obj, root_rank, name)
+        with timeline.timed(name or "broadcast_object", "BROADCAST_OBJECT"):
+            return _broadcast_object(obj, root_rank, name)
     _check_root(root_rank, process_set, "broadcast_object")
     mine = pickle.dumps(obj) if ddl_core.rank() == root_rank else b""
     data = allgather(torch.frombuffer(bytearray(mine), dtype=torch.uint8) if mine
@@ -483,7 +473,8 @@ def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Every set member's picklable `obj`, in the set's rank order."""
     if engine_of(process_set, "allgather_object") is None:
-        return _allgather_object(obj, name)
+        with timeline.timed(name or "allgather_object", "ALLGATHER_OBJECT"):
+            return _allgather_object(obj, name)
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
     req = engine_of(process_set, "allgather_object").submit(  # type: ignore[union-attr]
         op_name("allgather_object", name), (ALLGATHER, data.dtype.str, ()), data.size, data,
