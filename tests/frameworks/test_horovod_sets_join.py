@@ -19,3 +19,9 @@ def test_join_torch_uneven_steps() -> None:
     need("torch")
     proc = mpirun(3, WORKERS / "hvd_join.py", env={"DDL_TIMEOUT": "30"})
     assert ok_lines(proc, "hvd_join") == 3, proc.stdout
+
+
+def test_process_sets_and_join_tensorflow_keras() -> None:
+    need("tensorflow")
+    proc = mpirun(3, WORKERS / "hvd_sets_tf.py", env={"DDL_TIMEOUT": "30"})
+    assert ok_lines(proc, "hvd_sets_tf") == 3, proc.stdout
