@@ -165,8 +165,17 @@ def gloo_built() -> bool:
     return False
 
 
+def _gpu(key: str) -> str:
+    try:
+        return ddl_core.gpu_info().get(key, "")
+    except Exception:  # noqa: BLE001 - a library too old to say: nothing found
+        return ""
+
+
 def nccl_built() -> int:
-    return 0
+    """1 when libddl found NCCL (loaded at run time: DDL_NCCL_LIB, nvidia-nccl-cu*, conda
+    nccl) and uses it for GPU tensors, else 0 (Horovod returns NCCL's version or 0)."""
+    return 1 if _gpu("nccl") else 0
 
 
 def ddl_built() -> bool:
@@ -178,7 +187,8 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    return False
+    """True when libddl found a usable CUDA runtime and device (GPU tensors supported)."""
+    return bool(_gpu("cuda_runtime")) and not _gpu("cuda_error")
 
 
 def rocm_built() -> bool:

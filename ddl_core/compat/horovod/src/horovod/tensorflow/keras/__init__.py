@@ -42,7 +42,7 @@ from horovod.tensorflow import allgather as _tf_allgather
 from horovod.tensorflow import allreduce as _tf_allreduce
 from horovod.tensorflow import broadcast as _tf_broadcast
 
-from . import callbacks  # noqa: F401
+from . import callbacks, elastic  # noqa: F401
 
 
 def DistributedOptimizer(optimizer: Any, name: str | None = None,  # noqa: N802
