@@ -403,6 +403,10 @@ class Handle:
         return done
 
     def wait(self) -> Any:
+        # The caller blocks until this finishes: the progress thread negotiates what is
+        # queued now rather than waiting out the cycle time for more to fuse (a 1 MiB
+        # request waited 1 ms for nothing; requests submitted together still fuse).
+        _ddl.hurry()
         self._req.wait()
         if self._tl is not None:
             self._trace()
@@ -522,6 +526,7 @@ class _Gathered(Handle):
         self._like = x
 
     def wait(self) -> Any:
+        _ddl.hurry()  # see Handle.wait
         self._req.wait()
         if self._tl is not None:
             self._trace()
