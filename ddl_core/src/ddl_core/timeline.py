@@ -54,6 +54,15 @@ def start(path: str, mark_cycles: bool = False) -> None:  # noqa: ARG001 - Horov
         active = True
 
 
+def record(on: bool) -> None:
+    """Pause (False) or resume (True) recording into the open timeline without closing
+    it (what the timeline's cost is measured with: python -m ddl_core.bench_ddp
+    --timeline)."""
+    global active
+    with _lock:
+        active = bool(on) and _state["f"] is not None
+
+
 def _pid(name: str) -> int:
     pids = _state["pids"]
     pid = pids.get(name)
