@@ -10,6 +10,7 @@ world: its collectives keep libddl's own asynchronous path.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 from collections.abc import Iterable
 from typing import Any
@@ -166,6 +167,7 @@ def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
         if other.ranks == ps.ranks:
             raise ValueError(f"a process set with ranks {ps.ranks} is already registered "
                              f"(id {other.process_set_id}); use it, or remove it first")
+    _stop_at_exit()
     comm = ddl_core.comm_world().create(ps.ranks)
     ps.process_set_id = _next_id
     _next_id += 1
@@ -189,6 +191,18 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     _close(ps)
     process_set.invalidate()
     return True
+
+
+_exit_hook = False
+
+
+def _stop_at_exit() -> None:
+    """Stop the sets' threads at exit before ddl_core finalizes (atexit runs last-in
+    first-out, and ddl_core registered its finalizer in init(), before this)."""
+    global _exit_hook
+    if not _exit_hook:
+        atexit.register(shutdown_all)
+        _exit_hook = True
 
 
 def _close(ps: ProcessSet) -> None:
