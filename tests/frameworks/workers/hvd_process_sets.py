@@ -157,6 +157,16 @@ grads = {q: torch.full((1, 4), float(q + 1)) for q in range(n)}
 want = grads[r] if ps is None else sum(grads[q] for q in even.ranks) / 2
 expect(torch.allclose(model.weight.detach(), w0 - 0.1 * want), "optimizer step on the set")
 
+# join covers the sets too: rank 0 runs one more allreduce on `even` than rank 2, whose
+# join contributes zeros to it; rank 1 (not in the set) just joins.
+if r in even.ranks:
+    for step in range(2 if r == 0 else 1):
+        got = hvd.allreduce(torch.full((2,), float(r + 1)), op=hvd.Sum, name="uneven",
+                            process_set=even)
+        want = 4.0 if step == 0 else 1.0          # (0+1)+(2+1), then rank 0's alone
+        expect(torch.equal(got, torch.full((2,), want)), f"join on a set, step {step}: {got}")
+expect(hvd.join() in range(n), "join with sets")
+
 # Removal is collective; the removed set is unusable afterwards.
 expect(hvd.remove_process_set(low) is True, "remove")
 expect(hvd.remove_process_set(hvd.global_process_set) is False, "global cannot be removed")

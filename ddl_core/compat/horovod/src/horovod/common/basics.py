@@ -3,6 +3,7 @@ torch, tensorflow and keras front ends."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -136,13 +137,34 @@ def join() -> int:
     for allgather); returns the rank that joined last. Synchronize this rank's handles
     first."""
     _need_init()
+    # The process sets this rank is in join too, each in its own thread (their members
+    # take part with zeros in what the set's other members still run), while the world
+    # joins in libddl; every rank calls join(), so all of them finish.
+    errors: list[BaseException] = []
+
+    def join_set(engine: Any) -> None:
+        try:
+            engine.join()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join_set, args=(e,), daemon=True)
+               for e in _ps.member_engines()]
+    for t in threads:
+        t.start()
     try:
         with timeline.timed("join", "JOIN"):
-            return ddl_core.join()
+            last = ddl_core.join()
     except ddl_core.InvalidArgumentError as exc:
         raise ValueError(str(exc)) from exc
     except ddl_core.DDLError as exc:
         raise HorovodInternalError(str(exc)) from exc
+    finally:
+        for t in threads:
+            t.join()
+    if errors:
+        raise HorovodInternalError(f"join on a process set failed: {errors[0]}")
+    return last
 
 
 def mpi_threads_supported() -> bool:

@@ -152,7 +152,8 @@ class Engine:
         return self._last_joined
 
     def stop(self) -> None:
-        """Collective over the members: the thread ends once every member stopped."""
+        """The thread ends at the next round, on every member (one member stopping ends
+        the set everywhere)."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
@@ -188,9 +189,13 @@ class Engine:
                 return
             rnd += 1
             joined = [v[0][0] for v in views]
-            if all(v[0][1] for v in views):
+            leaving = [self.members[i] for i, v in enumerate(views) if v[0][1]]
+            if leaving:
+                # One member leaving (remove_process_set, shutdown, exit) ends the set on
+                # every member at this round, so none waits for a member that is gone.
                 self._fail_all(ValueError(f"process set {self.members} was removed or shut "
-                                          "down before this collective ran"))
+                                          f"down (on rank(s) {leaving}) before this "
+                                          "collective ran"))
                 return
             for i, j in enumerate(joined):
                 if j:

@@ -232,6 +232,11 @@ def shutdown_all() -> None:
     global_process_set.invalidate()
 
 
+def member_engines() -> list[Engine]:
+    """The engines of the registered sets this rank is a member of."""
+    return [ps._engine for ps in _sets.values() if ps._engine is not None]
+
+
 def get_process_sets() -> dict[int, list[int]]:
     """{process_set_id: ranks} of every registered set, the global one (0) included."""
     out = {0: list(range(ddl_core.size()))}
