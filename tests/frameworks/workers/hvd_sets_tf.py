@@ -51,6 +51,10 @@ if r in m:
                            for q in m])
     expect(np.array_equal(got.numpy(), want) and rs.numpy().tolist() == [[1, 2][me]] * 2,
            f"alltoall {got.numpy()} {rs.numpy()}")
+    rs = hvd.reducescatter(tf.range(5, dtype=tf.float32), op=hvd.Sum, process_set=ps).numpy()
+    expect(np.array_equal(rs, (np.arange(5, dtype=np.float32) * 2)[[0, 1, 2] if me == 0
+                                                                    else [3, 4]]),
+           f"reducescatter on the set {rs}")
     hvd.barrier(process_set=ps)
     expect(hvd.broadcast_object({"r": r} if r == 0 else None, root_rank=0,
                                 process_set=ps) == {"r": 0}, "broadcast_object")
@@ -74,6 +78,9 @@ else:
         bad.append("allreduce outside the set did not raise")
     except ValueError as e:
         expect("not a part of process set" in str(e), f"outside message {e}")
+
+wrs = hvd.reducescatter(tf.ones([4, 2]) * (r + 1), op=hvd.Sum).numpy()
+expect(wrs.shape == ([2, 1, 1][r], 2) and np.allclose(wrs, 6.0), f"world reducescatter {wrs}")
 
 # join with uneven steps on the world: rank q runs q + 1 steps.
 for step in range(r + 1):

@@ -300,6 +300,23 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     return out, rsplits
 
 
+def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none,  # noqa: ARG001
+                  op: Any = Average, name: str | None = None,
+                  process_set: ProcessSet = global_process_set, **unused: Any) -> Any:
+    """`tensor` reduced over the process set's ranks, this rank's block of the first
+    dimension (the first blocks one row larger when rows do not divide, as Horovod)."""
+    eng = engine_of(process_set, "reducescatter")
+    n, me = ((ddl_core.size(), ddl_core.rank()) if eng is None
+             else (len(eng.members), eng.comm.rank))
+    red = allreduce(tensor, op=op, compression=compression, process_set=process_set,
+                    name=None if name is None else f"reducescatter.{name}")
+    rows = tf.shape(red)[0]
+    base, extra = rows // n, rows % n
+    start = me * base + tf.minimum(me, extra)
+    count = base + tf.cast(me < extra, rows.dtype)
+    return red[start:start + count]
+
+
 def broadcast_variables(variables: Any, root_rank: int) -> None:
     """Assign root_rank's values to `variables` (tf.Variables or Keras variables)."""
     _dtf.broadcast_variables(list(variables), root_rank)
