@@ -153,6 +153,33 @@ _NUMPY_NATIVE = {torch.float32, torch.float64, torch.int32, torch.int64, torch.i
                  torch.uint8}
 
 
+def _plain(tensor: torch.Tensor, compression: Any, prescale: float, postscale: float,
+           process_set: ProcessSet) -> bool:
+    """The common case libddl takes as it is: the global set, no compression or scaling,
+    a contiguous CPU tensor of a dtype numpy shares."""
+    return (process_set is global_process_set and compression is Compression.none and
+            prescale == 1.0 and postscale == 1.0 and tensor.dtype in _NUMPY_NATIVE and
+            tensor.is_cpu and tensor.is_contiguous())
+
+
+def _allreduce_async_new(tensor: torch.Tensor, op: str, compression: Any, prescale: float,
+                         postscale: float, name: str | None,
+                         process_set: ProcessSet) -> int:
+    """An allreduce into a new tensor. In the common case libddl reads the input and
+    writes the new tensor directly (its first step reads the input in place), so a
+    64 MiB allreduce no longer starts with a 64 MiB copy; otherwise a copy reduced in
+    place."""
+    if _plain(tensor, compression, prescale, postscale, process_set):
+        res = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        src, dst = tensor.detach().numpy(), res.numpy()
+        h = _submitted(ddl_core.allreduce_async, src, op=op, out=dst,
+                       name=None if name is None else f"allreduce.{name}", shape=src.shape)
+        return _new_handle(h, lambda: res)
+    out = tensor.detach().clone().contiguous()
+    return _allreduce_async_inplace(out, op, compression, prescale, postscale, name,
+                                    process_set=process_set)
+
+
 def _set_label(prefix: str, name: str | None) -> str:
     return op_name(prefix, name) or f"{prefix}.noname"
 
@@ -163,9 +190,7 @@ def _allreduce_async_inplace(tensor: torch.Tensor, op: str, compression: Any,
                              prescale: float, postscale: float, name: str | None = None,
                              prefix: str = "allreduce",
                              process_set: ProcessSet = global_process_set) -> int:
-    if process_set is global_process_set and compression is Compression.none and \
-            prescale == 1.0 and postscale == 1.0 and tensor.dtype in _NUMPY_NATIVE and \
-            tensor.is_cpu and tensor.is_contiguous():
+    if _plain(tensor, compression, prescale, postscale, process_set):
         # The common case, kept short: numpy's view of the tensor's memory takes ddl_core's
         # quickest path. This layer's own cost is what a 1 MiB allreduce notices.
         buf = tensor.detach().numpy()
@@ -217,10 +242,10 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                     op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> int:
-    """Start an allreduce into a new tensor; returns a handle for synchronize()."""
-    out = tensor.detach().clone().contiguous()
-    return allreduce_async_(out, average, name, op, prescale_factor, postscale_factor,
-                            process_set)
+    """Start an allreduce into a new tensor; returns a handle for synchronize(). Leave
+    `tensor` unchanged until then (as Horovod requires)."""
+    return _allreduce_async_new(tensor, ddl_op(op, average), Compression.none,
+                                prescale_factor, postscale_factor, name, process_set)
 
 
 class _Allreduce(torch.autograd.Function):
@@ -229,9 +254,8 @@ class _Allreduce(torch.autograd.Function):
                 post: float, name: str | None, process_set: ProcessSet) -> torch.Tensor:
         ctx.op, ctx.compression, ctx.pre, ctx.post = op, compression, pre, post
         ctx.process_set = process_set
-        out = tensor.detach().clone().contiguous()
-        return synchronize(_allreduce_async_inplace(out, op, compression, pre, post, name,
-                                                    process_set=process_set))
+        return synchronize(_allreduce_async_new(tensor, op, compression, pre, post, name,
+                                                process_set))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -251,10 +275,8 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     if tensor.requires_grad and dop in ("sum", "avg"):
         return _Allreduce.apply(tensor, dop, compression, prescale_factor, postscale_factor,
                                 name, process_set)
-    out = tensor.detach().clone().contiguous()
-    return synchronize(_allreduce_async_inplace(out, dop, compression, prescale_factor,
-                                                postscale_factor, name,
-                                                process_set=process_set))
+    return synchronize(_allreduce_async_new(tensor, dop, compression, prescale_factor,
+                                            postscale_factor, name, process_set))
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
