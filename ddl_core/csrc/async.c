@@ -22,11 +22,11 @@
 #include "async_internal.h"
 
 const char *const ddl_kind_name[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
-                                     "allgatherv"};
+                                     "allgatherv", "join"};
 const char *const ddl_kind_word[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
-                                     "allgather"};
+                                     "allgather", "join"};
 static const int KIND_COLL[] = {DDL_COLL_ALLREDUCE, DDL_COLL_BROADCAST, DDL_COLL_ALLGATHER,
-                                DDL_COLL_REDUCE_SCATTER, DDL_COLL_ALLGATHERV};
+                                DDL_COLL_REDUCE_SCATTER, DDL_COLL_ALLGATHERV, DDL_COLL_BARRIER};
 
 #define MAX_DIMS 32         /* longest shape a request may carry */
 #define MAX_NAME 1024       /* longest name, in bytes */
@@ -230,8 +230,12 @@ static void *progress_main(void *arg) {
             for (size_t i = 0; i < snap.n; i++) complete(snap.v[i], st);
             continue;
         }
+        double agreed = ddl_now();
         pthread_mutex_lock(&e->lock);
-        for (size_t i = 0; i < batch.n; i++) unlink_locked(e, batch.v[i]);
+        for (size_t i = 0; i < batch.n; i++) {
+            batch.v[i]->t_negotiated = agreed;
+            if (!batch.v[i]->synthetic) unlink_locked(e, batch.v[i]);
+        }
         for (size_t i = 0; i < stalled.n; i++) unlink_locked(e, stalled.v[i]);
         pthread_mutex_unlock(&e->lock);
         for (size_t i = 0; i < stalled.n; i++) {
@@ -241,7 +245,11 @@ static void *progress_main(void *arg) {
         }
         if (batch.n) {
             __atomic_add_fetch(&stat_batches, 1, __ATOMIC_RELAXED);
+            /* A joined rank's stand-ins are all or nothing of a batch (negotiate.c); note
+             * it now: the others may be freed by their owners as soon as they complete. */
+            int stand_ins = batch.v[0]->synthetic;
             ddl_run_batch(batch.v, batch.n);
+            for (size_t i = 0; stand_ins && i < batch.n; i++) ddl_req_free_synthetic(batch.v[i]);
         }
     }
     free(snap.v);
@@ -541,6 +549,38 @@ ddl_status_t ddl_comm_iallgatherv(ddl_comm_t c, const void *sendbuf, size_t send
                                   ddl_request_t *req) {
     COMM_SUBMIT(c, "ddl_comm_iallgatherv", REQ_ALLGATHERV, sendbuf, NULL, sendcount, dtype, -1,
                 0, match, req);
+}
+
+ddl_status_t ddl_request_timing(ddl_request_t req, ddl_request_timing_t *out) {
+    if (!req || !out) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_request_timing: NULL argument");
+    if (!__atomic_load_n(&req->done, __ATOMIC_ACQUIRE))
+        return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_request_timing: the request has not finished");
+    *out = (ddl_request_timing_t){req->submitted, req->t_negotiated, req->t_started,
+                                  req->t_finished, req->fused, req->fused_bytes};
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_join(int *last_rank) {
+    DDL_CHECK(ddl_require_init());
+    if (!last_rank) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_join: NULL last_rank");
+    ddl_engine_t *e = &world_engine;
+    pthread_mutex_lock(&e->lock);
+    size_t pending = e->pending;
+    pthread_mutex_unlock(&e->lock);
+    if (pending)
+        return ddl_fail(DDL_ERR_INVALID_ARG,
+                        "ddl_join: %zu asynchronous request%s of this rank %s still queued; wait "
+                        "for them (ddl_wait) before joining",
+                        pending, pending == 1 ? "" : "s", pending == 1 ? "is" : "are");
+    ddl_match_t m;
+    memset(&m, 0, sizeof m);
+    m.name = "ddl.join";
+    ddl_request_t req;
+    DDL_CHECK(submit(e, REQ_JOIN, NULL, NULL, 0, DDL_UINT8, -1, 0, &m, &req, "ddl_join"));
+    ddl_status_t st = ddl_wait(req);
+    if (st == DDL_SUCCESS) *last_rank = req->root;
+    ddl_request_free(req);
+    return st;
 }
 
 ddl_status_t ddl_request_gathered(ddl_request_t req, const void **buf, const size_t **counts) {

@@ -9,8 +9,11 @@
 
 #include "ddl_internal.h"
 
-enum { REQ_ALLREDUCE, REQ_BROADCAST, REQ_ALLGATHER, REQ_REDUCE_SCATTER, REQ_ALLGATHERV,
-       REQ_SEND, REQ_RECV /* point-to-point: no engine, see p2p_requests.c */ };
+/* REQ_JOIN: ddl_join's request (negotiate.c: a rank that has one queued takes part with
+ * zeros in what the others run until every rank has one). REQ_SEND, REQ_RECV:
+ * point-to-point, no engine (p2p_requests.c). */
+enum { REQ_ALLREDUCE, REQ_BROADCAST, REQ_ALLGATHER, REQ_REDUCE_SCATTER, REQ_ALLGATHERV, REQ_JOIN,
+       REQ_SEND, REQ_RECV };
 /* The collective's own name (an allgatherv is an "allgatherv") and the word messages use
  * (to its user an allgatherv is Horovod's allgather). */
 extern const char *const ddl_kind_name[];
@@ -39,6 +42,10 @@ struct ddl_request_s {
     uint32_t slot_gen;  /* ... the slot's generation is this (0: not looked up) */
     void *gathered;     /* allgatherv: the result and every rank's count */
     size_t *counts;
+    double t_negotiated, t_started, t_finished; /* for ddl_request_timing */
+    size_t fused, fused_bytes;
+    uint64_t join_cycle; /* REQ_JOIN: the negotiation that first saw it (agreed numbering) */
+    int synthetic;       /* a joined rank's stand-in for the others' request (negotiate.c) */
     /* point-to-point (REQ_SEND, REQ_RECV; eng is NULL): p2p_requests.c */
     MPI_Request mreq;
     MPI_Comm p2p;
@@ -154,6 +161,8 @@ ddl_status_t ddl_negotiate(ddl_engine_t *e, const ddl_reqvec_t *snap, ddl_reqvec
 /* The tag of the doorbell a folded rank's partner rings (negotiate.c), which an idle
  * progress thread looks out for with DDL_TAG_RD. */
 enum { DDL_TAG_BELL = 401 };
+/* Free a joined rank's stand-in request (r->synthetic) once its batch ran. */
+void ddl_req_free_synthetic(struct ddl_request_s *r);
 /* Forget an engine's table of names (when it stops). */
 void ddl_negotiate_free(ddl_engine_t *e);
 

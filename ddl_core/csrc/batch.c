@@ -83,6 +83,20 @@ static ddl_status_t run_one(struct ddl_request_s *r) {
         return ddl_reduce_scatter_ctx_sig(ctx, r->send, r->recv, r->count, r->dtype, r->op,
                                           r->sig);
     case REQ_ALLGATHERV: return run_allgatherv(r);
+    case REQ_JOIN: { /* every rank has joined: the last to join is the latest first sight */
+        int p = ctx->world.size;
+        int64_t mine = (int64_t)r->join_cycle, *all = malloc((size_t)p * sizeof *all);
+        if (!all) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for %d join cycles", p);
+        ddl_status_t st = ddl_allgather_ctx_sig(ctx, &mine, all, 1, DDL_INT64, r->sig);
+        if (st == DDL_SUCCESS) {
+            int last = 0;
+            for (int i = 1; i < p; i++)
+                if (all[i] >= all[last]) last = i;
+            r->root = last;
+        }
+        free(all);
+        return st;
+    }
     default: return ddl_fail(DDL_ERR_INTERNAL, "unknown request kind %d", r->kind);
     }
 }
@@ -165,7 +179,7 @@ static ddl_status_t explain(struct ddl_request_s *r) {
     char what[300];
     ddl_req_describe(r, what, sizeof what);
     for (int i = 0; i < p; i++) /* from our own peers, but never index out of range */
-        if (all[i].kind < 0 || all[i].kind > REQ_ALLGATHERV) all[i].kind = 0;
+        if (all[i].kind < 0 || all[i].kind > REQ_JOIN) all[i].kind = 0;
     const char *kind = ddl_kind_word[all[0].kind];
     int gather = all[0].kind == REQ_ALLGATHER || all[0].kind == REQ_ALLGATHERV;
     char a[160] = "", b[160] = "", topic[64] = "";
@@ -237,13 +251,25 @@ void ddl_run_batch(struct ddl_request_s **reqs, size_t n) {
             }
         }
         ddl_set_thread_timeout(r->timeout); /* the deadline it was submitted with */
+        double t0 = ddl_now();
         ddl_status_t st = j - i > 1 ? run_fused(reqs + i, j - i) : run_one(r);
+        double t1 = ddl_now();
+        for (size_t k = i; k < j; k++) {
+            reqs[k]->t_started = t0;
+            reqs[k]->t_finished = t1;
+            reqs[k]->fused = j - i;
+            reqs[k]->fused_bytes = bytes;
+        }
         if (st == DDL_ERR_MISMATCH) {
             /* Every rank is here, at request i (see the top of the file): run the rest one
              * at a time, so requests fail or succeed each on their own. */
             for (size_t k = i; k < n; k++) {
                 ddl_set_thread_timeout(reqs[k]->timeout);
+                reqs[k]->t_started = ddl_now();
                 st = run_one(reqs[k]);
+                reqs[k]->t_finished = ddl_now();
+                reqs[k]->fused = 1;
+                reqs[k]->fused_bytes = ddl_req_bytes(reqs[k]);
                 if (st == DDL_ERR_MISMATCH) st = explain(reqs[k]);
                 ddl_req_finish(reqs[k], st, NULL);
             }

@@ -30,6 +30,7 @@
 
 #include "async_internal.h"
 
+#define JOINED UINT64_MAX   /* a joined rank's count of unnamed requests: all of them */
 #define TABLE_SOFT_MAX 4096 /* names kept in the table before the least recently used go */
 
 typedef struct {
@@ -159,7 +160,7 @@ static void rank_list(const uint8_t *flag, int p, char *out, size_t n) {
  * set for the slots every rank has queued; this rank's requests stalled past DDL_TIMEOUT
  * go to `stalled` with their message in r->error. */
 static ddl_status_t full_exchange(ddl_engine_t *eng, const ddl_reqvec_t *snap,
-                                  uint64_t ready_unnamed, ddl_reqvec_t *stalled) {
+                                  uint64_t ready_unnamed, ddl_reqvec_t *stalled, int joined) {
     struct ddl_negstate_s *N = eng->neg;
     int p = eng->ctx->world.size;
     __atomic_add_fetch(&ddl_stat_full_cycles, 1, __ATOMIC_RELAXED);
@@ -170,6 +171,7 @@ static ddl_status_t full_exchange(ddl_engine_t *eng, const ddl_reqvec_t *snap,
         if (snap->v[i]->name) len += strlen(snap->v[i]->name) + 1, named++;
         else unnamed++;
     }
+    if (joined) unnamed = JOINED; /* a joined rank has every request (see ddl_negotiate) */
     int64_t mylen = (int64_t)len;
     int64_t *lens = malloc((size_t)p * sizeof *lens);
     const char **start = malloc((size_t)p * sizeof *start);
@@ -247,6 +249,10 @@ static ddl_status_t full_exchange(ddl_engine_t *eng, const ddl_reqvec_t *snap,
         st = ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the negotiation");
     for (int r = 0; st == DDL_SUCCESS && r < p; r++) {
         const char *c = start[r];
+        if (unn[r] == JOINED) { /* counts as having every name */
+            for (size_t s = 0; s < nslots; s++) cnt[s]++;
+            continue;
+        }
         for (uint64_t k = 0; k < nnamed[r]; k++, c += strlen(c) + 1)
             cnt[ddl_nm_find(&N->tab.map, c, ddl_name_hash(c))->val]++;
     }
@@ -258,9 +264,12 @@ static ddl_status_t full_exchange(ddl_engine_t *eng, const ddl_reqvec_t *snap,
         struct ddl_request_s *r = snap->v[i];
         uint64_t pos = r->name ? 0 : my_unnamed++;
         int is_ready = r->name ? ready[req_slot(N, r)] : pos < ready_unnamed;
-        if (is_ready || now - r->submitted <= ddl_req_timeout(r)) continue;
+        if (is_ready || r->kind == REQ_JOIN || now - r->submitted <= ddl_req_timeout(r))
+            continue;
         for (int k = 0; k < p; k++) {
-            if (r->name) {
+            if (unn[k] == JOINED) {
+                flag[k] = 0;
+            } else if (r->name) {
                 flag[k] = 1;
                 const char *c = start[k];
                 for (uint64_t m = 0; m < nnamed[k]; m++, c += strlen(c) + 1)
@@ -314,6 +323,116 @@ static int by_slot(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* What a rank still running tells the joined ranks about each request of the batch. */
+typedef struct {
+    int32_t kind, dtype, op, root, ndim;
+    int64_t slot; /* -1: unnamed */
+    uint64_t count, sig, seq;
+    double timeout;
+    int64_t dims[32];
+} join_desc_t;
+
+void ddl_req_free_synthetic(struct ddl_request_s *r) {
+    if (r->send != DDL_IN_PLACE) free((void *)r->send);
+    free(r->recv);
+    free(r->gathered);
+    free(r->counts);
+    free(r);
+}
+
+/* A joined rank's stand-in for request d of the others: the same signature, with zeros
+ * (or nothing, for an allgatherv) as its contribution and a result nobody reads. */
+static struct ddl_request_s *stand_in(ddl_engine_t *eng, const join_desc_t *d) {
+    struct ddl_negstate_s *N = eng->neg;
+    int nd = d->ndim > 0 ? (d->ndim < 32 ? d->ndim : 32) : 0;
+    struct ddl_request_s *r = calloc(1, sizeof *r + (size_t)nd * sizeof(int64_t));
+    if (!r) return NULL;
+    int64_t *shape = (int64_t *)(void *)(r + 1);
+    for (int i = 0; i < nd; i++) shape[i] = d->dims[i];
+    r->eng = eng;
+    r->shape = shape;
+    r->ndim = d->ndim;
+    r->kind = d->kind;
+    r->dtype = (ddl_dtype_t)d->dtype;
+    r->op = (ddl_op_t)d->op;
+    r->root = d->root;
+    r->count = (size_t)d->count;
+    r->sig = d->sig;
+    r->seq = d->seq;
+    r->timeout = d->timeout;
+    r->synthetic = 1;
+    r->submitted = ddl_now();
+    if (d->slot >= 0 && (size_t)d->slot < N->tab.n) {
+        r->name = N->tab.name[d->slot];
+        r->hash = N->tab.hash[d->slot];
+    }
+    size_t es = ddl_dtype_size(r->dtype), n = r->count, p = (size_t)eng->ctx->world.size;
+    r->send = DDL_IN_PLACE;
+    switch (r->kind) {
+    case REQ_ALLREDUCE:
+    case REQ_BROADCAST: r->recv = calloc(n ? n : 1, es); break;
+    case REQ_ALLGATHER:
+        r->send = calloc(n ? n : 1, es);
+        r->recv = malloc((n ? n : 1) * es * p);
+        break;
+    case REQ_REDUCE_SCATTER:
+        r->send = calloc((n ? n : 1) * p, es);
+        r->recv = malloc((n ? n : 1) * es);
+        break;
+    case REQ_ALLGATHERV: r->count = 0, r->send = NULL; return r;
+    default: free(r); return NULL;
+    }
+    if (!r->recv || !r->send) {
+        ddl_req_free_synthetic(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* Some rank has joined and some has not: the lowest rank still running describes its
+ * batch to every rank, and each joined rank runs stand-ins for it (the requests the
+ * joined rank has queued itself are only its join, which is not ready yet). */
+static ddl_status_t join_fill(ddl_engine_t *eng, ddl_reqvec_t *batch, int joined) {
+    ddl_ctx_t *ctx = eng->ctx;
+    struct ddl_negstate_s *N = eng->neg;
+    int p = ctx->world.size, me_rank = ctx->world.rank;
+    uint8_t me = (uint8_t)joined, *flags = malloc((size_t)p);
+    if (!flags) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the join");
+    ddl_status_t st = ddl_allgather_ctx_sig(ctx, &me, flags, 1, DDL_UINT8, 0);
+    int root = 0;
+    while (root < p && flags[root]) root++;
+    free(flags);
+    DDL_CHECK(st);
+    if (root == p) return DDL_SUCCESS; /* cannot happen: not every rank has joined */
+    int64_t n = me_rank == root ? (int64_t)batch->n : 0;
+    DDL_CHECK(ddl_broadcast_ctx_sig(ctx, &n, 1, DDL_INT64, root, 0));
+    if (n == 0) return DDL_SUCCESS;
+    join_desc_t *d = calloc((size_t)n, sizeof *d);
+    if (!d) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the join");
+    if (me_rank == root) {
+        for (int64_t i = 0; i < n; i++) {
+            const struct ddl_request_s *r = batch->v[i];
+            d[i] = (join_desc_t){r->kind, (int32_t)r->dtype, (int32_t)r->op, r->root, r->ndim,
+                                 r->name ? req_slot(N, (struct ddl_request_s *)r) : -1,
+                                 r->count, r->sig, r->seq, r->timeout, {0}};
+            for (int k = 0; k < r->ndim && k < 32; k++) d[i].dims[k] = r->shape[k];
+        }
+    }
+    st = ddl_broadcast_ctx_sig(ctx, d, (size_t)n * sizeof *d, DDL_UINT8, root, 0);
+    if (st == DDL_SUCCESS && joined) {
+        batch->n = 0;
+        for (int64_t i = 0; i < n && st == DDL_SUCCESS; i++) {
+            struct ddl_request_s *r = stand_in(eng, &d[i]);
+            if (!r || ddl_reqvec_push(batch, r) != 0) {
+                if (r) ddl_req_free_synthetic(r);
+                st = ddl_fail(DDL_ERR_NO_MEMORY, "no memory for a joined rank's request");
+            }
+        }
+    }
+    free(d);
+    return st;
+}
+
 /* Agree with every rank on this cycle's batch (ready requests, in the agreed order) and
  * find this rank's stalled requests. *more: some rank keeps requests queued after this
  * cycle (and will start another negotiation, which idle ranks then look out for). */
@@ -325,14 +444,18 @@ ddl_status_t ddl_negotiate(ddl_engine_t *eng, const ddl_reqvec_t *snap, ddl_reqv
     size_t nslots = N->tab.n;
     /* One byte per table slot (1: queued here), then one byte that is 0 when this rank
      * needs the full exchange; all combined with min. */
-    uint8_t *have = grow((void **)&N->have_buf, &N->have_cap, nslots + 1);
+    uint8_t *have = grow((void **)&N->have_buf, &N->have_cap, nslots + 3);
     if (!have) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the negotiation");
     memset(have, 0, nslots);
     uint64_t unnamed = 0;
-    int full = 0;
+    int full = 0, joined = 0;
     double now = ddl_now();
     for (size_t i = 0; i < snap->n; i++) {
         struct ddl_request_s *r = snap->v[i];
+        if (r->kind == REQ_JOIN) {
+            joined = 1;
+            if (!r->join_cycle) r->join_cycle = N->cycle_no;
+        }
         if (!r->name) {
             unnamed++;
         } else {
@@ -345,13 +468,17 @@ ddl_status_t ddl_negotiate(ddl_engine_t *eng, const ddl_reqvec_t *snap, ddl_reqv
                         (unsigned long long)N->cycle_no, r->name);
             }
         }
-        if (now - r->submitted > ddl_req_timeout(r) && !full) {
+        if (r->kind != REQ_JOIN && now - r->submitted > ddl_req_timeout(r) && !full) {
             full = 1;
             ddl_log(2, "negotiation %llu: a request waited longer than DDL_TIMEOUT",
                     (unsigned long long)N->cycle_no);
         }
     }
+    /* A joined rank has every request: 1 for every slot, and every unnamed one. */
+    if (joined) memset(have, 1, nslots);
     have[nslots] = !full;
+    have[nslots + 1] = !joined; /* min: 0 when some rank has joined */
+    have[nslots + 2] = joined;  /* min: 1 when every rank has joined */
     /* The recursive doubling folds ranks beyond the largest power of two in: an even rank
      * r < 2*rem sends first, to r+1, and hears back only at the end, so an idle one would
      * never see a negotiation start. Its partner rings first (DDL_TAG_BELL); the even rank
@@ -363,9 +490,10 @@ ddl_status_t ddl_negotiate(ddl_engine_t *eng, const ddl_reqvec_t *snap, ddl_reqv
     if (folded && odd) DDL_CHECK(ddl_sendrecv(w, NULL, 0, w->rank - 1, NULL, 0, -1, DDL_TAG_BELL));
     ddl_header_t h;
     ddl_header_init(&h, ddl_signature(DDL_COLL_NEGOTIATE, nslots, DDL_UINT8, DDL_MIN, 0), 0);
-    h.count_min = unnamed;  /* combined with min: the unnamed requests every rank has */
+    h.count_min = joined ? JOINED : unnamed; /* min: the unnamed requests every rank has */
     h.count_max = snap->n;  /* combined with max: the most requests any rank has queued */
-    DDL_CHECK(ddl_rd_allreduce_checked(w, &h, have, nslots + 1, DDL_UINT8, DDL_MIN));
+    DDL_CHECK(ddl_rd_allreduce_checked(w, &h, have, nslots + 3, DDL_UINT8, DDL_MIN));
+    int some_joined = !have[nslots + 1], all_joined = have[nslots + 2];
     if (folded && !odd) DDL_CHECK(ddl_sendrecv(w, NULL, 0, -1, NULL, 0, w->rank + 1, DDL_TAG_BELL));
     if (h.sig_min != h.sig_max)
         return ddl_fail(DDL_ERR_INTERNAL,
@@ -376,7 +504,7 @@ ddl_status_t ddl_negotiate(ddl_engine_t *eng, const ddl_reqvec_t *snap, ddl_reqv
     const uint8_t *ready = have;
     *more = 0;
     if (!have[nslots]) {
-        DDL_CHECK(full_exchange(eng, snap, ready_unnamed, stalled));
+        DDL_CHECK(full_exchange(eng, snap, ready_unnamed, stalled, joined));
         ready = N->ready_buf;
         *more = 1;
     }
@@ -404,6 +532,7 @@ ddl_status_t ddl_negotiate(ddl_engine_t *eng, const ddl_reqvec_t *snap, ddl_reqv
     }
     /* The batch is the same on every rank: whoever had more queued keeps some. */
     if (h.count_max > batch->n) *more = 1;
+    if (some_joined && !all_joined) DDL_CHECK(join_fill(eng, batch, joined));
     return DDL_SUCCESS;
 }
 

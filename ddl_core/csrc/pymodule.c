@@ -352,6 +352,8 @@ typedef struct {
     size_t es;          /* element size */
     int size;           /* ranks of the communicator it was submitted on */
     PyObject *gathered; /* allgatherv: (bytearray of the result, tuple of counts) */
+    ddl_request_timing_t timing; /* kept when it finished */
+    int have_timing;
 } RequestObject;
 
 /* An allgatherv's result lives in libddl's request: copy it out before the request goes. */
@@ -399,6 +401,7 @@ static void request_dealloc(RequestObject *r) {
 /* The request finished (done): keep what it produced, release it, raise its error. */
 static PyObject *request_done(RequestObject *r, ddl_status_t st) {
     r->finished = 1;
+    r->have_timing = r->req && ddl_request_timing(r->req, &r->timing) == DDL_SUCCESS;
     int kept = st == DDL_SUCCESS && r->kind == 4 ? keep_gathered(r) : 0;
     request_release(r);
     if (st != DDL_SUCCESS) return raise_status(st);
@@ -428,6 +431,14 @@ static PyObject *request_wait(RequestObject *r, PyObject *noargs) {
     Py_END_ALLOW_THREADS
     if (!request_done(r, st)) return NULL;
     Py_RETURN_NONE;
+}
+
+static PyObject *request_timing(RequestObject *r, PyObject *noargs) {
+    (void)noargs;
+    if (!r->have_timing) Py_RETURN_NONE;
+    const ddl_request_timing_t *t = &r->timing;
+    return Py_BuildValue("ddddnn", t->submitted, t->negotiated, t->started, t->finished,
+                         (Py_ssize_t)t->fused, (Py_ssize_t)t->fused_bytes);
 }
 
 static PyObject *request_gathered(RequestObject *r, PyObject *noargs) {
@@ -619,6 +630,9 @@ fail1:
 static PyMethodDef request_methods[] = {
     {"test", (PyCFunction)request_test, METH_NOARGS, "True once finished (raises its error)."},
     {"wait", (PyCFunction)request_wait, METH_NOARGS, "Block until finished (raises its error)."},
+    {"timing", (PyCFunction)request_timing, METH_NOARGS,
+     "(submitted, negotiated, started, finished, fused, fused_bytes) once finished, else "
+     "None; times in CLOCK_MONOTONIC seconds."},
     {"gathered", (PyCFunction)request_gathered, METH_NOARGS,
      "An allgatherv's result once finished: (bytearray, per-rank element counts)."},
     {NULL, NULL, 0, NULL}};
@@ -685,6 +699,7 @@ static PyObject *py_submit(PyObject *self, PyObject *args, PyObject *kwargs) {
     r->kind = kind;
     r->es = ddl_dtype_size((ddl_dtype_t)dtype);
     r->gathered = NULL;
+    r->have_timing = 0;
     size_t rcount = 0, scount = 0;
     if (kind == 4) {
         if (get_buf(send, &r->send, 0, dtype, &scount, "the input") < 0) goto fail;
@@ -976,6 +991,17 @@ static PyObject *py_negotiation_stats(PyObject *self, PyObject *args) {
                          (unsigned long long)p);
 }
 
+/* join() -> the rank that joined last (ddl_join). */
+static PyObject *py_join(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    int last = -1;
+    ddl_status_t st;
+    Py_BEGIN_ALLOW_THREADS st = ddl_join(&last);
+    Py_END_ALLOW_THREADS if (st != DDL_SUCCESS) return raise_status(st);
+    return PyLong_FromLong(last);
+}
+
 /* hurry(): the caller blocks on a queued request next (ddl_progress_hurry). */
 static PyObject *py_hurry(PyObject *self, PyObject *args) {
     (void)self, (void)args;
@@ -1071,6 +1097,7 @@ static PyMethodDef methods[] = {
     {"negotiation_stats", py_negotiation_stats, METH_NOARGS, NULL},
     {"set_thread_timeout", py_set_thread_timeout, METH_VARARGS, NULL},
     {"hurry", py_hurry, METH_NOARGS, NULL},
+    {"join", py_join, METH_NOARGS, NULL},
     {"alltoall", py_alltoall, METH_VARARGS, NULL},
     {"alltoall_counts", py_alltoall_counts, METH_VARARGS, NULL},
     {"alltoallv", py_alltoallv, METH_VARARGS, NULL},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -47,3 +48,35 @@ def test_package_is_marked_as_ddl_implementation() -> None:
 
     md = metadata("horovod-ddl")
     assert "DDL" in md["Summary"] and "not upstream" in md["Summary"]
+
+
+def test_horovodrun_check_build_lists_what_is_available() -> None:
+    out = subprocess.run([str(BIN / "horovodrun"), "--check-build"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "Available Frameworks:" in out and "[X] MPI" in out and "[X] DDL" in out, out
+    assert "[ ] Gloo" in out and "[ ] MXNet" in out, out
+    torch_box = "[X] PyTorch" if importlib.util.find_spec("torch") else "[ ] PyTorch"
+    assert torch_box in out, out
+
+
+def test_horovodrun_refuses_elastic_and_forwards_the_timeline() -> None:
+    proc = subprocess.run([str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "python",
+                           "train.py"], capture_output=True, text=True)
+    assert proc.returncode != 0 and "elastic Horovod" in proc.stderr, proc.stderr
+    out = subprocess.run([str(BIN / "horovodrun"), "-np", "2", "--timeline-filename",
+                          "/tmp/tl.json", "--dry-run", "python", "train.py"],
+                         capture_output=True, text=True, check=True).stderr
+    assert "HOROVOD_TIMELINE=/tmp/tl.json" in out, out
+
+
+def test_elastic_says_not_supported_and_what_to_use() -> None:
+    need("torch")
+    import horovod.torch as hvd
+
+    with pytest.raises(NotImplementedError, match="fixed set of MPI ranks.*restart"):
+        hvd.elastic.run  # noqa: B018
+    with pytest.raises(NotImplementedError, match="elastic"):
+        hvd.elastic.TorchState  # noqa: B018
+    assert not hvd.is_initialized()
+    assert hvd.mpi_built() and hvd.ddl_built() and not hvd.gloo_built()
+    assert hvd.nccl_built() in (0, 1) and isinstance(hvd.cuda_built(), bool)

@@ -225,6 +225,26 @@ ddl_status_t ddl_iallgatherv_named(const void *sendbuf, size_t sendcount, ddl_dt
                                    const ddl_match_t *match, ddl_request_t *req);
 ddl_status_t ddl_request_gathered(ddl_request_t req, const void **buf, const size_t **counts);
 
+/* Horovod's join, for ranks with uneven amounts of data: this rank has finished. Until
+ * every rank has called ddl_join, it takes part in every asynchronous request the others
+ * run, contributing zeros (allreduce, reduce_scatter, allgather), no elements (allgatherv)
+ * or a discarded buffer (broadcast), so their requests complete; a sum then counts only
+ * the ranks still running, an average still divides by ddl_size() (as Horovod's does).
+ * Returns once every rank has joined, with *last_rank the rank that joined last. Call it
+ * with none of this rank's asynchronous requests queued (DDL_ERR_INVALID_ARG otherwise);
+ * blocking collectives are not covered (use the asynchronous ones while ranks join). */
+ddl_status_t ddl_join(int *last_rank);
+
+/* When a finished request went through each stage, for timelines (CLOCK_MONOTONIC
+ * seconds): submitted; negotiated (every rank had it: the batch it runs in was agreed);
+ * started and finished (its collective, fused with others or alone). fused: how many
+ * requests shared its fusion buffer (1: none), fused_bytes: that buffer's size. */
+typedef struct {
+    double submitted, negotiated, started, finished;
+    size_t fused, fused_bytes;
+} ddl_request_timing_t;
+ddl_status_t ddl_request_timing(ddl_request_t req, ddl_request_timing_t *out);
+
 /* *done = 1 once finished; the request's own status is returned then (and only then). */
 ddl_status_t ddl_test(ddl_request_t req, int *done);
 /* Block until finished and return the request's status. */

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _cuda, _ddl
+from . import _cuda, _ddl, timeline
 from . import comm as _comm
 from ._buffers import _NP_CODE, DTYPES, OP_CODE, OPS, as_buffer, empty_like, op_code
 from ._ddl import (
@@ -56,7 +56,7 @@ __all__ = [
     "local_rank", "local_size", "topology", "allreduce", "allreduce_async", "broadcast",
     "broadcast_async", "allgather", "allgather_async", "allgatherv_async", "reduce_scatter",
     "alltoall", "alltoallv", "alltoall_counts",
-    "reduce_scatter_async", "barrier", "plan", "set_algorithm", "set_fusion", "version",
+    "reduce_scatter_async", "barrier", "join", "plan", "set_algorithm", "set_fusion", "version",
     "async_stats", "gpu_info", "is_gpu_array", "set_thread_timeout",
     "Comm", "comm_world", "allgatherv", "gather", "scatter", "reduce",
     "send", "recv", "isend", "irecv",
@@ -78,6 +78,15 @@ def barrier(*, comm: Comm | None = None) -> None:
         comm.barrier()
         return
     _ddl.barrier()
+
+
+def join() -> int:
+    """Horovod's join, for ranks with uneven amounts of data: this rank has finished.
+    Until every rank has joined, it takes part in the asynchronous collectives (*_async)
+    the others still run, contributing zeros (no rows to an allgatherv), so theirs
+    complete; returns the rank that joined last, on every rank. Wait for this rank's own
+    asynchronous requests first (InvalidArgumentError otherwise)."""
+    return _ddl.join()
 
 
 def _sub(comm: Comm | None) -> bool:
@@ -115,6 +124,8 @@ def init() -> None:
     _ddl.init()
     atexit.register(_finalize_at_exit)
     _watch_unhandled_exceptions()
+    timeline.plan_fn = plan
+    timeline.start_from_env("DDL_TIMELINE")
     if launched and launched > 1 and _ddl.size() == 1:
         raise DDLError(
             f"the launcher started {launched} processes but MPI sees a job of 1: no PMI "
@@ -382,22 +393,46 @@ def reduce_scatter(x: Any, op: str = "sum", out: Any = None, *, comm: Comm | Non
 class Handle:
     """An asynchronous collective: `wait()` returns its result, `test()` polls."""
 
-    __slots__ = ("_req", "_result", "_keep")
+    __slots__ = ("_req", "_result", "_keep", "_tl")
 
     def __init__(self, req: Any, result: Any, keep: Any) -> None:
         self._req = req
         self._result = result
         self._keep = keep  # the user's objects stay alive as long as the request
+        self._tl: tuple[str, str, int] | None = None  # (row, kind, bytes) for the timeline
 
     def test(self) -> bool:
-        return self._req.test()
+        done = self._req.test()
+        if done and self._tl is not None:
+            self._trace()
+        return done
 
     def wait(self) -> Any:
+        # The caller blocks until this finishes: the progress thread negotiates what is
+        # queued now rather than waiting out the cycle time for more to fuse (a 1 MiB
+        # request waited 1 ms for nothing; requests submitted together still fuse).
+        _ddl.hurry()
         self._req.wait()
+        if self._tl is not None:
+            self._trace()
         return self._result
+
+    def _trace(self) -> None:
+        row, kind, nbytes = self._tl  # type: ignore[misc]
+        self._tl = None
+        timing = getattr(self._req, "timing", None)
+        if timing is not None:
+            timeline.request(row, kind, nbytes, timing())
 
     synchronize = wait
     poll = test
+
+
+def _traced(h: Handle, kind: str, name: str | None, buf: Any) -> Handle:
+    """Mark h for the timeline (DDL_TIMELINE, ddl_core.timeline) when one is open."""
+    if timeline.active:
+        h._tl = (name or kind, kind, memoryview(buf).nbytes if buf is not None else 0)
+    return h
 
 
 class _Done:
@@ -445,7 +480,8 @@ def allreduce_async(x: Any, op: str = "sum", out: Any = None, *, name: str | Non
         return Handle(_DONE, allreduce(x, op, out), None)
     res, rbuf, buf, code = _out(x, out)
     sbuf = None if res is x else buf
-    return Handle(_ddl.submit(0, sbuf, rbuf, code, o, 0, **kw), res, (x, res))
+    return _traced(Handle(_ddl.submit(0, sbuf, rbuf, code, o, 0, **kw), res, (x, res)),
+                   "allreduce", name, buf)
 
 
 def broadcast_async(x: Any, root: int = 0, *, name: str | None = None,
@@ -457,7 +493,8 @@ def broadcast_async(x: Any, root: int = 0, *, name: str | None = None,
         _gpu_on_world(comm, "broadcast_async")
         return Handle(_DONE, broadcast(x, root), None)
     buf, code = as_buffer(x)
-    return Handle(_ddl.submit(1, None, buf, code, 0, root, **kw), x, x)
+    return _traced(Handle(_ddl.submit(1, None, buf, code, 0, root, **kw), x, x), "broadcast",
+                   name, buf)
 
 
 def allgather_async(x: Any, out: Any = None, *, name: str | None = None,
@@ -470,7 +507,8 @@ def allgather_async(x: Any, out: Any = None, *, name: str | None = None,
         return Handle(_DONE, allgather(x, out), None)
     n = comm.size if _sub(comm) else None
     res, rbuf, buf, code = _out(x, out, _gather_shape(x, n) if out is None else None)
-    return Handle(_ddl.submit(2, buf, rbuf, code, 0, 0, **kw), res, (x, res))
+    return _traced(Handle(_ddl.submit(2, buf, rbuf, code, 0, 0, **kw), res, (x, res)),
+                   "allgather", name, buf)
 
 
 def reduce_scatter_async(x: Any, op: str = "sum", out: Any = None, *, name: str | None = None,
@@ -483,7 +521,8 @@ def reduce_scatter_async(x: Any, op: str = "sum", out: Any = None, *, name: str 
         return Handle(_DONE, reduce_scatter(x, op, out), None)
     n = comm.size if _sub(comm) else None
     res, rbuf, buf, code = _out(x, out, _scatter_shape(x, n) if out is None else None)
-    return Handle(_ddl.submit(3, buf, rbuf, code, o, 0, **kw), res, (x, res))
+    return _traced(Handle(_ddl.submit(3, buf, rbuf, code, o, 0, **kw), res, (x, res)),
+                   "reduce_scatter", name, buf)
 
 
 class _Gathered(Handle):
@@ -496,7 +535,10 @@ class _Gathered(Handle):
         self._like = x
 
     def wait(self) -> Any:
+        _ddl.hurry()  # see Handle.wait
         self._req.wait()
+        if self._tl is not None:
+            self._trace()
         if self._result is None:
             data, counts = self._req.gathered()
             self._result = _from_bytes(self._like, data, sum(counts))
@@ -527,7 +569,8 @@ def allgatherv_async(x: Any, *, name: str | None = None, shape: Any = None,
     if _cuda.device_array(x) is not None:
         raise ValueError("allgatherv_async takes host memory")
     buf, code = as_buffer(x)
-    return _Gathered(_ddl.submit(4, buf, None, code, 0, 0, **kw), x)
+    return _traced(_Gathered(_ddl.submit(4, buf, None, code, 0, 0, **kw), x), "allgather",
+                   name, buf)
 
 
 def set_algorithm(name: str) -> None:

@@ -4,6 +4,7 @@
     ddlrun -n 2 python -m ddl_core.bench alltoall|allgatherv|gather|scatter|reduce|sendrecv
     ddlrun -n 2 python -m ddl_core.bench check       # what the mismatch check costs
     ddlrun -n 2 python -m ddl_core.bench liveness    # what the liveness check costs
+    ddlrun -n 2 python -m ddl_core.bench hvd -b 1M -e 64M  # what horovod-ddl's layer costs
     python -m ddl_core.bench compare --baseline DIR   (this build against another: see
                                                        ddl_core.bench_compare)
 
@@ -326,7 +327,8 @@ def liveness_cost(reps: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ddl_core.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("collective", choices=(*COLLECTIVES, "check", "liveness", "compare"))
+    ap.add_argument("collective",
+                    choices=(*COLLECTIVES, "check", "liveness", "hvd", "compare"))
     ap.add_argument("-b", "--min-bytes", default="8")
     ap.add_argument("-e", "--max-bytes", default="256M")
     ap.add_argument("-f", "--factor", type=int, default=2, help="size multiplier per step")
@@ -354,6 +356,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.collective == "liveness":
         liveness_cost(args.reps)
+        return 0
+    if args.collective == "hvd":
+        from . import bench_hvd
+
+        lo = max(parse_size(args.min_bytes), 1 << 20)
+        sizes = []
+        while lo <= min(parse_size(args.max_bytes), 64 << 20):
+            sizes.append(lo)
+            lo *= 4 if args.factor == 2 else args.factor
+        rows = bench_hvd.run(sizes, args.reps)
+        if ddl.rank() == 0:
+            bench_hvd.print_table(rows, args.reps)
         return 0
     sizes, s = [], parse_size(args.min_bytes)
     while s <= parse_size(args.max_bytes):

@@ -1,6 +1,7 @@
 """DDP throughput on the ddl backend against gloo, in one run.
 
     ddlrun -n 2 python -m ddl_core.bench_ddp [--steps 20 --rounds 5 --batch 32]
+    ddlrun -n 2 python -m ddl_core.bench_ddp --timeline /tmp/tl.json   # the timeline's cost
 
 One job holds both process groups (ddl as the default group, gloo from new_group) and
 two DDP copies of the same small CNN; rounds alternate between them so machine noise
@@ -16,6 +17,10 @@ hits both alike. Reported, as medians over rounds:
 - a blocking 4 KiB all_reduce (`dist.all_reduce(t)`, async_op=False): its median and its
   25th percentile (gloo's "fast case"), each call timed alone after a barrier;
 - all_to_all_single of 16 MiB per rank (even splits), each call timed alone.
+
+With --timeline PATH it measures instead what the timeline (ddl_core.timeline, what
+DDL_TIMELINE / HOROVOD_TIMELINE open) adds to a ddl DDP step: steps alternate between
+recording into PATH and not recording, each timed alone from a barrier; medians.
 """
 
 from __future__ import annotations
@@ -47,6 +52,47 @@ def _timed(fn: Callable[[], None], steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+def timeline_cost(a: argparse.Namespace) -> int:
+    """DDP (ddl) step time with the timeline recording and without, alternated step by
+    step so machine noise hits both alike; medians and the median of paired ratios."""
+    from ddl_core import timeline
+
+    torch.set_num_threads(a.threads)
+    dist.init_process_group("ddl")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    ddp = DDP(small_cnn())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x = torch.randn(a.batch, 3, 32, 32)
+    y = torch.randint(0, 10, (a.batch,))
+
+    def step() -> None:
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    timeline.start(a.timeline)  # rank 0 writes (every rank with "{rank}" in the path)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(a.rounds * a.steps):
+        for on in ((True, False) if i % 2 == 0 else (False, True)):
+            timeline.record(on)
+            times[on].append(_timed(step, 1))
+    timeline.stop()
+    ratios = [t / f for t, f in zip(times[True], times[False], strict=True)]
+    if rank == 0:
+        on, off = statistics.median(times[True]), statistics.median(times[False])
+        print(f"# timeline cost: DDP small CNN, {size} ranks, batch {a.batch}/rank, "
+              f"{len(ratios)} steps each way, alternated")
+        print(f"  step with the timeline {on * 1e3:.2f} ms, without {off * 1e3:.2f} ms; "
+              f"median paired ratio {statistics.median(ratios):.3f} "
+              f"({100 * (statistics.median(ratios) - 1):+.1f}%, target <= +3%)")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ddl_core.bench_ddp", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--json", help="also write the figures to this file (rank 0)")
+    ap.add_argument("--timeline", help="measure the timeline's cost, recording into this file")
     a = ap.parse_args(argv)
+    if a.timeline:
+        return timeline_cost(a)
 
     torch.set_num_threads(a.threads)
     dist.init_process_group("ddl")  # the ddl:// rendezvous under ddlrun

@@ -3,11 +3,23 @@ torch, tensorflow and keras front ends."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
 
 import ddl_core
+from ddl_core import timeline
+
+from . import process_sets as _ps
+from .process_sets import (  # noqa: F401 - Horovod's API
+    ProcessSet,
+    add_process_set,
+    get_process_sets,
+    global_process_set,
+    process_set_by_id,
+    remove_process_set,
+)
 
 # Horovod's reduce ops; plain strings so they compare, print and pickle simply.
 Average = "average"
@@ -40,30 +52,9 @@ def ddl_op(op: Any = None, average: bool | None = None) -> str:
     return name
 
 
-class ProcessSet:
-    """Only the global process set exists: DDL's collectives span the whole job."""
-
-    def __init__(self, ranks: list[int] | None = None) -> None:
-        if ranks is not None and sorted(ranks) != list(range(ddl_core.size())):
-            raise NotImplementedError("horovod-ddl supports the global process set only")
-        self.ranks = ranks
-        self.process_set_id = 0
-
-    def size(self) -> int:
-        return ddl_core.size()
-
-    def rank(self) -> int:
-        return ddl_core.rank()
-
-    def included(self) -> bool:
-        return True
-
-
-global_process_set = ProcessSet()
-
-
-def init(comm: Any = None, process_sets: Any = None) -> None:  # noqa: ARG001
-    """Start DDL (MPI) and learn the node layout; collective, call it on every rank."""
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Start DDL (MPI) and learn the node layout; collective, call it on every rank.
+    process_sets: ProcessSets (or rank lists) to register, in order, or "dynamic"."""
     global _cross
     if comm is not None and not isinstance(comm, list):
         try:  # an mpi4py communicator: only the world is supported
@@ -78,6 +69,9 @@ def init(comm: Any = None, process_sets: Any = None) -> None:  # noqa: ARG001
     local = ddl_core.allgather(np.array([ddl_core.local_rank()], dtype=np.int64))
     me, lr = ddl_core.rank(), ddl_core.local_rank()
     _cross = (int(np.sum(local[:me] == lr)), int(np.sum(local == lr)))
+    timeline.start_from_env("HOROVOD_TIMELINE")
+    timeline.start_from_env("DDL_TIMELINE")
+    _ps.setup(process_sets)
 
 
 def _need_init() -> None:
@@ -86,7 +80,12 @@ def _need_init() -> None:
 
 
 def shutdown() -> None:
+    """Stop every process set's thread (collective over its members) and close the
+    timeline; ddl_core itself stays up until exit, so init() may be called again."""
     global _cross
+    if _cross is not None:
+        _ps.shutdown_all()
+        timeline.stop()
     _cross = None
 
 
@@ -131,6 +130,43 @@ def is_homogeneous() -> bool:
     return size() % local_size() == 0 and cross_size() * local_size() == size()
 
 
+def join() -> int:
+    """Horovod's join for uneven data: until every rank has joined, this rank takes part
+    in the collectives the others still run (zeros for allreduce, so a sum counts the
+    ranks still running and an average still divides by size(), as Horovod's; no rows
+    for allgather); returns the rank that joined last. Synchronize this rank's handles
+    first."""
+    _need_init()
+    # The process sets this rank is in join too, each in its own thread (their members
+    # take part with zeros in what the set's other members still run), while the world
+    # joins in libddl; every rank calls join(), so all of them finish.
+    errors: list[BaseException] = []
+
+    def join_set(engine: Any) -> None:
+        try:
+            engine.join()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join_set, args=(e,), daemon=True)
+               for e in _ps.member_engines()]
+    for t in threads:
+        t.start()
+    try:
+        with timeline.timed("join", "JOIN"):
+            last = ddl_core.join()
+    except ddl_core.InvalidArgumentError as exc:
+        raise ValueError(str(exc)) from exc
+    except ddl_core.DDLError as exc:
+        raise HorovodInternalError(str(exc)) from exc
+    finally:
+        for t in threads:
+            t.join()
+    if errors:
+        raise HorovodInternalError(f"join on a process set failed: {errors[0]}")
+    return last
+
+
 def mpi_threads_supported() -> bool:
     return True
 
@@ -151,8 +187,17 @@ def gloo_built() -> bool:
     return False
 
 
+def _gpu(key: str) -> str:
+    try:
+        return ddl_core.gpu_info().get(key, "")
+    except Exception:  # noqa: BLE001 - a library too old to say: nothing found
+        return ""
+
+
 def nccl_built() -> int:
-    return 0
+    """1 when libddl found NCCL (loaded at run time: DDL_NCCL_LIB, nvidia-nccl-cu*, conda
+    nccl) and uses it for GPU tensors, else 0 (Horovod returns NCCL's version or 0)."""
+    return 1 if _gpu("nccl") else 0
 
 
 def ddl_built() -> bool:
@@ -164,19 +209,24 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    return False
+    """True when libddl found a usable CUDA runtime and device (GPU tensors supported)."""
+    return bool(_gpu("cuda_runtime")) and not _gpu("cuda_error")
 
 
 def rocm_built() -> bool:
     return False
 
 
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:  # noqa: ARG001
-    """Accepted for compatibility; DDL has no timeline (use DDL_LOG)."""
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Write a Chrome-trace timeline of every collective to file_path (rank 0's, or every
+    rank's when the path holds "{rank}"): ddl_core.timeline."""
+    _need_init()
+    timeline.start(file_path, mark_cycles)
 
 
 def stop_timeline() -> None:
-    """Accepted for compatibility."""
+    """Close the timeline file (a complete JSON array from then on)."""
+    timeline.stop()
 
 
 __all__ = [
@@ -185,5 +235,6 @@ __all__ = [
     "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",
-    "stop_timeline",
+    "stop_timeline", "add_process_set", "remove_process_set", "get_process_sets",
+    "process_set_by_id",
 ]

@@ -10,4 +10,4 @@ from horovod.tensorflow.keras import (  # noqa: F401
     load_model,
 )
 
-from . import callbacks  # noqa: F401
+from . import callbacks, elastic  # noqa: F401

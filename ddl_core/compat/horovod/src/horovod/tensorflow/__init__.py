@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import numpy as np
@@ -12,8 +13,9 @@ from ddl_core.objects import broadcast_object as _broadcast_object
 
 import ddl_core
 from ddl_core import tensorflow as _dtf
+from ddl_core import timeline
 
-from ..common.basics import (  # noqa: F401 - re-exported Horovod API
+from ..common.basics import (  # noqa: F401 - re-exported Horovod API  # noqa: F401 - re-exported Horovod API
     Adasum,
     Average,
     HorovodInternalError,
@@ -22,12 +24,14 @@ from ..common.basics import (  # noqa: F401 - re-exported Horovod API
     ProcessSet,
     Product,
     Sum,
+    add_process_set,
     ccl_built,
     cross_rank,
     cross_size,
     cuda_built,
     ddl_built,
     ddl_op,
+    get_process_sets,
     global_process_set,
     gloo_built,
     gloo_enabled,
@@ -40,14 +44,20 @@ from ..common.basics import (  # noqa: F401 - re-exported Horovod API
     mpi_enabled,
     mpi_threads_supported,
     nccl_built,
+    process_set_by_id,
     rank,
+    remove_process_set,
     rocm_built,
     shutdown,
     size,
     start_timeline,
     stop_timeline,
 )
+from ..common.basics import join as _join
+from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST
 from ..common.matching import alltoall_parts, op_name, submit_alltoall
+from ..common.process_sets import engine_of
+from . import elastic  # noqa: F401 - hvd.elastic raises "not supported"
 
 _HOROVOD_OP = {"avg": "average", "sum": "sum", "min": "min", "max": "max", "prod": "product"}
 
@@ -113,6 +123,16 @@ def _waited(submit: Any) -> Any:
     return results[0] if single else results
 
 
+def _on_set(eng: Any, full: str | None, sig: tuple, info: Any, x: np.ndarray | None,
+            label: str) -> Any:
+    """Queue a request on a process set's engine and wait for it, with TensorFlow's
+    errors (as _waited)."""
+    try:
+        return eng.submit(full, sig, info, x, label).wait()
+    except ddl_core.DDLError as exc:
+        raise _tf_error(exc) from exc
+
+
 def _name(kind: str, t: Any, name: str | None) -> str | None:
     """Horovod's naming: a given name; inside a tf.function, one derived from the tensor's
     name (the same on every rank that traced the same function); eagerly, none (matched by
@@ -137,11 +157,13 @@ def _np(x: np.ndarray) -> np.ndarray:
 def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",  # noqa: ARG001
               device_sparse: str = "", compression: Any = Compression.none, op: Any = None,  # noqa: ARG001
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:  # noqa: ARG001
-    """`tensor` reduced over all ranks (IndexedSlices are densified). Matched across ranks
-    by name (any order) or, unnamed, by order; shapes and dtypes must agree."""
+              name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
+    """`tensor` reduced over the process set's ranks (all by default; IndexedSlices are
+    densified). Matched across ranks by name (any order) or, unnamed, by order; shapes
+    and dtypes must agree."""
     ddl_core.init()
     dop = ddl_op(op, average)
+    eng = engine_of(process_set, "allreduce")
     t = tf.convert_to_tensor(tensor)
     if prescale_factor != 1.0:
         t = t * tf.cast(prescale_factor, t.dtype)
@@ -149,6 +171,10 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
     full = op_name("allreduce", _name("Allreduce", wire, name))
 
     def run(x: np.ndarray) -> np.ndarray:
+        if eng is not None:
+            x = np.array(x, copy=True, order="C")
+            return _on_set(eng, full, (ALLREDUCE, x.dtype.str, x.shape, dop), None, x,
+                           full or "allreduce")
         x = np.ascontiguousarray(x)
         return _waited(lambda: ddl_core.allreduce_async(x, op=dop, name=full, shape=x.shape))
 
@@ -161,10 +187,15 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
 
 
 def grouped_allreduce(tensors: list[Any], average: bool | None = None, op: Any = None,
-                      name: str | None = None, **kwargs: Any) -> list[Any]:  # noqa: ARG001
-    """Every tensor reduced over all ranks: one request each (libddl fuses them), named
-    `<name>.<i>` when named."""
+                      name: str | None = None, process_set: ProcessSet = global_process_set,
+                      **kwargs: Any) -> list[Any]:  # noqa: ARG001
+    """Every tensor reduced over the process set's ranks: one request each (fused),
+    named `<name>.<i>` when named."""
     ddl_core.init()
+    if engine_of(process_set, "grouped_allreduce") is not None:
+        return [allreduce(t, average=average, op=op, process_set=process_set,
+                          name=None if name is None else f"{name}.{i}")
+                for i, t in enumerate(tensors)]
     dop = ddl_op(op, average)
     ts = [tf.convert_to_tensor(t) for t in tensors]
     if not ts:
@@ -183,15 +214,19 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, op: Any =
 
 
 def allgather(tensor: Any, name: str | None = None,
-              process_set: ProcessSet = global_process_set) -> Any:  # noqa: ARG001
+              process_set: ProcessSet = global_process_set) -> Any:
     """Every rank's tensor concatenated along the first dimension (which may differ; the
     others, and the dtype, must agree)."""
     ddl_core.init()
+    eng = engine_of(process_set, "allgather")
     t = tf.convert_to_tensor(tensor)
     full = op_name("allgather", _name("Allgather", t, name))
 
     def run(x: np.ndarray) -> np.ndarray:
         x = _np(x)
+        if eng is not None:
+            return _on_set(eng, full, (ALLGATHER, x.dtype.str, x.shape[1:]), x.shape[0], x,
+                           full or "allgather")[0]
         return _waited(lambda: ddl_core.allgatherv_async(x, name=full, shape=x.shape))
 
     out = tf.numpy_function(run, [t], t.dtype, stateful=True, name=_op_label(name, "Allgather"))
@@ -201,14 +236,22 @@ def allgather(tensor: Any, name: str | None = None,
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None,
-              process_set: ProcessSet = global_process_set) -> Any:  # noqa: ARG001
-    """root_rank's `tensor` on every rank (shapes and dtypes must agree)."""
+              process_set: ProcessSet = global_process_set) -> Any:
+    """root_rank's `tensor` on every rank of the process set (root_rank: a world rank;
+    shapes and dtypes must agree)."""
     ddl_core.init()
+    eng = engine_of(process_set, "broadcast")
+    if eng is not None and root_rank not in eng.members:
+        raise ValueError(f"broadcast: root_rank {root_rank} is not in process set "
+                         f"{process_set.process_set_id} (ranks {eng.members})")
     t = tf.convert_to_tensor(tensor)
     full = op_name("broadcast", _name("Broadcast", t, name))
 
     def run(x: np.ndarray) -> np.ndarray:
         x = np.array(x, copy=True, order="C")
+        if eng is not None:
+            return _on_set(eng, full, (BROADCAST, x.dtype.str, x.shape, int(root_rank)), None,
+                           x, full or "broadcast")
         _waited(lambda: ddl_core.broadcast_async(x, root_rank, name=full, shape=x.shape))
         return x
 
@@ -217,10 +260,13 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
 
 
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
-             process_set: ProcessSet = global_process_set) -> tuple[Any, Any]:  # noqa: ARG001
-    """splits[j] rows of `tensor` to rank j; returns (received rows, received splits)."""
+             process_set: ProcessSet = global_process_set) -> tuple[Any, Any]:
+    """splits[j] rows of `tensor` to the set's j-th rank; returns (received rows,
+    received splits)."""
     ddl_core.init()
-    n, me = ddl_core.size(), ddl_core.rank()
+    eng = engine_of(process_set, "alltoall")
+    n, me = ((ddl_core.size(), ddl_core.rank()) if eng is None
+             else (len(eng.members), eng.comm.rank))
     t = tf.convert_to_tensor(tensor)
     rows_t = tf.shape(t)[0]
     sp = (tf.fill([n], rows_t // n) if splits is None
@@ -233,6 +279,14 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
         if splits is None and x.shape[0] % n:
             raise ValueError(f"alltoall: {x.shape[0]} rows do not split evenly over {n} "
                              "ranks; pass splits")
+        if eng is not None:
+            if len(s) != n or any(v < 0 for v in s) or sum(s) != x.shape[0]:
+                raise ValueError(f"alltoall: splits {s} must hold one entry >= 0 per rank of "
+                                 f"the process set ({n}) adding up to {x.shape[0]} rows")
+            out, received = _on_set(eng, op_name("alltoall", full_name),
+                                    (ALLTOALL, x.dtype.str, x.shape[1:]), s, x,
+                                    op_name("alltoall", full_name) or "alltoall")
+            return np.ascontiguousarray(out), np.asarray(received, dtype=np.int32)
         sh, dh = _waited(lambda: list(submit_alltoall(x, s, full_name)))
         parts, received = alltoall_parts(sh.reshape(n, n), me)
         out = np.concatenate([dh[a:b] for a, b in parts]) if parts else dh[:0]
@@ -246,36 +300,100 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     return out, rsplits
 
 
+def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none,  # noqa: ARG001
+                  op: Any = Average, name: str | None = None,
+                  process_set: ProcessSet = global_process_set, **unused: Any) -> Any:
+    """`tensor` reduced over the process set's ranks, this rank's block of the first
+    dimension (the first blocks one row larger when rows do not divide, as Horovod)."""
+    eng = engine_of(process_set, "reducescatter")
+    n, me = ((ddl_core.size(), ddl_core.rank()) if eng is None
+             else (len(eng.members), eng.comm.rank))
+    red = allreduce(tensor, op=op, compression=compression, process_set=process_set,
+                    name=None if name is None else f"reducescatter.{name}")
+    rows = tf.shape(red)[0]
+    base, extra = rows // n, rows % n
+    start = me * base + tf.minimum(me, extra)
+    count = base + tf.cast(me < extra, rows.dtype)
+    return red[start:start + count]
+
+
 def broadcast_variables(variables: Any, root_rank: int) -> None:
     """Assign root_rank's values to `variables` (tf.Variables or Keras variables)."""
     _dtf.broadcast_variables(list(variables), root_rank)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
-    return _broadcast_object(obj, root_rank, name)
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """root_rank's picklable `obj` on every rank of the process set."""
+    eng = engine_of(process_set, "broadcast_object")
+    if eng is None:
+        with timeline.timed(name or "broadcast_object", "BROADCAST_OBJECT"):
+            return _broadcast_object(obj, root_rank, name)
+    if root_rank not in eng.members:
+        raise ValueError(f"broadcast_object: root_rank {root_rank} is not in process set "
+                         f"{process_set.process_set_id} (ranks {eng.members})")
+    mine = pickle.dumps(obj) if ddl_core.rank() == root_rank else b""
+    data = np.frombuffer(mine, dtype=np.uint8).copy()
+    flat, _ = _on_set(eng, op_name("broadcast_object", name), (ALLGATHER, "|u1", ()),
+                      data.size, data, "broadcast_object")
+    return pickle.loads(flat.tobytes())
 
 
-def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
-    return _allgather_object(obj, name)
+def allgather_object(obj: Any, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Every set member's picklable `obj`, in the set's rank order."""
+    eng = engine_of(process_set, "allgather_object")
+    if eng is None:
+        with timeline.timed(name or "allgather_object", "ALLGATHER_OBJECT"):
+            return _allgather_object(obj, name)
+    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
+    flat, rows = _on_set(eng, op_name("allgather_object", name), (ALLGATHER, "|u1", ()),
+                         data.size, data, "allgather_object")
+    out, off = [], 0
+    for k in rows:
+        out.append(pickle.loads(flat[off: off + k].tobytes()))
+        off += k
+    return out
 
 
-def barrier(process_set: ProcessSet = global_process_set) -> None:  # noqa: ARG001
-    ddl_core.barrier()
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Wait until every rank of the process set has called barrier()."""
+    eng = engine_of(process_set, "barrier")
+    if eng is None:
+        with timeline.timed("barrier", "BARRIER"):
+            ddl_core.barrier()
+    else:
+        _on_set(eng, None, (BARRIER,), None, None, "barrier")
 
 
 def join() -> int:
-    ddl_core.barrier()
-    return ddl_core.size() - 1
+    """Horovod's join for uneven data: see horovod.torch.join."""
+    return _join()
 
 
 class DistributedGradientTape(_dtf.DistributedGradientTape):
-    """Horovod's DistributedGradientTape: gradient() averages over ranks."""
+    """Horovod's DistributedGradientTape: gradient() averages over the ranks of
+    `process_set` (all by default)."""
 
     def __init__(self, gradtape: tf.GradientTape, device_dense: str = "",  # noqa: ARG002
                  device_sparse: str = "", compression: Any = Compression.none,  # noqa: ARG002
                  sparse_as_dense: bool = False, op: Any = Average,  # noqa: ARG002
-                 **unused: Any) -> None:
+                 process_set: ProcessSet = global_process_set, **unused: Any) -> None:
         super().__init__(gradtape, _HOROVOD_OP[ddl_op(op)])
+        self._hvd_op = op
+        self._hvd_set = process_set if engine_of(process_set, "DistributedGradientTape") \
+            is not None else None
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 **kwargs: Any) -> Any:
+        if self._hvd_set is None:
+            return super().gradient(target, sources, output_gradients, **kwargs)
+        grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
+        flat = tf.nest.flatten(grads)
+        out = [None if g is None else allreduce(g, op=self._hvd_op, process_set=self._hvd_set,
+                                                name=f"DistributedGradientTape.{i}")
+               for i, g in enumerate(flat)]
+        return tf.nest.pack_sequence_as(grads, out)
 
 
 def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: bool = False,  # noqa: N802, ARG001
@@ -285,5 +403,12 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
                          **unused: Any) -> Any:
     """A Keras optimizer that averages gradients over ranks before applying them."""
     from ddl_core.keras import DistributedOptimizer as _DO
+
+    if engine_of(unused.get("process_set", global_process_set), "DistributedOptimizer") \
+            is not None:
+        raise NotImplementedError(
+            "horovod-ddl: DistributedOptimizer on a process set other than the global one is "
+            "not supported for Keras; use hvd.DistributedGradientTape(tape, process_set=...) "
+            "in a custom training loop")
 
     return _DO(optimizer, op=_HOROVOD_OP[ddl_op(op)])

@@ -12,8 +12,10 @@ from horovod.tensorflow import (  # noqa: F401 - re-exported Horovod API
     Compression,
     Max,
     Min,
+    ProcessSet,
     Product,
     Sum,
+    add_process_set,
     allgather_object,
     barrier,
     broadcast_object,
@@ -21,6 +23,8 @@ from horovod.tensorflow import (  # noqa: F401 - re-exported Horovod API
     cross_rank,
     cross_size,
     ddl_built,
+    get_process_sets,
+    global_process_set,
     init,
     is_initialized,
     join,
@@ -29,6 +33,7 @@ from horovod.tensorflow import (  # noqa: F401 - re-exported Horovod API
     mpi_enabled,
     mpi_threads_supported,
     rank,
+    remove_process_set,
     shutdown,
     size,
 )
@@ -37,14 +42,15 @@ from horovod.tensorflow import allgather as _tf_allgather
 from horovod.tensorflow import allreduce as _tf_allreduce
 from horovod.tensorflow import broadcast as _tf_broadcast
 
-from . import callbacks  # noqa: F401
+from . import callbacks, elastic  # noqa: F401
 
 
 def DistributedOptimizer(optimizer: Any, name: str | None = None,  # noqa: N802
                          compression: Any = Compression.none, op: Any = Average,
                          backward_passes_per_step: int = 1, **unused: Any) -> Any:
     return _tf_DistributedOptimizer(optimizer, name=name, compression=compression, op=op,
-                                    backward_passes_per_step=backward_passes_per_step)
+                                    backward_passes_per_step=backward_passes_per_step,
+                                    **unused)
 
 
 def allreduce(value: Any, name: str | None = None, average: bool | None = None,
@@ -53,12 +59,14 @@ def allreduce(value: Any, name: str | None = None, average: bool | None = None,
     return np.asarray(_tf_allreduce(value, average=average, op=op, name=name, **kwargs))
 
 
-def allgather(value: Any, name: str | None = None) -> Any:
-    return np.asarray(_tf_allgather(value, name))
+def allgather(value: Any, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> Any:
+    return np.asarray(_tf_allgather(value, name, process_set))
 
 
-def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
-    return np.asarray(_tf_broadcast(value, root_rank, name))
+def broadcast(value: Any, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> Any:
+    return np.asarray(_tf_broadcast(value, root_rank, name, process_set))
 
 
 def broadcast_global_variables(root_rank: int) -> None:
