@@ -84,3 +84,36 @@ def test_bench_ddp_runs_and_reports_both_backends() -> None:
     data = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
     for name in ("ddl", "gloo"):
         assert data[name]["samples_per_s"] > 0 and data[name]["allreduce_ms"] > 0
+
+
+def test_backend_is_a_named_c10d_backend() -> None:
+    """With ddl-torch installed the group's Backend is torch's C++ type (so the group has a
+    name); DDL_TORCH_CPP=0 falls back to the Python ProcessGroup, which has none."""
+    need("ddl_torch")
+    code = ("import torch, torch.distributed as dist; dist.init_process_group('ddl'); "
+            "b = dist.group.WORLD._get_backend(torch.device('cpu')); "
+            "import ddl_torch; assert ddl_torch.backend_impl(b) is not None, b; "
+            "assert dist.group.WORLD.group_name; print('OK named')")
+    proc = mpirun(2, "-c", code)
+    assert ok_lines(proc, "named") == 2, proc.stdout
+
+
+@pytest.mark.parametrize("n,modes", [(2, ["functional", "dtensor", "fsdp2"]),
+                                     (4, ["functional", "fsdp2", "hsdp"])])
+def test_sharding_stack_on_ddl(n: int, modes: list[str]) -> None:
+    """Functional collectives, DTensor on a DeviceMesh, FSDP2 (fully_shard) against the
+    single-process result, and HSDP on a 2-D replicate x shard mesh (4 ranks)."""
+    need("ddl_torch")
+    proc = mpirun(n, WORKERS / "torch_sharding.py", *modes)
+    for mode in modes:
+        assert ok_lines(proc, mode) == n, proc.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_subgroups_p2p_and_uneven_all_gather(n: int) -> None:
+    """new_group of any ranks (libddl communicators; non-members get NON_GROUP_MEMBER),
+    send/recv, isend/irecv with tags, batch_isend_irecv, all_gather of uneven sizes."""
+    modes = ["groups", "p2p", "uneven"]
+    proc = mpirun(n, WORKERS / "torch_groups.py", *modes)
+    for mode in modes:
+        assert ok_lines(proc, mode) == n, proc.stdout

@@ -361,6 +361,11 @@ class P2PHandle:
     def wait(self) -> Any:
         return self._fut.result()
 
+    def add_done_callback(self, fn: Any) -> None:
+        """Call fn(self) once the transfer has finished (at once if it has), from the
+        thread that finished it: how torch futures complete without a waiting thread."""
+        self._fut.add_done_callback(lambda _f: fn(self))
+
 
 def isend(x: Any, dest: int, tag: int = 0, *, comm: Comm | None = None) -> P2PHandle:
     """send() in the background (x must stay untouched until wait())."""

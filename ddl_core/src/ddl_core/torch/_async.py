@@ -117,6 +117,17 @@ def _finish(inner: torch.futures.Future[Any], outcome: Outcome, value: Any,
 COMPLETER = Completer()
 
 
+def when_done(handle: Any, value: Any, post: Callable[[], None] | None = None
+              ) -> tuple[torch.futures.Future[Any], Outcome]:
+    """As Completer.submit for one handle that reports its own completion
+    (add_done_callback: libddl's isend/irecv): outside the FIFO, so a receive that waits
+    for its sender never holds up the collectives queued after it."""
+    inner, fut = _pair()
+    outcome = Outcome()
+    handle.add_done_callback(lambda h: _finish(inner, outcome, value, post, (h,)))
+    return fut, outcome
+
+
 def completed(value: Any) -> tuple[torch.futures.Future[Any], Outcome]:
     """An already successful future (work that finished inside the call)."""
     return COMPLETER.submit((), value)
