@@ -84,6 +84,13 @@ def test_bench_ddp_runs_and_reports_both_backends() -> None:
     data = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
     for name in ("ddl", "gloo"):
         assert data[name]["samples_per_s"] > 0 and data[name]["allreduce_ms"] > 0
+    try:
+        import ddl_torch  # noqa: F401
+    except ImportError:
+        assert "FSDP2 step: not measured" in proc.stdout, proc.stdout
+    else:  # the FSDP2 row needs the C++ Backend
+        assert "FSDP2 step (small transformer" in proc.stdout, proc.stdout
+        assert data["ddl"]["fsdp2_step_ms"] > 0 and data["gloo"]["fsdp2_step_ms"] > 0
 
 
 def test_backend_is_a_named_c10d_backend() -> None:
