@@ -124,3 +124,13 @@ def test_subgroups_p2p_and_uneven_all_gather(n: int) -> None:
     proc = mpirun(n, WORKERS / "torch_groups.py", *modes)
     for mode in modes:
         assert ok_lines(proc, mode) == n, proc.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_group_timeout_raises_instead_of_hanging(n: int) -> None:
+    """new_group([0, 1], timeout=3 s) and rank 1 never joins an all_reduce: rank 0 raises
+    a timeout error well before DDL_TIMEOUT (120 s here). At 2 ranks the group is the
+    world (libddl's asynchronous path), at 3 a communicator (blocking path). The job may
+    end untidily after that (the group is unusable), so only the OK lines are counted."""
+    proc = mpirun(n, WORKERS / "torch_groups.py", "timeout", check=False, timeout=120)
+    assert ok_lines(proc, "timeout") == n, proc.stdout + proc.stderr[-3000:]

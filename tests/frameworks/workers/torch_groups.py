@@ -93,7 +93,30 @@ def uneven() -> None:
         expect(outs[k], torch.full((k + 1, 2), float(k)), "uneven all_gather")
 
 
+def timeout() -> None:
+    """A member that skips a collective: the others raise within the group's timeout (as
+    gloo does), not hang; last, since the group is unusable afterwards."""
+    import time
+
+    g = dist.new_group([0, 1], timeout=timedelta(seconds=3))
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(4), group=g)
+        except Exception as exc:  # noqa: BLE001
+            took = time.monotonic() - t0
+            assert took < 30, f"raised after {took:.1f} s, the group's timeout is 3 s"
+            assert "timed out" in str(exc).lower() or "timeout" in str(exc).lower(), exc
+        else:
+            raise AssertionError("an all_reduce that rank 1 never joined succeeded")
+    elif rank == 1:
+        print("OK timeout", flush=True)  # (its part: being absent, and alive)
+        time.sleep(10)  # alive but absent: a timeout, not a lost rank
+        sys.exit(0)
+
+
 for mode in sys.argv[1:]:
-    {"groups": groups, "p2p": p2p, "uneven": uneven}[mode]()
+    {"groups": groups, "p2p": p2p, "uneven": uneven, "timeout": timeout}[mode]()
     print(f"OK {mode}", flush=True)
-dist.destroy_process_group()
+if "timeout" not in sys.argv:
+    dist.destroy_process_group()

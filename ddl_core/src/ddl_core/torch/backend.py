@@ -198,11 +198,15 @@ class ProcessGroupDDL(dist.ProcessGroup):
         self._rank = rank
         self._size = size
         self._comm = comm
-        self._timeout_s = _timeout_seconds(timeout)
+        self.set_timeout(timeout)
 
-    def set_timeout(self, timeout: timedelta) -> None:
-        """The deadline of this group's later collectives (torch's ProcessGroup API)."""
+    def set_timeout(self, timeout: timedelta | None) -> None:
+        """The deadline of this group's later collectives (torch's ProcessGroup API); on a
+        communicator of its own also that communicator's (its isend/irecv run on threads
+        of their own, which the per-thread deadline would not reach)."""
         self._timeout_s = _timeout_seconds(timeout)
+        if self._comm is not None:
+            self._comm.set_timeout(self._timeout_s)
 
     def shutdown(self) -> None:
         """destroy_process_group: release this group's libddl communicator."""
