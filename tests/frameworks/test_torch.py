@@ -134,3 +134,23 @@ def test_group_timeout_raises_instead_of_hanging(n: int) -> None:
     end untidily after that (the group is unusable), so only the OK lines are counted."""
     proc = mpirun(n, WORKERS / "torch_groups.py", "timeout", check=False, timeout=120)
     assert ok_lines(proc, "timeout") == n, proc.stdout + proc.stderr[-3000:]
+
+
+def test_torchrun_gets_a_clear_error() -> None:
+    """Processes started by torchrun cannot form libddl's MPI job (Open MPI 5 singletons
+    cannot MPI_Comm_connect without a PMIx server; FRAMEWORKS.md, 'torchrun'): init says so
+    and names the launchers that work, instead of a rank-mismatch error."""
+    import subprocess
+
+    from conftest import BIN, job_env
+
+    script = WORKERS / "torch_rendezvous.py"
+    proc = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2",
+                           str(script),
+                           "torchrun"], capture_output=True, text=True, timeout=180,
+                          env={k: v for k, v in job_env().items()
+                               if not k.startswith(("OMPI_COMM_WORLD", "PMIX_", "PMI_"))})
+    assert proc.returncode != 0, proc.stdout
+    # (torchrun stops the other rank once one fails: the message may appear once)
+    assert "no MPI launcher started" in proc.stderr, proc.stderr[-4000:]
+    assert "ddlrun -n 2" in proc.stderr, proc.stderr[-4000:]

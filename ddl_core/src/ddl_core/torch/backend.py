@@ -190,6 +190,14 @@ class ProcessGroupDDL(dist.ProcessGroup):
         super().__init__(rank, size)
         ddl_core.init()
         have = (comm.rank, comm.size) if comm is not None else (ddl_core.rank(), ddl_core.size())
+        if (rank, size) != have and comm is None and not under_mpi():
+            raise RuntimeError(
+                f"init_process_group('ddl') as rank {rank} of {size} in a process that no MPI "
+                f"launcher started (torchrun, or plain python: libddl sees a job of "
+                f"{have[1]}). The ddl backend runs on MPI and separately started processes "
+                f"cannot join one MPI job, so launch with ddlrun, mpirun or srun instead "
+                f"(ddlrun -n {size} python script.py), or use backend='gloo' under torchrun. "
+                "See ddl_core/FRAMEWORKS.md, 'torchrun'.")
         if (rank, size) != have:
             raise ValueError(
                 f"a ddl process group with rank {rank} of {size} on a communicator where "
