@@ -33,6 +33,7 @@ def test_blocking_collectives_skip_the_fusion_cycle() -> None:
         proc.stdout
     assert sum(line.startswith("OK fused") for line in proc.stdout.splitlines()) == 2, \
         proc.stdout
+    assert ok_lines(proc, "ordered") == 2, proc.stdout
 
 
 @pytest.mark.parametrize("mode", ["initdestroy", "masteraddr"])

@@ -3,7 +3,8 @@
 Run with DDL_CYCLE_TIME_MS=200: a blocking 4 KiB all_reduce that waited for the cycle
 would take >= 200 ms; one that hurries the progress thread takes a small message's time.
 Twenty async_op=True all_reduces submitted back to back, then waited, must still be
-fused into fewer batches than requests, with the right sums.
+fused into fewer batches than requests, with the right sums. A blocking all_reduce after
+async ones that were not waited for sees their results (the group's order).
 """
 
 import statistics
@@ -41,4 +42,15 @@ after = ddl_core.async_stats()
 fused = after["fused_requests"] - before["fused_requests"]
 assert fused >= 2, (before, after)
 print("OK fused", fused, flush=True)
+
+# A blocking all_reduce (run on the calling thread) right after async ones on the same
+# tensor, none waited for: it goes after them, as torch orders a group's operations.
+# x -> size * x (async) -> size * size * x (async) -> size**3 * x (blocking)
+x = torch.full((512,), float(rank + 1))
+pending = [dist.all_reduce(x, async_op=True), dist.all_reduce(x, async_op=True)]
+dist.all_reduce(x)
+want = size * size * sum(r + 1 for r in range(size))
+assert torch.all(x == want), (x[:4], want)
+assert all(w.is_completed() for w in pending)
+print("OK ordered", flush=True)
 dist.destroy_process_group()

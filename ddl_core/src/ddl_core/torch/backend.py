@@ -1,18 +1,20 @@
 """The `ddl` backend for torch.distributed: `dist.init_process_group("ddl")`.
 
-A Python `dist.ProcessGroup` whose collectives go to libddl: allreduce (DDP's gradient
-buckets) is queued on libddl's progress thread, which fuses small buckets and overlaps
-the reduction with the rest of the backward pass; `Work` objects complete through
-`torch.futures.Future`s (see _async.py), which is what DDP's reducer waits on.
+ProcessGroupDDL implements every operation on libddl. torch registers it through a C++
+c10d Backend (ddl_torch._C, the ddl-torch distribution) that forwards each operation to
+it, so the group is a real, named c10d group (FSDP2, DTensor, DeviceMesh and the
+functional collectives look groups up by name); without ddl-torch it is registered as a
+Python `dist.ProcessGroup` (DDP and the plain collectives only). On the world,
+allreduce (DDP's gradient buckets) is queued on libddl's progress thread, which fuses
+small buckets and overlaps the reduction with the rest of the backward pass; `Work`
+objects complete through `torch.futures.Future`s (see _async.py), which is what DDP's
+reducer waits on. A blocking allreduce (async_op=False) runs on the calling thread.
 
-Covered: allreduce (+coalesced), broadcast, allgather / all_gather_into_tensor (+coalesced),
-reduce_scatter / reduce_scatter_tensor (+coalesced), all_to_all(_single), gather, scatter,
-reduce, barrier - what DDP, SyncBatchNorm, the object collectives and FSDP-style code
-call. Point-to-point send/recv is not covered: DDL is a collective library.
-
-libddl runs on MPI_COMM_WORLD, so a `ddl` group must span the whole job (the default
-group, or `new_group()` of every rank); `dist.new_group(ranks, backend="gloo")` serves
-subsets.
+Covered: allreduce (+coalesced), broadcast, allgather (uneven sizes too) /
+all_gather_into_tensor (+coalesced), reduce_scatter / reduce_scatter_tensor (+coalesced),
+all_to_all(_single), gather, scatter, reduce, barrier, send/recv/isend/irecv (tags), and
+`new_group(ranks)` of any ranks on a libddl communicator (whose collectives are blocking
+in libddl 2.0); see _join_as_non_member for how non-members take part in its creation.
 
 Failures: a collective that fails in libddl (a mismatch, a rank that exited or died, a
 timeout) fails its Work: `wait()` raises the ddl_core error (a RuntimeError), `exception()`
@@ -221,6 +223,21 @@ class ProcessGroupDDL(dist.ProcessGroup):
         if self._comm is not None and not self._comm.is_world:
             self._comm.free()
 
+    def _inline(self, opts: Any) -> bool:
+        """Whether to run a world collective on the calling thread (libddl's blocking
+        call) rather than queue it: for a blocking torch call (async_op=False: torch sets
+        opts.asyncOp False), which then skips the queue, the completer thread and their
+        thread hand-offs (on a busy machine each costs scheduler latency), and always
+        with DDL_TORCH_SYNC=1. Every rank decides alike (the same call, the same opts);
+        work still queued here is waited for first, keeping the group's order."""
+        if self._comm is not None:
+            return False
+        if not _SYNC and (opts is None or getattr(opts, "asyncOp", True)):
+            return False
+        _ddl.hurry()  # (queued work, if any: negotiate it now rather than after the cycle)
+        COMPLETER.drain()
+        return True
+
     # -- the libddl calls: asynchronous on the world, blocking on another communicator --
     def _allreduce_h(self, x: torch.Tensor, op: str) -> Any:
         if self._comm is None:
@@ -282,7 +299,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             tensors = [tensors]
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
         handles, posts = [], []
-        if _SYNC and self._comm is None:
+        if self._inline(opts):
             for t in tensors:
                 work, wop, post = prepare(t, op)
                 ddl_core.allreduce(work, op=wop, out=work)
