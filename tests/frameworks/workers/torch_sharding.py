@@ -20,6 +20,10 @@ rank, size = dist.get_rank(), dist.get_world_size()
 pg = dist.group.WORLD
 assert dist.get_backend() == "ddl"
 assert pg.group_name, "the ddl group has no name"
+import ddl_torch  # noqa: E402 - after init: the check is on the group it made
+
+assert ddl_torch.backend_impl(pg._get_backend(torch.device("cpu"))) is not None, \
+    "the ddl group's backend is not ddl-torch's C++ Backend"
 
 
 def expect(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
