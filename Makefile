@@ -57,6 +57,15 @@ $(STAMPS)/horovod: $(STAMPS)/ddl_core $(HVD_SOURCES)
 	@$(PIP) install --no-build-isolation --no-deps --force-reinstall ./ddl_core/compat/horovod
 	@touch $@
 
+# ddl-torch: the C++ c10d Backend of the `ddl` torch.distributed backend, built against
+# the torch in .venv (its C++ ABI and pybind11), so after it and without build isolation.
+DDL_TORCH_SOURCES := $(shell find ddl_core/compat/torch -type f \( -name '*.py' -o -name '*.cpp' -o -name 'pyproject.toml' \) -not -path '*/build/*')
+$(STAMPS)/ddl_torch: $(STAMPS)/venv $(DDL_TORCH_SOURCES) | $(STAMPS)/ddl_core
+	@echo "== building ddl-torch (the C++ c10d Backend) against $$($(PY) -c 'import torch; print(torch.__version__)')"
+	@$(PIP) install --no-build-isolation --no-deps --force-reinstall ./ddl_core/compat/torch
+	@rm -rf ddl_core/compat/torch/build
+	@touch $@
+
 $(STAMPS)/envtools: $(STAMPS)/venv envtools/pyproject.toml
 	@$(PIP) install --no-build-isolation --no-deps -e ./envtools
 	@touch $@
@@ -65,7 +74,7 @@ $(STAMPS)/ci: $(STAMPS)/venv ci/pyproject.toml
 	@$(PIP) install --no-build-isolation --no-deps -e ./ci
 	@touch $@
 
-deps: $(STAMPS)/apt $(STAMPS)/venv $(STAMPS)/ddl_core $(STAMPS)/horovod $(STAMPS)/envtools $(STAMPS)/ci
+deps: $(STAMPS)/apt $(STAMPS)/venv $(STAMPS)/ddl_core $(STAMPS)/ddl_torch $(STAMPS)/horovod $(STAMPS)/envtools $(STAMPS)/ci
 venv: deps
 
 test: deps

@@ -352,6 +352,7 @@ typedef struct {
     size_t es;          /* element size */
     int size;           /* ranks of the communicator it was submitted on */
     PyObject *gathered; /* allgatherv: (bytearray of the result, tuple of counts) */
+    PyObject *error;    /* the exception it failed with: every later test()/wait() raises it */
     ddl_request_timing_t timing; /* kept when it finished */
     int have_timing;
 } RequestObject;
@@ -395,6 +396,7 @@ static void request_release(RequestObject *r) {
 static void request_dealloc(RequestObject *r) {
     request_release(r);
     Py_CLEAR(r->gathered);
+    Py_CLEAR(r->error);
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
@@ -404,13 +406,29 @@ static PyObject *request_done(RequestObject *r, ddl_status_t st) {
     r->have_timing = r->req && ddl_request_timing(r->req, &r->timing) == DDL_SUCCESS;
     int kept = st == DDL_SUCCESS && r->kind == 4 ? keep_gathered(r) : 0;
     request_release(r);
-    if (st != DDL_SUCCESS) return raise_status(st);
+    if (st != DDL_SUCCESS) {
+        raise_status(st);
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        Py_XINCREF(value);
+        r->error = value;
+        PyErr_Restore(type, value, tb);
+        return NULL;
+    }
     if (kept < 0) return NULL;
     return (PyObject *)r; /* borrowed: a non-NULL marker */
 }
 
+/* A finished request that failed raises its error again. */
+static PyObject *request_reraise(RequestObject *r) {
+    PyErr_SetObject(PyExceptionInstance_Class(r->error), r->error);
+    return NULL;
+}
+
 static PyObject *request_test(RequestObject *r, PyObject *noargs) {
     (void)noargs;
+    if (r->finished && r->error) return request_reraise(r);
     if (r->finished) Py_RETURN_TRUE;
     int done = 0;
     ddl_status_t st = ddl_test(r->req, &done);
@@ -424,6 +442,7 @@ static PyObject *request_test(RequestObject *r, PyObject *noargs) {
 
 static PyObject *request_wait(RequestObject *r, PyObject *noargs) {
     (void)noargs;
+    if (r->finished && r->error) return request_reraise(r);
     if (r->finished) Py_RETURN_NONE;
     ddl_status_t st;
     ddl_request_t q = r->req;
@@ -699,6 +718,7 @@ static PyObject *py_submit(PyObject *self, PyObject *args, PyObject *kwargs) {
     r->kind = kind;
     r->es = ddl_dtype_size((ddl_dtype_t)dtype);
     r->gathered = NULL;
+    r->error = NULL;
     r->have_timing = 0;
     size_t rcount = 0, scount = 0;
     if (kind == 4) {
@@ -797,6 +817,7 @@ static PyObject *py_p2p(PyObject *self, PyObject *args) {
     r->es = ddl_dtype_size((ddl_dtype_t)dtype);
     r->size = 0;
     r->gathered = NULL;
+    r->error = NULL;
     size_t count = 0;
     Py_buffer *view = is_send ? &r->send : &r->recv;
     if (get_buf(obj, view, !is_send, dtype, &count, is_send ? "the input" : "the output") < 0) {

@@ -36,3 +36,16 @@ def test_horovod_example_runs_under_horovodrun() -> None:
                     "--mca mpi_yield_when_idle 1", sys.executable,
                     str(EXAMPLES / "horovod_pytorch.py"), "--samples", "128"])
     assert _images_per_sec(proc.stdout) > 0
+
+
+def test_fsdp2_example_matches_ddp_on_a_2d_mesh() -> None:
+    """ddl_core/examples/fsdp2_ddl.py on 4 ranks (mesh 2 x 2, replicate x shard): its loss
+    curve equals DDP's on the same batches (the example checks it and says OK) and falls."""
+    need("torch")
+    need("ddl_torch")
+    proc = ddlrun(4, sys.executable, str(EXAMPLES / "fsdp2_ddl.py"), "--check-ddp",
+                  "--steps", "6")
+    assert "OK same loss curve as DDP" in proc.stdout, proc.stdout[-3000:]
+    assert "mesh (2, 2)" in proc.stdout, proc.stdout[-3000:]
+    losses = [float(m) for m in re.findall(r"^step +\d+ +loss ([0-9.]+)", proc.stdout, re.M)]
+    assert len(losses) == 6 and losses[-1] < losses[0], losses

@@ -33,6 +33,7 @@ def test_blocking_collectives_skip_the_fusion_cycle() -> None:
         proc.stdout
     assert sum(line.startswith("OK fused") for line in proc.stdout.splitlines()) == 2, \
         proc.stdout
+    assert ok_lines(proc, "ordered") == 2, proc.stdout
 
 
 @pytest.mark.parametrize("mode", ["initdestroy", "masteraddr"])
@@ -84,3 +85,56 @@ def test_bench_ddp_runs_and_reports_both_backends() -> None:
     data = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
     for name in ("ddl", "gloo"):
         assert data[name]["samples_per_s"] > 0 and data[name]["allreduce_ms"] > 0
+    try:
+        import ddl_torch  # noqa: F401
+    except ImportError:
+        assert "FSDP2 step: not measured" in proc.stdout, proc.stdout
+    else:  # the FSDP2 row needs the C++ Backend
+        assert "FSDP2 step (small transformer" in proc.stdout, proc.stdout
+        assert data["ddl"]["fsdp2_step_ms"] > 0 and data["gloo"]["fsdp2_step_ms"] > 0
+
+
+@pytest.mark.parametrize("n,modes", [(2, ["functional", "dtensor", "fsdp2"]),
+                                     (4, ["functional", "hsdp"])])
+def test_sharding_stack_on_ddl(n: int, modes: list[str]) -> None:
+    """The group is a named c10d Backend of ddl-torch's (not the Python fallback);
+    functional collectives, DTensor on a DeviceMesh, FSDP2 (fully_shard) against the
+    single-process result, and HSDP on a 2-D replicate x shard mesh (4 ranks)."""
+    need("ddl_torch")
+    proc = mpirun(n, WORKERS / "torch_sharding.py", *modes)
+    for mode in modes:
+        assert ok_lines(proc, mode) == n, proc.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_subgroups_p2p_uneven_all_gather_and_group_timeout(n: int) -> None:
+    """new_group of any ranks (libddl communicators; non-members get NON_GROUP_MEMBER),
+    send/recv, isend/irecv with tags, batch_isend_irecv, all_gather of uneven sizes; last,
+    new_group([0, 1], timeout=3 s) where rank 1 never joins an all_reduce: rank 0 raises a
+    timeout error well before DDL_TIMEOUT (120 s here). At 2 ranks that group is the world
+    (libddl's asynchronous path), at 3 a communicator (blocking path). The job may end
+    untidily after the timeout (the group is unusable), so only the OK lines count."""
+    modes = ["groups", "p2p", "uneven", "timeout"]
+    proc = mpirun(n, WORKERS / "torch_groups.py", *modes, check=False, timeout=180)
+    for mode in modes:
+        assert ok_lines(proc, mode) == n, proc.stdout + proc.stderr[-3000:]
+
+
+def test_torchrun_gets_a_clear_error() -> None:
+    """Processes started by torchrun cannot form libddl's MPI job (Open MPI 5 singletons
+    cannot MPI_Comm_connect without a PMIx server; FRAMEWORKS.md, 'torchrun'): init says so
+    and names the launchers that work, instead of a rank-mismatch error."""
+    import subprocess
+
+    from conftest import BIN, job_env
+
+    script = WORKERS / "torch_rendezvous.py"
+    proc = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2",
+                           str(script),
+                           "torchrun"], capture_output=True, text=True, timeout=180,
+                          env={k: v for k, v in job_env().items()
+                               if not k.startswith(("OMPI_COMM_WORLD", "PMIX_", "PMI_"))})
+    assert proc.returncode != 0, proc.stdout
+    # (torchrun stops the other rank once one fails: the message may appear once)
+    assert "no MPI launcher started" in proc.stderr, proc.stderr[-4000:]
+    assert "ddlrun -n 2" in proc.stderr, proc.stderr[-4000:]

@@ -16,7 +16,10 @@ hits both alike. Reported, as medians over rounds:
   (the whole averaging cost per step when nothing overlaps);
 - a blocking 4 KiB all_reduce (`dist.all_reduce(t)`, async_op=False): its median and its
   25th percentile (gloo's "fast case"), each call timed alone after a barrier;
-- all_to_all_single of 16 MiB per rank (even splits), each call timed alone.
+- all_to_all_single of 16 MiB per rank (even splits), each call timed alone;
+- FSDP2: a training step (forward, backward, AdamW) of a small transformer
+  (ddl_core.torch.models) under `fully_shard` on a DeviceMesh of each group, interleaved.
+  Needs ddl-torch (the C++ Backend): without it the row is left out.
 
 With --timeline PATH it measures instead what the timeline (ddl_core.timeline, what
 DDL_TIMELINE / HOROVOD_TIMELINE open) adds to a ddl DDP step: steps alternate between
@@ -93,6 +96,42 @@ def timeline_cost(a: argparse.Namespace) -> int:
     return 0
 
 
+def _fsdp2_times(groups: dict[str, dist.ProcessGroup], iters: int,
+                 batch: int) -> dict[str, list[float]] | None:
+    """Step times of the same small transformer under fully_shard on a DeviceMesh of each
+    group, interleaved; None when the ddl group has no c10d Backend (no ddl-torch)."""
+    from ddl_core.torch.backend import cpp_backend
+
+    if cpp_backend() is None:
+        return None
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ddl_core.torch.models import TinyTransformer, lm_loss, shard, token_batch
+
+    rank = dist.get_rank()
+    steps = {}
+    for name, pg in groups.items():
+        torch.manual_seed(0)
+        model = shard(TinyTransformer(), DeviceMesh.from_group(pg, "cpu"))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        def step(model: nn.Module = model, opt: torch.optim.Optimizer = opt,
+                 xy: tuple[torch.Tensor, torch.Tensor] = token_batch(0, rank, max(1, batch // 4))
+                 ) -> None:
+            x, y = xy
+            opt.zero_grad()
+            lm_loss(model(x), y).backward()
+            opt.step()
+
+        for _ in range(2):
+            step()  # warm-up
+        steps[name] = step
+    times: dict[str, list[float]] = {n: [] for n in groups}
+    for _ in range(iters):
+        for name, step in steps.items():
+            times[name].append(_timed(step, 1))
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ddl_core.bench_ddp", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -164,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, pg in groups.items():
             a2a_times[name].append(_timed(
                 lambda pg=pg: dist.all_to_all_single(a2a_out, a2a_in, group=pg), 1))
+    fsdp2 = _fsdp2_times(groups, a.rounds * a.steps, a.batch)
     small = {n: torch.ones(1024) for n in groups}  # 4 KiB of float32
     small_times: dict[str, list[float]] = {n: [] for n in groups}
     for _ in range(a.rounds * a.steps * 5):
@@ -180,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                      "allreduce_4k_us": statistics.median(small_times[name]) * 1e6,
                      "allreduce_4k_p25_us": q[0] * 1e6,
                      "alltoall_16m_ms": statistics.median(a2a_times[name]) * 1e3}
+        if fsdp2:
+            out[name]["fsdp2_step_ms"] = statistics.median(fsdp2[name]) * 1e3
     if rank == 0:
         print(f"# DDP small CNN ({nparams} parameters, {nparams * 4 / 1e6:.2f} MB of gradients), "
               f"{size} ranks, batch {a.batch}/rank, {a.threads} thread(s)/rank, "
@@ -200,6 +242,13 @@ def main(argv: list[str] | None = None) -> int:
               f"gloo {out['gloo']['alltoall_16m_ms']:.2f} ms: "
               f"{out['gloo']['alltoall_16m_ms'] / out['ddl']['alltoall_16m_ms']:.2f}x gloo's "
               "speed (target >= 1.0x)")
+        if fsdp2:
+            print(f"FSDP2 step (small transformer, fully_shard over {size} ranks): ddl "
+                  f"{out['ddl']['fsdp2_step_ms']:.2f} ms, gloo {out['gloo']['fsdp2_step_ms']:.2f} "
+                  f"ms: {out['gloo']['fsdp2_step_ms'] / out['ddl']['fsdp2_step_ms']:.2f}x "
+                  "gloo's speed (target >= 1.0x)")
+        else:
+            print("FSDP2 step: not measured (ddl-torch, the C++ Backend, is not installed)")
         print("-" * 64)
         print(f"total images/sec: {out['ddl']['samples_per_s']:.2f}")
         print("-" * 64)

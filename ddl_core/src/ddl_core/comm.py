@@ -15,6 +15,8 @@ torch CPU tensors, buffer-protocol objects) only for the calls added in libddl 2
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -343,6 +345,61 @@ class P2PHandle:
     def wait(self) -> Any:
         self._req.wait()
         return self._result
+
+    def add_done_callback(self, fn: Any) -> None:
+        """Call fn(self) once the transfer has finished, from the one thread that then
+        makes its progress (_WATCHER): how torch futures complete with nobody waiting.
+        After this, only fn's wait() may touch the handle (a request has one waiter)."""
+        _WATCHER.add(self, fn)
+
+
+class _Watcher:
+    """A daemon thread that makes the progress of the point-to-point requests whose owners
+    asked to be told when they finish (libddl's isend/irecv have no thread of their own),
+    testing each in turn and pausing when none moved (20 us, doubling to 1 ms)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._items: list[tuple[P2PHandle, Any]] = []
+        self._thread: threading.Thread | None = None
+
+    def add(self, h: P2PHandle, fn: Any) -> None:
+        with self._cond:
+            self._items.append((h, fn))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ddl-p2p-watcher",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        pause = 20e-6
+        while True:
+            with self._cond:
+                while not self._items:
+                    self._cond.wait()
+                items = list(self._items)
+            finished = []
+            for h, fn in items:
+                try:
+                    done = h.test()
+                except Exception:  # noqa: BLE001 - failed: fn's wait() raises it again
+                    done = True
+                if done:
+                    finished.append((h, fn))
+            if finished:
+                with self._cond:
+                    for item in finished:
+                        self._items.remove(item)
+                for h, fn in finished:
+                    fn(h)
+                pause = 20e-6
+            else:
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
+
+
+_WATCHER = _Watcher()
 
 
 def isend(x: Any, dest: int, tag: int = 0, *, comm: Comm | None = None) -> P2PHandle:

@@ -3,7 +3,8 @@
 Run with DDL_CYCLE_TIME_MS=200: a blocking 4 KiB all_reduce that waited for the cycle
 would take >= 200 ms; one that hurries the progress thread takes a small message's time.
 Twenty async_op=True all_reduces submitted back to back, then waited, must still be
-fused into fewer batches than requests, with the right sums.
+fused into fewer batches than requests, with the right sums. A blocking all_reduce after
+an async one on the same tensor, not waited for, sees its result (the group's order).
 """
 
 import statistics
@@ -41,4 +42,17 @@ after = ddl_core.async_stats()
 fused = after["fused_requests"] - before["fused_requests"]
 assert fused >= 2, (before, after)
 print("OK fused", fused, flush=True)
+
+# A blocking all_reduce (run on the calling thread) right after an async one on the same
+# tensor, not waited for: it goes after it, as torch orders a group's operations.
+# x = rank + 1 -> sum (async) -> max of equal sums (blocking) = the sum; the other order
+# would give max then sum = size * size. (One async op on x: libddl's fusion reads a
+# buffer queued twice in one batch once.)
+x = torch.full((512,), float(rank + 1))
+pending = [dist.all_reduce(torch.ones(8), async_op=True), dist.all_reduce(x, async_op=True)]
+dist.all_reduce(x, op=dist.ReduceOp.MAX)
+want = sum(r + 1 for r in range(size))
+assert torch.all(x == want), (x[:4], want)
+assert all(w.is_completed() for w in pending)
+print("OK ordered", flush=True)
 dist.destroy_process_group()

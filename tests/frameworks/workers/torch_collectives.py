@@ -130,15 +130,14 @@ dist.broadcast_object_list(lst, src=0)
 assert lst == [{"cfg": 42}]
 dist.barrier()
 
-# a ddl group must span the world; subsets get a clear error
-if n > 1:
-    try:
-        dist.new_group([0], backend="ddl")
-    except Exception as exc:  # noqa: BLE001
-        assert "whole job" in str(exc) or "ddl" in str(exc), exc
-    else:
-        if r == 0:
-            raise AssertionError("a one-rank ddl group was accepted")
+# a ddl group of a subset of ranks (a libddl communicator): here a one-rank group
+solo = dist.new_group([0], backend="ddl")
+if r == 0:
+    t = torch.full((3,), 5.0)
+    dist.all_reduce(t, group=solo)
+    expect(t, torch.full((3,), 5.0), "one-rank group all_reduce")
+else:
+    assert solo == dist.GroupMember.NON_GROUP_MEMBER, solo
 
 print("OK collectives", flush=True)
 dist.destroy_process_group()

@@ -4,7 +4,9 @@
                store away while a rank is still connecting to it;
   masteraddr   MASTER_ADDR and MASTER_PORT exported but no RANK or WORLD_SIZE (what
                torch's env:// demands): rank and size come from MPI, the store is at
-               MASTER_ADDR:MASTER_PORT.
+               MASTER_ADDR:MASTER_PORT;
+  torchrun     started by torchrun, not MPI: init must fail with an error naming the
+               launchers that work.
 """
 
 import os

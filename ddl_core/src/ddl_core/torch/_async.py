@@ -65,6 +65,8 @@ class Completer:
         self._q: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._pending = 0  # submitted with handles, not finished yet
+        self._idle = threading.Condition()
 
     def _start(self) -> None:
         with self._lock:
@@ -85,8 +87,18 @@ class Completer:
             _finish(inner, outcome, value, post)
             return fut, outcome
         self._start()
+        with self._idle:
+            self._pending += 1
         self._q.put((handles, inner, value, post, outcome))
         return fut, outcome
+
+    def drain(self) -> None:
+        """Wait until everything submitted so far has finished (a blocking collective that
+        runs on the calling thread goes after the queued ones, as torch orders a group's
+        operations)."""
+        with self._idle:
+            while self._pending:
+                self._idle.wait()
 
     def _run(self) -> None:
         while True:
@@ -95,6 +107,10 @@ class Completer:
                 return
             handles, inner, value, post, outcome = item
             _finish(inner, outcome, value, post, handles)
+            with self._idle:
+                self._pending -= 1
+                if not self._pending:
+                    self._idle.notify_all()
 
 
 def _finish(inner: torch.futures.Future[Any], outcome: Outcome, value: Any,
@@ -115,6 +131,17 @@ def _finish(inner: torch.futures.Future[Any], outcome: Outcome, value: Any,
 
 
 COMPLETER = Completer()
+
+
+def when_done(handle: Any, value: Any, post: Callable[[], None] | None = None
+              ) -> tuple[torch.futures.Future[Any], Outcome]:
+    """As Completer.submit for one handle that reports its own completion
+    (add_done_callback: libddl's isend/irecv): outside the FIFO, so a receive that waits
+    for its sender never holds up the collectives queued after it."""
+    inner, fut = _pair()
+    outcome = Outcome()
+    handle.add_done_callback(lambda h: _finish(inner, outcome, value, post, (h,)))
+    return fut, outcome
 
 
 def completed(value: Any) -> tuple[torch.futures.Future[Any], Outcome]:

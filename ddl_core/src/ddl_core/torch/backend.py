@@ -1,18 +1,20 @@
 """The `ddl` backend for torch.distributed: `dist.init_process_group("ddl")`.
 
-A Python `dist.ProcessGroup` whose collectives go to libddl: allreduce (DDP's gradient
-buckets) is queued on libddl's progress thread, which fuses small buckets and overlaps
-the reduction with the rest of the backward pass; `Work` objects complete through
-`torch.futures.Future`s (see _async.py), which is what DDP's reducer waits on.
+ProcessGroupDDL implements every operation on libddl. torch registers it through a C++
+c10d Backend (ddl_torch._C, the ddl-torch distribution) that forwards each operation to
+it, so the group is a real, named c10d group (FSDP2, DTensor, DeviceMesh and the
+functional collectives look groups up by name); without ddl-torch it is registered as a
+Python `dist.ProcessGroup` (DDP and the plain collectives only). On the world,
+allreduce (DDP's gradient buckets) is queued on libddl's progress thread, which fuses
+small buckets and overlaps the reduction with the rest of the backward pass; `Work`
+objects complete through `torch.futures.Future`s (see _async.py), which is what DDP's
+reducer waits on. A blocking allreduce (async_op=False) runs on the calling thread.
 
-Covered: allreduce (+coalesced), broadcast, allgather / all_gather_into_tensor (+coalesced),
-reduce_scatter / reduce_scatter_tensor (+coalesced), all_to_all(_single), gather, scatter,
-reduce, barrier - what DDP, SyncBatchNorm, the object collectives and FSDP-style code
-call. Point-to-point send/recv is not covered: DDL is a collective library.
-
-libddl runs on MPI_COMM_WORLD, so a `ddl` group must span the whole job (the default
-group, or `new_group()` of every rank); `dist.new_group(ranks, backend="gloo")` serves
-subsets.
+Covered: allreduce (+coalesced), broadcast, allgather (uneven sizes too) /
+all_gather_into_tensor (+coalesced), reduce_scatter / reduce_scatter_tensor (+coalesced),
+all_to_all(_single), gather, scatter, reduce, barrier, send/recv/isend/irecv (tags), and
+`new_group(ranks)` of any ranks on a libddl communicator (whose collectives are blocking
+in libddl 2.0); see _join_as_non_member for how non-members take part in its creation.
 
 Failures: a collective that fails in libddl (a mismatch, a rank that exited or died, a
 timeout) fails its Work: `wait()` raises the ddl_core error (a RuntimeError), `exception()`
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import os
 import pickle
 import socket
@@ -52,7 +55,7 @@ import ddl_core
 from ddl_core import _ddl
 from ddl_core.netaddr import local_addresses
 
-from ._async import COMPLETER, Outcome, completed
+from ._async import COMPLETER, Outcome, completed, when_done
 from ._tensors import chain, check_cpu, prepare
 
 BACKEND_NAME = "ddl"
@@ -132,6 +135,11 @@ def _work(handles: list[Any], value: Any, post: Any = None) -> DDLWork:
     return DDLWork(fut, outcome, value)
 
 
+def _p2p_work(handle: Any, value: Any, post: Any = None) -> DDLWork:
+    fut, outcome = when_done(handle, value, post)
+    return DDLWork(fut, outcome, value)
+
+
 def _done(value: Any) -> DDLWork:
     fut, outcome = completed(value)
     return DDLWork(fut, outcome, value)
@@ -164,24 +172,109 @@ def _deadline(method: Any) -> Any:
     return wrapped
 
 
-class ProcessGroupDDL(dist.ProcessGroup):
-    """torch.distributed process group on libddl (the whole MPI job)."""
+class _Finished:
+    """The handle of work that finished inside the call: collectives on a communicator
+    other than the world are blocking in libddl 2.0."""
 
-    def __init__(self, rank: int, size: int, timeout: timedelta | None = None) -> None:
+    def wait(self) -> None:
+        return None
+
+
+_FINISHED = _Finished()
+
+
+class ProcessGroupDDL(dist.ProcessGroup):
+    """torch.distributed process group on libddl: the whole MPI job (comm None: libddl's
+    asynchronous, fused world collectives) or a libddl communicator of some ranks."""
+
+    def __init__(self, rank: int, size: int, timeout: timedelta | None = None,
+                 comm: ddl_core.Comm | None = None) -> None:
         super().__init__(rank, size)
         ddl_core.init()
-        if size != ddl_core.size() or rank != ddl_core.rank():
+        have = (comm.rank, comm.size) if comm is not None else (ddl_core.rank(), ddl_core.size())
+        if (rank, size) != have and comm is None and not under_mpi():
+            raise RuntimeError(
+                f"init_process_group('ddl') as rank {rank} of {size} in a process that no MPI "
+                f"launcher started (torchrun, or plain python: libddl sees a job of "
+                f"{have[1]}). The ddl backend runs on MPI and separately started processes "
+                f"cannot join one MPI job, so launch with ddlrun, mpirun or srun instead "
+                f"(ddlrun -n {size} python script.py), or use backend='gloo' under torchrun. "
+                "See ddl_core/FRAMEWORKS.md, 'torchrun'.")
+        if (rank, size) != have:
             raise ValueError(
-                f"a ddl process group must span the whole job in rank order: this group has "
-                f"rank {rank} of {size}, DDL has rank {ddl_core.rank()} of {ddl_core.size()}. "
-                "Use dist.new_group(ranks, backend='gloo') for a subset of ranks.")
+                f"a ddl process group with rank {rank} of {size} on a communicator where "
+                f"this process is rank {have[0]} of {have[1]}: create groups with "
+                "dist.new_group(ranks) on every rank, in the same order")
         self._rank = rank
         self._size = size
-        self._timeout_s = _timeout_seconds(timeout)
+        self._comm = comm
+        self.set_timeout(timeout)
 
-    def set_timeout(self, timeout: timedelta) -> None:
-        """The deadline of this group's later collectives (torch's ProcessGroup API)."""
+    def set_timeout(self, timeout: timedelta | None) -> None:
+        """The deadline of this group's later collectives (torch's ProcessGroup API); on a
+        communicator of its own also that communicator's (its isend/irecv run on threads
+        of their own, which the per-thread deadline would not reach)."""
         self._timeout_s = _timeout_seconds(timeout)
+        if self._comm is not None:
+            self._comm.set_timeout(self._timeout_s)
+
+    def shutdown(self) -> None:
+        """destroy_process_group: release this group's libddl communicator."""
+        if self._comm is not None and not self._comm.is_world:
+            self._comm.free()
+
+    def _inline(self, opts: Any) -> bool:
+        """Whether to run a world collective on the calling thread (libddl's blocking
+        call) rather than queue it: for a blocking torch call (async_op=False: torch sets
+        opts.asyncOp False), which then skips the queue, the completer thread and their
+        thread hand-offs (on a busy machine each costs scheduler latency), and always
+        with DDL_TORCH_SYNC=1. Every rank decides alike (the same call, the same opts);
+        work still queued here is waited for first, keeping the group's order."""
+        if self._comm is not None:
+            return False
+        if not _SYNC and (opts is None or getattr(opts, "asyncOp", True)):
+            return False
+        _ddl.hurry()  # (queued work, if any: negotiate it now rather than after the cycle)
+        COMPLETER.drain()
+        return True
+
+    # -- the libddl calls: asynchronous on the world, blocking on another communicator --
+    def _allreduce_h(self, x: torch.Tensor, op: str) -> Any:
+        if self._comm is None:
+            return ddl_core.allreduce_async(x, op=op, out=x)
+        ddl_core.allreduce(x, op=op, out=x, comm=self._comm)
+        return _FINISHED
+
+    def _broadcast_h(self, x: torch.Tensor, root: int) -> Any:
+        if self._comm is None:
+            return ddl_core.broadcast_async(x, root)
+        ddl_core.broadcast(x, root, comm=self._comm)
+        return _FINISHED
+
+    def _allgather_h(self, x: torch.Tensor, out: torch.Tensor) -> Any:
+        if self._comm is None:
+            return ddl_core.allgather_async(x, out=out)
+        ddl_core.allgather(x, out=out, comm=self._comm)
+        return _FINISHED
+
+    def _reduce_scatter_h(self, x: torch.Tensor, op: str, out: torch.Tensor) -> Any:
+        if self._comm is None:
+            return ddl_core.reduce_scatter_async(x, op=op, out=out)
+        ddl_core.reduce_scatter(x, op=op, out=out, comm=self._comm)
+        return _FINISHED
+
+    def _alltoallv(self, src: torch.Tensor, counts: list[int],
+                   out: torch.Tensor | None) -> tuple[list[int], torch.Tensor | None]:
+        """(bytes each rank sent here, the flat result when it is not in `out`)."""
+        if self._comm is None:
+            recv = list(ddl_core.alltoall_counts(counts))
+            if out is not None and out.numel() == sum(recv):
+                ddl_core.alltoallv(src, counts, recv, out=out)
+                return recv, None
+            return recv, ddl_core.alltoallv(src, counts, recv)
+        recv = [int(c) for c in ddl_core.alltoall(np.asarray(counts, dtype=np.int64),
+                                                  comm=self._comm)]
+        return recv, ddl_core.alltoallv(src, counts, comm=self._comm)
 
     # -- identity ------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -206,7 +299,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             tensors = [tensors]
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
         handles, posts = [], []
-        if _SYNC:
+        if self._inline(opts):
             for t in tensors:
                 work, wop, post = prepare(t, op)
                 ddl_core.allreduce(work, op=wop, out=work)
@@ -215,7 +308,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             return _done(tensors)
         for t in tensors:
             work, wop, post = prepare(t, op)
-            handles.append(ddl_core.allreduce_async(work, op=wop, out=work))
+            handles.append(self._allreduce_h(work, wop))
             posts.append(post)
         return _work(handles, tensors, chain(posts))
 
@@ -237,7 +330,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
                              f"{self._size} x {output.numel()}")
         src, sop, _ = prepare(inp.contiguous(), op)
         dst, _, post = prepare(output, op)
-        h = ddl_core.reduce_scatter_async(src.reshape(-1), op=sop, out=dst.reshape(-1))
+        h = self._reduce_scatter_h(src.reshape(-1), sop, dst.reshape(-1))
         return _work([h], output, post)
 
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor],
@@ -267,7 +360,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         for t in tensors:
             check_cpu(t)
             work = t if t.is_contiguous() else t.contiguous()
-            handles.append(ddl_core.broadcast_async(_bytes(work), root))
+            handles.append(self._broadcast_h(_bytes(work), root))
             posts.append(None if work is t else (lambda t=t, w=work: t.copy_(w)))
         return _work(handles, tensors, chain(posts))
 
@@ -283,7 +376,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             raise TypeError(f"all_gather_into_tensor: output is {output.dtype}, input {inp.dtype}")
         src = inp.contiguous()
         dst = output if output.is_contiguous() else output.contiguous()
-        h = ddl_core.allgather_async(_bytes(src), out=_bytes(dst))
+        h = self._allgather_h(_bytes(src), _bytes(dst))
         return _work([h], output, None if dst is output else (lambda: output.copy_(dst)))
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
@@ -299,11 +392,22 @@ class ProcessGroupDDL(dist.ProcessGroup):
             check_cpu(inp)
             if len(outs) != self._size:
                 raise ValueError(f"all_gather: {len(outs)} output tensors for {self._size} ranks")
+            if outs[self._rank].numel() != inp.numel():
+                raise ValueError(f"all_gather: this rank's output tensor has "
+                                 f"{outs[self._rank].numel()} elements, its input "
+                                 f"{inp.numel()}")
             if any(o.numel() != inp.numel() for o in outs):
-                raise ValueError("all_gather on the ddl backend needs equally sized tensors on "
-                                 "every rank (pad, or gather the sizes first)")
+                # Uneven sizes (as gloo allows): libddl's allgatherv with the sizes the
+                # output tensors give; sizes that disagree between ranks raise everywhere.
+                counts = [o.numel() * o.element_size() for o in outs]
+                got = ddl_core.allgatherv(_bytes(inp.contiguous()), counts, comm=self._comm)
+                offs = np.cumsum([0, *counts])
+                for i, o in enumerate(outs):
+                    o.copy_(got[offs[i]:offs[i + 1]].view(o.dtype).reshape(o.shape))
+                handles.append(_FINISHED)
+                continue
             flat = torch.empty((self._size, *inp.shape), dtype=inp.dtype)
-            handles.append(ddl_core.allgather_async(_bytes(inp.contiguous()), out=_bytes(flat)))
+            handles.append(self._allgather_h(_bytes(inp.contiguous()), _bytes(flat)))
             posts.append(lambda outs=outs, flat=flat: [o.copy_(flat[i].view_as(o))
                                                        for i, o in enumerate(outs)])
         return _work(handles, output_lists, chain(posts))
@@ -330,7 +434,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         check_cpu(out)
         flat = (torch.stack([t.reshape(out.shape) for t in input_lists[0]])
                 if self._rank == root else torch.empty((self._size, *out.shape), dtype=out.dtype))
-        h = ddl_core.broadcast_async(_bytes(flat), root)
+        h = self._broadcast_h(_bytes(flat), root)
         return _work([h], outputs, lambda: out.copy_(flat[self._rank]))
 
     @_deadline
@@ -348,7 +452,9 @@ class ProcessGroupDDL(dist.ProcessGroup):
                              f"entries summing to {rows} rows")
         per_row = (inp[0].numel() if rows else 0) * inp.element_size()
         counts = [int(s) * per_row for s in in_splits]
-        recv = ddl_core.alltoall_counts(counts)  # (bytes each rank sends here)
+        src = _bytes(inp.contiguous()) if inp.numel() else torch.empty(0, dtype=torch.uint8)
+        dst = _bytes(output) if output.is_contiguous() else None  # (received in place)
+        recv, flat = self._alltoallv(src, counts, dst)  # (recv: bytes each rank sent here)
         if output_split_sizes:
             want = [int(s) * per_row for s in output_split_sizes]
             if want != list(recv):
@@ -359,11 +465,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             raise ValueError(f"all_to_all_single: the output holds "
                              f"{output.numel() * output.element_size()} bytes, the ranks send "
                              f"{sum(recv)}")
-        src = _bytes(inp.contiguous()) if inp.numel() else torch.empty(0, dtype=torch.uint8)
-        if output.is_contiguous():  # (received in place: no copy)
-            ddl_core.alltoallv(src, counts, recv, out=_bytes(output))
-        else:
-            flat = ddl_core.alltoallv(src, counts, recv)
+        if flat is not None:
             output.copy_(flat.view(output.dtype).reshape(output.shape))
         return _done([output])
 
@@ -372,9 +474,17 @@ class ProcessGroupDDL(dist.ProcessGroup):
                  opts: Any = None) -> DDLWork:
         flat = torch.cat([t.reshape(-1) for t in inputs])
         sizes = [t.numel() for t in inputs]
-        result = alltoall_rows(flat.reshape(-1, 1), sizes, 1)
-        for o, r in zip(outputs, result, strict=True):
-            o.copy_(r.reshape(o.shape))
+        if len(sizes) != self._size:
+            raise ValueError(f"all_to_all: {len(sizes)} input tensors for {self._size} ranks")
+        src = _bytes(flat) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+        recv, got = self._alltoallv(src, [n * flat.element_size() for n in sizes], None)
+        off = 0
+        for o, c in zip(outputs, recv, strict=True):
+            if c != o.numel() * o.element_size():
+                raise ValueError(f"all_to_all: an output tensor of {o.numel()} elements "
+                                 f"for {c // max(flat.element_size(), 1)} sent")
+            o.copy_(got[off:off + c].view(o.dtype).reshape(o.shape))
+            off += c
         return _done(outputs)
 
     # torch 2.13 calls the "single" names from Python, older code the underscored ones.
@@ -388,7 +498,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> DDLWork:  # noqa: ARG002
         # Through the queue, so a barrier also waits for collectives issued before it.
         z = torch.zeros(1, dtype=torch.int32)
-        return _work([ddl_core.allreduce_async(z, out=z)], [])
+        return _work([self._allreduce_h(z, "sum")], [])
 
     def monitored_barrier(self, timeout: timedelta | None = None,
                           wait_all_ranks: bool = False) -> None:  # noqa: ARG002
@@ -401,35 +511,33 @@ class ProcessGroupDDL(dist.ProcessGroup):
         prev = _ddl.set_thread_timeout(seconds)
         try:
             z = torch.zeros(1, dtype=torch.int32)
-            ddl_core.allreduce(z, out=z)  # blocking, under this deadline
+            ddl_core.allreduce(z, out=z, comm=self._comm)  # blocking, under this deadline
         finally:
             _ddl.set_thread_timeout(prev)
 
-    def send(self, *args: Any, **kwargs: Any) -> DDLWork:
-        raise NotImplementedError("the ddl backend has no point-to-point send/recv; create a "
-                                  "gloo group for it: dist.new_group(backend='gloo')")
+    # -- point to point: libddl's isend/irecv (tags as given; ranks of this group) ------
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> DDLWork:
+        t = _one(tensors, "send")
+        src = t.contiguous()
+        h = ddl_core.isend(_bytes(src), int(dst), int(tag), comm=self._comm)
+        return _p2p_work(h, tensors)
 
-    recv = send
-    recv_anysource = send
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> DDLWork:
+        t = _one(tensors, "recv")
+        work = t if t.is_contiguous() else t.contiguous()
+        h = ddl_core.irecv(_bytes(work), int(src), int(tag), comm=self._comm)
+        return _p2p_work(h, tensors, None if work is t else (lambda: t.copy_(work)))
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> DDLWork:
+        raise NotImplementedError("the ddl backend receives from a named rank only (libddl's "
+                                  "recv has no wildcard source): pass src= to dist.recv")
 
 
-def alltoall_rows(x: torch.Tensor, splits: list[int], row: int) -> list[torch.Tensor]:
-    """Rank i sends rows x[off_j : off_j + splits[j]] to rank j; returns what each rank
-    sent here, in rank order. x is 2-D (rows, row elements)."""
-    n = ddl_core.size()
-    if len(splits) != n or sum(splits) != x.shape[0]:
-        raise ValueError(f"alltoall: splits {splits} must have {n} entries summing to "
-                         f"{x.shape[0]} rows")
-    per_row = max(row, 1) * x.element_size()
-    counts = [int(s) * per_row for s in splits]
-    recv = ddl_core.alltoall_counts(counts)
-    flat = ddl_core.alltoallv(_bytes(x.contiguous()) if x.numel() else
-                              torch.empty(0, dtype=torch.uint8), counts, recv)
-    out, off = [], 0
-    for c in recv:
-        out.append(flat[off:off + c].view(x.dtype).reshape(-1, max(row, 1)))
-        off += c
-    return out
+def _one(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
+    if len(tensors) != 1:
+        raise ValueError(f"{what}: one tensor per call on the ddl backend, got {len(tensors)}")
+    check_cpu(tensors[0])
+    return tensors[0]
 
 
 # -- rendezvous ---------------------------------------------------------------------------
@@ -517,8 +625,72 @@ def _env_or_ddl(original: Any) -> Any:
     return handler
 
 
-def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroupDDL:
-    return ProcessGroupDDL(rank, size, timeout)
+def cpp_backend() -> Any:
+    """ddl_torch (the ddl-torch distribution: the C++ c10d Backend), or None without it
+    or with DDL_TORCH_CPP=0 (the Python ProcessGroup alone: for comparison)."""
+    if os.environ.get("DDL_TORCH_CPP", "1") == "0":
+        return None
+    try:
+        import ddl_torch
+    except ImportError:
+        return None
+    return ddl_torch
+
+
+def group_comm(global_ranks: list[int]) -> ddl_core.Comm | None:
+    """The libddl communicator of a group of these world ranks (None: the world itself,
+    in rank order, which keeps libddl's asynchronous collectives). Collective over the
+    world: every rank calls it for every new group, members or not, in the same order
+    (torch's own rule for new_group); non-members get None back too."""
+    ddl_core.init()
+    ranks = [int(r) for r in global_ranks]
+    if not ranks or ranks == list(range(ddl_core.size())):
+        return None
+    return ddl_core.comm_world().create(ranks)
+
+
+def _create(opts: Any, backend_options: Any = None) -> Any:  # noqa: ARG001
+    """What torch registers in the group: a c10d Backend (ddl_torch) forwarding to the
+    Python implementation, so the group has a name (FSDP2, DTensor, DeviceMesh and the
+    functional collectives need one); without ddl-torch, the Python ProcessGroup itself.
+    torch calls this on the group's members only; the others take their part in the
+    communicator's creation in _new_process_group_helper (see _join_as_non_member)."""
+    rank, size = opts.group_rank, opts.group_size
+    comm = group_comm(list(opts.global_ranks_in_group))
+    impl = ProcessGroupDDL(rank, size, opts.timeout, comm=comm)
+    cpp = cpp_backend()
+    if cpp is None:
+        return impl
+    return cpp.make_backend(impl, rank, size, BACKEND_NAME)
+
+
+def _uses_ddl(backend: Any) -> bool:
+    """Whether a new group's backend string ("ddl", "cpu:ddl,cuda:nccl", None for the
+    default group's) puts ddl on some device."""
+    text = str(backend if backend else dist.get_backend()).lower()
+    return any(part.split(":")[-1].strip() == BACKEND_NAME for part in text.split(","))
+
+
+def _join_as_non_member(original: Any) -> Any:
+    """torch creates a subgroup's backend on its members only; a libddl communicator is
+    made by every rank (MPI_Comm_split underneath). So a rank outside a new ddl group
+    takes its part here, where torch returns NON_GROUP_MEMBER to it."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def helper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            return original(*args, **kwargs)
+        ranks = bound.get("global_ranks_in_group") or []
+        if (ranks and dist.is_initialized() and _uses_ddl(bound.get("backend"))
+                and dist.get_rank() not in ranks):
+            group_comm(list(ranks))  # (None here)
+        return original(*args, **kwargs)
+
+    helper._ddl_wrapped = True  # type: ignore[attr-defined]
+    return helper
 
 
 _registered = False
@@ -535,7 +707,13 @@ def register() -> None:
         return
     _registered = True
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+        devices = ["cpu", "cuda"] if cpp_backend() is not None else ["cpu"]
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True,
+                                      devices=devices)
+    c10d = importlib.import_module("torch.distributed.distributed_c10d")
+    helper = getattr(c10d, "_new_process_group_helper", None)
+    if helper is not None and not getattr(helper, "_ddl_wrapped", False):
+        c10d._new_process_group_helper = _join_as_non_member(helper)
     # torch.distributed.rendezvous is also the name of a function there: take the module.
     rdzv = importlib.import_module("torch.distributed.rendezvous")
     handlers = getattr(rdzv, "_rendezvous_handlers", None)
