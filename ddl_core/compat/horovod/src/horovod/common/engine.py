@@ -27,7 +27,6 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -107,6 +106,7 @@ class Engine:
         self._join_done: threading.Event | None = None
         self._last_joined = -1
         self._failure: BaseException | None = None
+        self._join_error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name=f"horovod-ddl-set{set_id}")
         self._thread.start()
@@ -143,12 +143,17 @@ class Engine:
         joined; returns the world rank of the member that joined last."""
         done = threading.Event()
         with self._cv:
+            if self._stopping or not self._thread.is_alive():
+                raise self._failure or ValueError(
+                    f"process set {self.members} was removed or shut down")
             self._join_done = done
             self._joined = True
+            self._last_joined = -1
             self._cv.notify()
         done.wait()
-        if self._failure is not None:
-            raise self._failure
+        if self._last_joined < 0:  # the thread ended (a failure, a removal) instead
+            raise self._join_error or ddl_core.DDLError(
+                f"join on process set {self.members} ended without every member joining")
         return self._last_joined
 
     def stop(self) -> None:
@@ -217,17 +222,19 @@ class Engine:
                                      min(_IDLE_MAX_S, max(pause * 2, 0.0005)))
 
     def _fail_all(self, exc: BaseException) -> None:
+        """The thread ends: every waiter gets `exc`; later submissions are refused (a
+        ValueError after a removal or shutdown, the error itself after a failure)."""
         with self._cv:
-            self._failure = exc if not isinstance(exc, ValueError) else None
+            if not isinstance(exc, ValueError):
+                self._failure = exc
             self._stopping = True
             pending = list(self._queue.values())
             self._queue.clear()
             done, self._join_done = self._join_done, None
+            self._join_error = exc
         for r in pending:
             r.finish(error=exc)
         if done is not None:
-            if self._failure is None:
-                self._failure = exc
             done.set()
 
     def _run_ready(self, views: list[Any], joined: list[bool]) -> bool:
@@ -320,5 +327,3 @@ class Engine:
             return flat.reshape(-1, *shape), received
         raise ValueError(f"unknown request kind {kind!r}")
 
-
-Submit = Callable[..., Request]
