@@ -75,6 +75,11 @@ for ps in (even, low):
     g = hvd.grouped_allreduce([torch.ones(2) * r, torch.ones(5)], op=hvd.Sum, process_set=ps)
     expect(torch.equal(g[0], torch.ones(2) * sum(m)) and torch.equal(g[1], torch.ones(5) * 2),
            "grouped")
+    many = hvd.grouped_allreduce([torch.full((3,), float(i)) for i in range(40)], op=hvd.Sum,
+                                 name="a.rather.long.name.so.that.one.round.overflows.its.slot",
+                                 process_set=ps)   # > 1 KiB of queued requests in one round
+    expect(all(torch.equal(t, torch.full((3,), 2.0 * i)) for i, t in enumerate(many)),
+           "40 grouped")
     ag = hvd.allgather(torch.full((r + 1, 2), float(r)), process_set=ps)
     expect(torch.equal(ag, torch.cat([torch.full((q + 1, 2), float(q)) for q in m])),
            f"allgather {ag.tolist()}")

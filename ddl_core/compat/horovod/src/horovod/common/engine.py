@@ -27,7 +27,6 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,8 +37,13 @@ from ddl_core import timeline
 # Kinds of request: what a member that has joined does for each (see _zeros).
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, BARRIER = ("allreduce", "allgather", "broadcast",
                                                       "alltoall", "barrier")
-_IDLE_MAX_S = 0.01   # the longest pause between rounds while no member has anything queued
-_BUSY_S = 0.001      # the pause while some member waits for the others
+# Rounds are collective: a request waits for the slowest member's next round, so pauses
+# start short after activity (the next request of a loop comes soon) and grow while the
+# set stays idle (then at most 200 rounds a second, each one small allgather).
+_IDLE_MIN_S = 50e-6   # the first pause once nothing is queued anywhere
+_IDLE_MAX_S = 0.005   # the longest pause while no member has anything queued
+_BUSY_S = 100e-6      # the pause while some member waits for the others
+_SLOT = 1024          # bytes per member of a round's first exchange
 
 
 def _timeout_s() -> float:
@@ -107,6 +111,7 @@ class Engine:
         self._join_done: threading.Event | None = None
         self._last_joined = -1
         self._failure: BaseException | None = None
+        self._join_error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name=f"horovod-ddl-set{set_id}")
         self._thread.start()
@@ -143,12 +148,17 @@ class Engine:
         joined; returns the world rank of the member that joined last."""
         done = threading.Event()
         with self._cv:
+            if self._stopping or not self._thread.is_alive():
+                raise self._failure or ValueError(
+                    f"process set {self.members} was removed or shut down")
             self._join_done = done
             self._joined = True
+            self._last_joined = -1
             self._cv.notify()
         done.wait()
-        if self._failure is not None:
-            raise self._failure
+        if self._last_joined < 0:  # the thread ended (a failure, a removal) instead
+            raise self._join_error or ddl_core.DDLError(
+                f"join on process set {self.members} ended without every member joining")
         return self._last_joined
 
     def stop(self) -> None:
@@ -162,14 +172,25 @@ class Engine:
     # -- the thread -------------------------------------------------------------------------
 
     def _exchange(self, msg: bytes) -> list[Any]:
+        """Every member's message: one fixed-size allgather of a slot holding the length
+        and, when it fits, the message itself; an allgatherv of the full messages only
+        in rounds where some member's does not fit (many requests queued at once)."""
         c = self.comm
-        blob = np.frombuffer(msg, dtype=np.uint8)
-        lens = ddl_core.allgather(np.array([blob.size], dtype=np.int64), comm=c)
-        data = ddl_core.allgatherv(blob, counts=lens, comm=c)
+        n = len(msg)
+        slot = np.zeros(_SLOT, dtype=np.uint8)
+        slot[:8] = np.frombuffer(np.int64(n).tobytes(), dtype=np.uint8)
+        if n <= _SLOT - 8:
+            slot[8:8 + n] = np.frombuffer(msg, dtype=np.uint8)
+        slots = ddl_core.allgather(slot, comm=c).reshape(-1, _SLOT)
+        lens = [int(v) for v in slots[:, :8].copy().view(np.int64).reshape(-1)]
+        if max(lens) <= _SLOT - 8:
+            return [pickle.loads(slots[i, 8:8 + k].tobytes()) for i, k in enumerate(lens)]
+        data = ddl_core.allgatherv(np.frombuffer(msg, dtype=np.uint8),
+                                   counts=np.array(lens, dtype=np.int64), comm=c)
         out, off = [], 0
-        for n in lens.tolist():
-            out.append(pickle.loads(data[off: off + n].tobytes()))
-            off += n
+        for k in lens:
+            out.append(pickle.loads(data[off: off + k].tobytes()))
+            off += k
         return out
 
     def _loop(self) -> None:
@@ -214,20 +235,22 @@ class Engine:
             ran = self._run_ready(views, joined)
             anyone_waiting = any(v[1] for v in views)
             pause = 0.0 if ran else (_BUSY_S if anyone_waiting else
-                                     min(_IDLE_MAX_S, max(pause * 2, 0.0005)))
+                                     min(_IDLE_MAX_S, max(pause * 2, _IDLE_MIN_S)))
 
     def _fail_all(self, exc: BaseException) -> None:
+        """The thread ends: every waiter gets `exc`; later submissions are refused (a
+        ValueError after a removal or shutdown, the error itself after a failure)."""
         with self._cv:
-            self._failure = exc if not isinstance(exc, ValueError) else None
+            if not isinstance(exc, ValueError):
+                self._failure = exc
             self._stopping = True
             pending = list(self._queue.values())
             self._queue.clear()
             done, self._join_done = self._join_done, None
+            self._join_error = exc
         for r in pending:
             r.finish(error=exc)
         if done is not None:
-            if self._failure is None:
-                self._failure = exc
             done.set()
 
     def _run_ready(self, views: list[Any], joined: list[bool]) -> bool:
@@ -320,5 +343,3 @@ class Engine:
             return flat.reshape(-1, *shape), received
         raise ValueError(f"unknown request kind {kind!r}")
 
-
-Submit = Callable[..., Request]
