@@ -260,6 +260,10 @@ def test_clone_add_pins_existing_packages(env, channel, tmp_path):
     assert "demo-extra=0.5.0" in p.stderr
     info = (dest / "share" / "demo-extra" / "info.txt").read_text()
     assert info == f"extra at {dest}\n"  # installed at the clone's path, not the temp dir
+    # every package of the source stays (not only what the added spec needs)
+    names = {p.name.rsplit("-", 2)[0] for p in (dest / "conda-meta").glob("*.json")}
+    assert names == {p.name.rsplit("-", 2)[0] for p in (env / "conda-meta").glob("*.json")
+                     } | {"demo-extra"}
     assert json.loads(run_envtools("validate", dest, "--json").stdout)["exit_status"] == 0
     # a spec that would need another version of an installed package is refused, atomically
     dest2 = tmp_path / "refused"

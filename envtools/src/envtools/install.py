@@ -69,8 +69,10 @@ async def solve(
     virtuals: list[virtual.Virtual],
     pinned: list | None = None,
     locked: list | None = None,
+    shown: list[str] | None = None,
 ) -> list[rattler.RepoDataRecord]:
-    """Solve ``specs`` against ``channels``, turning solver failures into a clear error."""
+    """Solve ``specs`` against ``channels``, turning solver failures into a clear error
+    (naming ``shown``, the specs the user gave, when others were added to them)."""
     try:
         return await rattler.solve(
             sources=channels,
@@ -83,7 +85,7 @@ async def solve(
         raise
     except Exception as e:
         raise EnvtoolsError(
-            f"cannot solve {' '.join(specs)} from {', '.join(channels)}:\n{e}",
+            f"cannot solve {' '.join(shown or specs)} from {', '.join(channels)}:\n{e}",
             "check the package name and version exist in the channel (and --virtual for a GPU "
             "node), e.g. list them with: python -c \"import json;print(json.load(open("
             "'CHANNEL/noarch/repodata.json'))['packages'].keys())\"",
