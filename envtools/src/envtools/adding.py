@@ -22,6 +22,28 @@ from envtools.errors import EnvtoolsError
 from envtools.prefix_records import Record
 
 
+def channels_of(records: list[Record]) -> list[str]:
+    """The channels an env's package records name, in order."""
+    seen: list[str] = []
+    for r in records:
+        ch = r.data.get("channel")
+        if ch and ch not in seen:
+            seen.append(ch)
+    return seen
+
+
+def recorded_channels(prefix: Path, records: list[Record]) -> list[str]:
+    """The channels the env came from: those its install or clone recorded (the site's
+    channel and its upstream), then those its packages name."""
+    from envtools.readonly import read_prefix_info
+
+    out: list[str] = []
+    for c in [*(read_prefix_info(prefix).get("channels") or []), *channels_of(records)]:
+        if isinstance(c, str) and c and c not in out:
+            out.append(c)
+    return out
+
+
 def add_cache_dir() -> Path:
     """Where added packages are kept, extracted (later clones of the clone link from
     here): the user's own, ``$XDG_CACHE_HOME/envtools/pkgs``. Not rattler's shared cache:
@@ -62,7 +84,8 @@ def installed_records(prefix: Path) -> list:
 def channel_sources(channels: list[str]) -> list[str]:
     from envtools.install import channel_source
 
-    return [channel_source(c[7:] if c.startswith("file://") else c) for c in channels]
+    return list(dict.fromkeys(channel_source(c[7:] if c.startswith("file://") else c)
+                              for c in channels))
 
 
 def solve_added(

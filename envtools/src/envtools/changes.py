@@ -19,7 +19,7 @@ from envtools.errors import EnvtoolsError
 from envtools.hashing import STAT_CACHE, package_part, write_package_parts
 from envtools.prefix_records import Prefix, Record
 from envtools.progress import info
-from envtools.readonly import read_prefix_info, refuse_readonly
+from envtools.readonly import refuse_readonly
 
 
 @dataclass
@@ -52,18 +52,6 @@ def _check_env(prefix: Path, verb: str) -> Path:
         raise EnvtoolsError(f"{prefix} is not a conda environment (no conda-meta/ in it)",
                             "give the path of an environment, e.g. one made by envtools clone")
     return prefix
-
-
-def recorded_channels(prefix: Path, records: list[Record]) -> list[str]:
-    """The channels the env came from: those its install or clone recorded (the site's
-    channel and its upstream), then those its packages name."""
-    from envtools.clone import channels_of
-
-    out: list[str] = []
-    for c in [*(read_prefix_info(prefix).get("channels") or []), *channels_of(records)]:
-        if isinstance(c, str) and c and c not in out:
-            out.append(c)
-    return out
 
 
 def _history(prefix: Path, stage: Path, cmd: str, added: list[str], removed: list[str]) -> str:
@@ -189,7 +177,8 @@ def add(
     cmd = f"envtools add {prefix} {' '.join(specs)}"
     with txn.changing(prefix, cmd) as t:
         env = Prefix.load(prefix)
-        chans = list(dict.fromkeys([*(channels or []), *recorded_channels(prefix, env.records)]))
+        chans = list(dict.fromkeys([*(channels or []),
+                                    *adding.recorded_channels(prefix, env.records)]))
         if not chans:
             raise EnvtoolsError(f"{prefix} records no channel to add packages from",
                                 "name one: envtools add PREFIX SPEC --channel DIR_OR_URL")

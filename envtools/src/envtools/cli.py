@@ -232,7 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _subcommand(sub, "install", _cmd_install)
     p.add_argument("spec", nargs="+", help="package specs, e.g. powerai or powerai=1.0")
-    p.add_argument("--channel", required=True, help="local channel directory or channel URL")
+    p.add_argument("--channel", required=True, action="append",
+                   help="local channel directory or channel URL (repeatable: the site's "
+                   "channel, then its upstream, e.g. channel-upstream; recorded in the env "
+                   "for envtools add)")
     p.add_argument("--prefix", type=Path, required=True,
                    help="new environment directory (must not exist)")
     p.add_argument("--cache", type=Path,

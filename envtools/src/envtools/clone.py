@@ -29,6 +29,7 @@ from envtools import (
     placement,
     record_index,
 )
+from envtools.adding import recorded_channels
 from envtools.errors import EnvtoolsError
 from envtools.hashing import (
     STAT_CACHE,
@@ -40,7 +41,13 @@ from envtools.hashing import (
 from envtools.placement import Ctx, Item
 from envtools.prefix_records import Record, write_record
 from envtools.progress import info, task
-from envtools.readonly import read_prefix_info, refuse_readonly, write_prefix_info
+from envtools.readonly import (
+    EXTERNALLY_MANAGED,
+    is_envtools_marker,
+    read_prefix_info,
+    refuse_readonly,
+    write_prefix_info,
+)
 from envtools.relocate import looks_binary
 from envtools.tempdirs import atomic_dir
 from envtools.untracked import untracked
@@ -223,15 +230,6 @@ def find_editables(prefix: Path) -> list[str]:
     return sorted(set(found))
 
 
-def channels_of(records: list[Record]) -> list[str]:
-    seen: list[str] = []
-    for r in records:
-        ch = r.data.get("channel")
-        if ch and ch not in seen:
-            seen.append(ch)
-    return seen
-
-
 def _add_packages(
     tmp: Path,
     dest: Path,
@@ -306,6 +304,9 @@ def clone(
                                                 for f in r.plan_fields()})
         if cachetag.NAME in files and cachetag.is_tag(srcp / cachetag.NAME):
             files = [f for f in files if f != cachetag.NAME]  # (see envtools.cachetag)
+        # the read-only env's PEP 668 marker: the clone is the user's, pip may change it
+        files = [f for f in files if not (f.endswith("/" + EXTERNALLY_MANAGED) and
+                                          is_envtools_marker(srcp / f))]
         confine.check_paths(files, f"the untracked files of {srcp}")
         confine.check_paths(empty, f"the empty directories of {srcp}")
         if cache and ctx.links_expected() and ctx.reflink_ok is not True and (
@@ -398,13 +399,15 @@ def clone(
                          f"# cmd: envtools clone {srcp} {destp}\n").encode()
             if data:
                 confine.write_new(str(meta / extra), data)
-        write_prefix_info(tmp, destp, cache_root_of(cache))
+        write_prefix_info(tmp, destp, cache_root_of(cache),
+                          read_prefix_info(srcp).get("channels"))
         _write_clone_stat_cache(tmp, groups, srcp)
         report.timings["stat cache"] = time.monotonic() - t0
 
         if add:
             report.added = _add_packages(
-                tmp, destp, add, channels or channels_of(prefix.records), allow_update,
+                tmp, destp, add, channels or recorded_channels(srcp, prefix.records),
+                allow_update,
                 virtual_overrides,
             )
             for part in (tmp / STAT_CACHE).iterdir():  # stale now; validate re-hashes
