@@ -73,7 +73,18 @@ def _files_of(prefix: Path, r: Record) -> list[str]:
     out: list[str] = []
     rels = [e["_path"] for e in r.paths if isinstance(e, dict) and e.get("_path")]
     confine.check_paths(rels, f"record of {r.name}")
+    real: dict[str, bool] = {"": True}
     for rel in rels:
+        parent = rel.rpartition("/")[0]
+        if parent not in real:
+            real[parent] = confine.is_real(root, parent) or not os.path.lexists(
+                f"{root}/{parent}")
+        if not real[parent]:  # (moving it would move the shared cache's file)
+            raise EnvtoolsError(
+                f"{prefix / rel} lies in a directory linked to a package cache (a clone made "
+                "with --link-mode dirs)",
+                f"give the package directories of its own first: envtools detach {prefix} "
+                f"{r.name}; then run this again")
         if os.path.lexists(f"{root}/{rel}"):
             out.append(rel)
         if rel.endswith(".py"):
