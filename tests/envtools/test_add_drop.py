@@ -149,6 +149,9 @@ def test_sigkill_mid_commit_is_rolled_back_by_the_next_command(mine, tmp_path):
     assert not (mine / "conda-meta" / "history").exists()
     proc.kill()
     proc.communicate(timeout=60)
+    out = json.loads(run_envtools("validate", mine, "--json", check=False).stdout)
+    (f,) = [f for f in out["findings"] if f["check"] == "interrupted-change"]
+    assert "stopped while committing" in f["message"] and f"envtools drop {mine}" in f["hint"]
     # the next command (here one that then fails) rolls it back and says so
     p = run_envtools("drop", mine, "no-such-pkg", check=False)
     assert "rolled back `envtools add" in p.stderr, p.stderr
@@ -168,8 +171,11 @@ def test_sigkill_while_staging_leaves_the_env_and_next_run_works(mine, tmp_path)
     proc.kill()
     proc.communicate(timeout=60)
     assert _digest_without_txn(mine) == before
-    p = run_envtools("add", mine, "demo-extra")
+    p = run_envtools("drop", mine)  # (no package: only the roll-back)
     assert "rolled back `envtools drop" in p.stderr, p.stderr
+    assert tree_digest(mine) == before
+    p = run_envtools("add", mine, "demo-extra")
+    assert "rolled back" not in p.stderr
     assert validate_status(mine) == 0
 
 

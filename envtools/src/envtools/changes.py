@@ -254,6 +254,8 @@ def drop(prefix: str | os.PathLike[str], names: list[str], force: bool = False) 
     report = ChangeReport(prefix)
     cmd = f"envtools drop {prefix} {' '.join(names)}"
     with txn.changing(prefix, cmd) as t:
+        if not names:  # (only the recovery txn.changing did)
+            return report
         env = Prefix.load(prefix)
         by_name = env.by_name()
         wanted = [n.strip().lower() for n in names]

@@ -277,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _subcommand(sub, "drop", _cmd_drop)
     p.add_argument("prefix", type=Path, help="a writable env (your clone)")
-    p.add_argument("name", nargs="+", help="package names")
+    p.add_argument("name", nargs="*", help="package names (none: only roll back what a "
+                   "killed add or drop left, which validate reports as interrupted-change)")
     p.add_argument("--force", action="store_true",
                    help="drop them even though other installed packages depend on them")
 

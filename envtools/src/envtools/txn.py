@@ -131,6 +131,16 @@ def undo(prefix: Path, root: Path, journal: dict) -> None:
             os.rename(f"{bk}/{rel}", f"{env}/{rel}")
 
 
+def describe(prefix: Path) -> str:
+    """What a leftover transaction directory says about the run that left it."""
+    owner = _read_json(prefix / TXN / "owner.json") or {}
+    journal = _read_json(prefix / TXN / "journal.json") or {}
+    state = {"commit": "stopped while committing", "committed": "stopped after committing"
+             }.get(journal.get("state", ""), "stopped before committing")
+    return (f"`{owner.get('what', 'envtools add/drop')}` (pid {owner.get('pid', '?')} on "
+            f"{owner.get('host', '?')}, started {owner.get('started', '?')}) was {state}")
+
+
 def recover(prefix: Path) -> str | None:
     """Finish or undo what a killed run left (the caller holds the lock); says what."""
     root = prefix / TXN
