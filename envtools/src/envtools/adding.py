@@ -88,6 +88,13 @@ def channel_sources(channels: list[str]) -> list[str]:
                               for c in channels))
 
 
+def _spec_name(spec: str) -> str | None:
+    from envtools.install import parse_spec
+
+    name = parse_spec(spec).name
+    return name.normalized if name is not None else None
+
+
 def solve_added(
     installed: list,
     specs: list[str],
@@ -103,8 +110,7 @@ def solve_added(
     sources = channel_sources(channels)
     # every installed package stays: rattler's solve returns only what the specs need,
     # and its installer removes whatever is installed but not in the solution
-    wanted = {s.split()[0].split("=")[0].split("<")[0].split(">")[0].split("!")[0]
-              .split("[")[0].lower() for s in specs}
+    wanted = {_spec_name(s) for s in specs}
     keep = [r.name.normalized for r in installed if r.name.normalized not in wanted]
     try:
         records = asyncio.run(
