@@ -202,8 +202,9 @@ def add(
         kept = _seed_records(prefix, t.stage, sol.kept())
         adding.link_added(t.stage, prefix, sol, prefix, env.records,
                           installed_for_installer=sol.kept())
-        for fp in kept:  # (rattler may rewrite them; the env's own stay as they are)
-            fp.unlink(missing_ok=True)
+        for fp in kept:  # the seeds go, unless rattler relinked that package here after all
+            if not _relinked(t.stage, fp):
+                fp.unlink(missing_ok=True)
         by_name = env.by_name()
         staged = Prefix.load(t.stage).records
         # a package rattler (re)linked although it stays (its record differed): replaced
@@ -244,6 +245,17 @@ def _seed_records(prefix: Path, stage: Path, kept: list) -> list[Path]:
             shutil.copyfile(src, meta / name)
             out.append(meta / name)
     return out
+
+
+def _relinked(stage: Path, fp: Path) -> bool:
+    """Did the installer link the package of record ``fp`` into the stage (a kept
+    package it reinstalled: then it is replaced, record and files)?"""
+    try:
+        rels = [e["_path"] for e in Record(fp).paths if isinstance(e, dict)]
+    except (EnvtoolsError, KeyError, TypeError):
+        return False
+    return any(confine.unsafe_reason(rel) is None and os.path.lexists(stage / rel)
+               for rel in rels)
 
 
 def drop(prefix: str | os.PathLike[str], names: list[str], force: bool = False) -> ChangeReport:
