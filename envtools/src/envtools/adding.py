@@ -22,17 +22,17 @@ from envtools.errors import EnvtoolsError
 from envtools.prefix_records import Record
 
 
-def channels_of(records: list[Record]) -> list[str]:
+def channels_of(records: list) -> list[str]:
     """The channels an env's package records name, in order."""
     seen: list[str] = []
-    for r in records:
-        ch = r.data.get("channel")
+    for r in records:  # (a rattler record has it parsed; ours reads its JSON)
+        ch = str(r.channel or "") if hasattr(r, "channel") else r.data.get("channel")
         if ch and ch not in seen:
             seen.append(ch)
     return seen
 
 
-def recorded_channels(prefix: Path, records: list[Record]) -> list[str]:
+def recorded_channels(prefix: Path, records: list) -> list[str]:
     """The channels the env came from: those its install or clone recorded (the site's
     channel and its upstream), then those its packages name."""
     from envtools.readonly import read_prefix_info
@@ -144,6 +144,7 @@ def link_added(
     env: Path,
     env_records: list[Record],
     installed_for_installer: list | None = None,
+    installer_removes: bool = True,
 ) -> None:
     """Check, extract and link ``sol.new`` into ``target`` with ``final``'s path baked in.
 
@@ -151,17 +152,23 @@ def link_added(
     env itself): nothing new may go through or replace a symlink there. ``env_records``
     are its records (their paths are checked against the path rule: rattler removes what
     they list when a package changes version). ``installed_for_installer``: what rattler
-    is told is installed in ``target`` (default: ``sol.installed``).
+    is told is installed in ``target`` (default: ``sol.installed``). ``installer_removes``:
+    whether rattler removes the packages the solve replaces (``clone --add``; ``add``
+    removes them itself, checking their paths as it does).
     """
     from envtools import archives
     from envtools.install import run_installer
 
-    for r in env_records:
+    for r in env_records if installer_removes else ():
         confine.check_paths(r.data.get("files") or [], f"record of {r.name}")
     cache = add_cache_dir()
+    # (the symlinks the env's packages ship: add checks the env on disk instead, where
+    # check_prefix refuses any path under a symlink that is there, without reading every
+    # record's file list)
+    existing = {f[0]: f[1] for r in env_records for f in r.plan_fields()
+                if f[1] == "softlink"} if installer_removes else {}
     prepared = archives.prepare(
-        sol.new, cache, archives.site_packages(sol.records), prefix=env,
-        existing={f[0]: f[1] for r in env_records for f in r.plan_fields()})
+        sol.new, cache, archives.site_packages(sol.records), prefix=env, existing=existing)
     run_installer(
         records=sol.records,
         target_prefix=target,

@@ -141,10 +141,11 @@ def _stage_tree(stage: Path) -> tuple[list[str], list[str]]:
 
 
 def _plan_in(prefix: Path, files: list[str], dirs: list[str], out: list[str],
-             report: ChangeReport, owned: dict[str, Record]) -> tuple[list[str], list[str]]:
+             report: ChangeReport, owned_paths) -> tuple[list[str], list[str]]:
     """The directories to make and the files that must go first (replaced by new ones)."""
     root = str(prefix)
     outs = set(out)
+    owned: dict[str, Record] | None = None
     make = []
     for d in dirs:
         if os.path.lexists(f"{root}/{d}"):
@@ -163,6 +164,8 @@ def _plan_in(prefix: Path, files: list[str], dirs: list[str], out: list[str],
             raise EnvtoolsError(f"{prefix / rel} is a directory, and a new package installs a "
                                 "file there", "move it away first")
         if rel != "conda-meta/history":
+            if owned is None:
+                owned = owned_paths()  # (only when a new file replaces one: rare)
             owner = owned.get(rel)
             report.warnings.append(f"{rel} (from {owner.name if owner else 'no package'}) is "
                                    "replaced by the new package's file (as conda does)")
@@ -187,25 +190,27 @@ def add(
     report = ChangeReport(prefix)
     cmd = f"envtools add {prefix} {' '.join(specs)}"
     with txn.changing(prefix, cmd) as t:
-        env = Prefix.load(prefix)
+        installed = adding.installed_records(prefix)
+        # the env's records, read only where used (a big env's are 25 MB of JSON)
+        by_name = {r.name.normalized: Record(
+            prefix / "conda-meta" / f"{r.name.normalized}-{r.version}-{r.build}.json")
+            for r in installed}
         chans = list(dict.fromkeys([*(channels or []),
-                                    *adding.recorded_channels(prefix, env.records)]))
+                                    *adding.recorded_channels(prefix, installed)]))
         if not chans:
             raise EnvtoolsError(f"{prefix} records no channel to add packages from",
                                 "name one: envtools add PREFIX SPEC --channel DIR_OR_URL")
-        installed = adding.installed_records(prefix)
         sol = adding.solve_added(installed, specs, chans, update_deps, virtual_overrides,
                                  "--update-deps")
         if not sol.new and not sol.removed:
             report.seconds = time.monotonic() - t0
             return report
         kept = _seed_records(prefix, t.stage, sol.kept())
-        adding.link_added(t.stage, prefix, sol, prefix, env.records,
-                          installed_for_installer=sol.kept())
-        for fp in kept:  # the seeds go, unless rattler relinked that package here after all
-            if not _relinked(t.stage, fp):
-                fp.unlink(missing_ok=True)
-        by_name = env.by_name()
+        adding.link_added(t.stage, prefix, sol, prefix, [],
+                          installed_for_installer=sol.kept(), installer_removes=False)
+        for fp, key in kept.items():  # the seeds go, unless rattler relinked that package
+            if _stat(fp) == key:      # here after all (then it wrote its record anew)
+                fp.unlink()
         staged = Prefix.load(t.stage).records
         # a package rattler (re)linked although it stays (its record differed): replaced
         going = {r.name.normalized for r in sol.removed} | {
@@ -222,14 +227,15 @@ def add(
             write_package_parts(t.stage, staged)  # (stat keys survive the rename)
         _history(prefix, t.stage, cmd, report.added, report.removed)
         files, dirs = _stage_tree(t.stage)
-        dirs, out = _plan_in(prefix, files, dirs, out, report, env.owned_paths())
+        dirs, out = _plan_in(prefix, files, dirs, out, report,
+                             lambda: Prefix.load(prefix).owned_paths())
         t.commit(out, files, dirs)
         _after(prefix, out)
     report.seconds = time.monotonic() - t0
     return report
 
 
-def _seed_records(prefix: Path, stage: Path, kept: list) -> list[Path]:
+def _seed_records(prefix: Path, stage: Path, kept: list) -> dict[Path, tuple | None]:
     """Copies of the kept packages' records in the stage: rattler's installer reads the
     target's conda-meta (its registry of which package owns which path), and must see
     the env's packages there, not an empty env."""
@@ -237,25 +243,22 @@ def _seed_records(prefix: Path, stage: Path, kept: list) -> list[Path]:
 
     meta = stage / "conda-meta"
     meta.mkdir(parents=True, exist_ok=True)
-    out = []
+    out = {}
     for r in kept:
         name = f"{r.name.normalized}-{r.version}-{r.build}.json"
         src = prefix / "conda-meta" / name
         if src.is_file():
             shutil.copyfile(src, meta / name)
-            out.append(meta / name)
+            out[meta / name] = _stat(meta / name)
     return out
 
 
-def _relinked(stage: Path, fp: Path) -> bool:
-    """Did the installer link the package of record ``fp`` into the stage (a kept
-    package it reinstalled: then it is replaced, record and files)?"""
+def _stat(fp: Path) -> tuple | None:
     try:
-        rels = [e["_path"] for e in Record(fp).paths if isinstance(e, dict)]
-    except (EnvtoolsError, KeyError, TypeError):
-        return False
-    return any(confine.unsafe_reason(rel) is None and os.path.lexists(stage / rel)
-               for rel in rels)
+        st = os.stat(fp)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def drop(prefix: str | os.PathLike[str], names: list[str], force: bool = False) -> ChangeReport:
@@ -296,7 +299,7 @@ def drop(prefix: str | os.PathLike[str], names: list[str], force: bool = False) 
             out += _files_of(prefix, by_name[n])
         report.removed = [f"{n}={by_name[n].version}={by_name[n].build}" for n in wanted]
         hist = _history(prefix, t.stage, cmd, [], report.removed)
-        _dirs, out = _plan_in(prefix, [hist], [], out, report, {})
+        _dirs, out = _plan_in(prefix, [hist], [], out, report, dict)
         t.commit(out, [hist], [])
         _after(prefix, out)
     report.seconds = time.monotonic() - t0
