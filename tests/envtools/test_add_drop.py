@@ -83,6 +83,19 @@ def _digest_without_history(prefix: Path) -> str:
         hist.write_bytes(saved)
 
 
+def test_add_a_noarch_python_package_with_an_entry_point(mine):
+    """rattler places it under the env's python (the kept python tells it where) and
+    writes its entry point for the env's path, not the stage's."""
+    run_envtools("add", mine, "demo-noarch")
+    script = mine / "bin" / "demo-noarch"
+    assert script.read_text().splitlines()[0].startswith(f"#!{mine}/bin/python")
+    out = subprocess.run([script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["demo-noarch",
+                           str(next(mine.glob("lib/python3.*/site-packages/demo_noarch"))
+                               / "__init__.py")]
+    assert validate_status(mine) == 0
+
+
 def test_unsatisfiable_spec_names_the_conflict_and_changes_nothing(mine):
     before = tree_digest(mine)
     p = run_envtools("add", mine, "libdemo>=2", check=False)

@@ -145,6 +145,7 @@ def link_added(
     env_records: list[Record],
     installed_for_installer: list | None = None,
     installer_removes: bool = True,
+    ignored: set[str] | None = None,
 ) -> None:
     """Check, extract and link ``sol.new`` into ``target`` with ``final``'s path baked in.
 
@@ -175,6 +176,7 @@ def link_added(
         alternative_target_prefix=final,
         installed_packages=sol.installed if installed_for_installer is None
         else installed_for_installer,
+        ignored_packages=ignored,
         cache_dir=cache,
         show_progress=os.isatty(2),
     )

@@ -42,7 +42,7 @@ TINY = (
 )
 
 RATTLER_ADD = r'''
-import asyncio, glob, sys, rattler
+import asyncio, glob, os, sys, rattler
 prefix, cache, *channels = sys.argv[1:]
 installed = [rattler.PrefixRecord.from_path(p)
              for p in sorted(glob.glob(prefix + "/conda-meta/*.json"))]
@@ -50,6 +50,8 @@ specs = ["bench-tiny", *sorted({r.name.normalized for r in installed})]
 recs = asyncio.run(rattler.solve(channels, specs, pinned_packages=installed))
 asyncio.run(rattler.install(recs, target_prefix=prefix, cache_dir=cache,
                             installed_packages=installed, show_progress=False))
+sys.stdout.flush()
+os._exit(0)  # (py-rattler 0.28 can crash at interpreter shutdown: see envtools.cli._exit)
 '''
 
 
@@ -92,14 +94,14 @@ def _run(cmd: list[str]) -> tuple[float, str]:
 
 def run(src: Path, work: Path, repeat: int) -> dict[str, float]:
     """Clone ``src`` into ``work`` and time add/drop against py-rattler (medians)."""
-    from envtools.adding import recorded_channels
+    from envtools.adding import channel_sources, recorded_channels
     from envtools.prefix_records import Prefix
 
     envtools = [sys.executable, "-m", "envtools"]
     tiny = tiny_channel()
     mine = work / "mine"
     _run([*envtools, "clone", str(src), str(mine)])
-    chans = [str(tiny), *recorded_channels(mine, Prefix.load(mine).records)]
+    chans = channel_sources([str(tiny), *recorded_channels(mine, Prefix.load(mine).records)])
     rcache = work / "rattler-pkgs"
     add, drop, base = [], [], []
     for i in range(repeat + 1):

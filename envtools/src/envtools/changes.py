@@ -31,6 +31,7 @@ class ChangeReport:
     removed: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> s since start
 
     def print(self) -> None:
         for w in self.warnings:
@@ -43,6 +44,9 @@ class ChangeReport:
         if self.removed:
             info(f"removed: {', '.join(self.removed)}")
         info(f"changed {self.prefix} in {self.seconds:.2f}s")
+        if os.environ.get("ENVTOOLS_TIMINGS"):
+            info("stages (s since start): " + ", ".join(
+                f"{k} {v:.3f}" for k, v in self.timings.items()))
 
 
 def _check_env(prefix: Path, verb: str) -> Path:
@@ -200,17 +204,21 @@ def add(
         if not chans:
             raise EnvtoolsError(f"{prefix} records no channel to add packages from",
                                 "name one: envtools add PREFIX SPEC --channel DIR_OR_URL")
+        report.timings["records"] = time.monotonic() - t0
         sol = adding.solve_added(installed, specs, chans, update_deps, virtual_overrides,
                                  "--update-deps")
+        report.timings["solve"] = time.monotonic() - t0
         if not sol.new and not sol.removed:
             report.seconds = time.monotonic() - t0
             return report
-        kept = _seed_records(prefix, t.stage, sol.kept())
-        adding.link_added(t.stage, prefix, sol, prefix, [],
-                          installed_for_installer=sol.kept(), installer_removes=False)
-        for fp, key in kept.items():  # the seeds go, unless rattler relinked that package
-            if _stat(fp) == key:      # here after all (then it wrote its record anew)
-                fp.unlink()
+        (t.stage / "conda-meta").mkdir()
+        # rattler links only the new packages into the empty stage: the kept ones are
+        # "ignored" (neither installed nor removed there), python's among them still
+        # telling it where noarch: python packages go
+        adding.link_added(t.stage, prefix, sol, prefix, [], installed_for_installer=[],
+                          installer_removes=False,
+                          ignored={r.name.normalized for r in sol.kept()})
+        report.timings["link"] = time.monotonic() - t0
         staged = Prefix.load(t.stage).records
         # a package rattler (re)linked although it stays (its record differed): replaced
         going = {r.name.normalized for r in sol.removed} | {
@@ -226,39 +234,15 @@ def add(
             (t.stage / STAT_CACHE).mkdir(parents=True, exist_ok=True)
             write_package_parts(t.stage, staged)  # (stat keys survive the rename)
         _history(prefix, t.stage, cmd, report.added, report.removed)
+        report.timings["parts"] = time.monotonic() - t0
         files, dirs = _stage_tree(t.stage)
         dirs, out = _plan_in(prefix, files, dirs, out, report,
                              lambda: Prefix.load(prefix).owned_paths())
         t.commit(out, files, dirs)
+        report.timings["commit"] = time.monotonic() - t0
         _after(prefix, out)
     report.seconds = time.monotonic() - t0
     return report
-
-
-def _seed_records(prefix: Path, stage: Path, kept: list) -> dict[Path, tuple | None]:
-    """Copies of the kept packages' records in the stage: rattler's installer reads the
-    target's conda-meta (its registry of which package owns which path), and must see
-    the env's packages there, not an empty env."""
-    import shutil
-
-    meta = stage / "conda-meta"
-    meta.mkdir(parents=True, exist_ok=True)
-    out = {}
-    for r in kept:
-        name = f"{r.name.normalized}-{r.version}-{r.build}.json"
-        src = prefix / "conda-meta" / name
-        if src.is_file():
-            shutil.copyfile(src, meta / name)
-            out[meta / name] = _stat(meta / name)
-    return out
-
-
-def _stat(fp: Path) -> tuple | None:
-    try:
-        st = os.stat(fp)
-    except OSError:
-        return None
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def drop(prefix: str | os.PathLike[str], names: list[str], force: bool = False) -> ChangeReport:
