@@ -247,3 +247,26 @@ def test_full_filesystem_leaves_the_env_as_it_was(env, small_fs):  # noqa: F811
     filler.unlink()
     run_envtools("add", mine, "demo-extra")
     assert validate_status(mine) == 0
+
+
+def test_ctrl_c_during_the_commit_is_held_off_and_the_change_made_whole(mine, tmp_path):
+    fifo = tmp_path / "hold.fifo"
+    os.mkfifo(fifo)
+    proc = _start(["add", mine, "demo-extra"], "commit", fifo)
+    try:
+        _wait_for_stage(mine, proc, "commit")
+        proc.send_signal(signal.SIGINT)  # (blocked: the commit is under way)
+        time.sleep(0.3)
+        assert proc.poll() is None
+        with open(fifo, "wb"):
+            pass
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "an interrupt came during the commit" in err
+    assert (mine / "share" / "demo-extra" / "info.txt").read_text() == f"extra at {mine}\n"
+    assert not (mine / TXN).exists()
+    assert validate_status(mine) == 0

@@ -230,23 +230,26 @@ def _main_thread() -> bool:
 
 
 def _hold_signals():
-    return signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS) if _main_thread() else None
+    """Hold off Ctrl-C and SIGTERM: Python handlers that only note them. (A signal mask
+    would not do: the process's signals also go to py-rattler's runtime threads, and
+    Python's handler then raises in the main thread anyway.) Returns what to restore."""
+    if not _main_thread():
+        return None
+    noted: list[int] = []
+    old = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in _SIGNALS}
+    return old, noted
 
 
-def _release_signals(old) -> None:
-    """Unblock; a Ctrl-C or SIGTERM that came while a commit ran is dropped (the change
-    is made by then and the command finishes normally)."""
-    if old is None:
+def _release_signals(held) -> None:
+    """Restore the handlers; a Ctrl-C or SIGTERM that came while a commit ran is dropped
+    (the change is made, or undone, by then, and the command finishes as it would have)."""
+    if held is None:
         return
-    pending = signal.sigpending() & _SIGNALS
-    if pending:
-        saved = {s: signal.signal(s, signal.SIG_IGN) for s in pending}
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-        for s, h in saved.items():
-            signal.signal(s, h)
-        info("(an interrupt during the commit was ignored: the change was made whole)")
-    else:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    old, noted = held
+    for s, h in old.items():
+        signal.signal(s, h)
+    if noted:
+        info("(an interrupt came during the commit: it was held off until the commit was done)")
 
 
 def _write_json(fp: Path, data: dict) -> None:
