@@ -37,6 +37,9 @@ fast against ``cp -a`` as it is.
   got before), against ``cp -a``, ``cp -as`` (a symlink per file: the least a
   clone that symlinks every file can cost) and ``cp -al`` by the same user (refused by
   the kernel under ``fs.protected_hardlinks=1``), and ``validate`` of that user's clone;
+* with ``--add``, instead: ``envtools add`` and ``drop`` of one small noarch package in a
+  clone of the env against a py-rattler install of it into the same env
+  (:mod:`envtools.bench_add`);
 * a fresh ``envtools install`` of the env's specs from its channel (a new prefix and
   package cache), with the time it spent checking every archive's sha256 against the
   repodata (``ENVTOOLS_TIMINGS``), and for comparison a py-rattler install of the same
