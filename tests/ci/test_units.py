@@ -205,3 +205,28 @@ def test_filter_variants_drops_what_upstream_lacks():
     assert any("python=3.12" in r for r in reasons) and any("mpi=mpich" in r for r in reasons)
     # zip_keys move together
     assert len(v["build_type"]) == len(v["cuda_compiler_version"])
+
+
+def test_publish_upstream_is_a_standard_channel_kept_in_step(tmp_path):
+    """The stand-ins published as channel-upstream/: linked, indexed, and in step with the
+    cache (a package gone from it goes from the channel too)."""
+    import os
+
+    from ci.vendor import publish_upstream
+
+    cache = tmp_path / "cache"
+    pkg = convert_wheel(make_wheel(tmp_path), cache, subdir="linux-64")
+    other = cache / "noarch" / "other-1.0-pyh_0.conda"
+    os.link(pkg.path, other)  # (a second package file: only its name matters here)
+    pub = tmp_path / "channel-upstream"
+    assert publish_upstream(cache, pub, ["linux-64"]) == 2
+    assert os.stat(pub / "noarch" / pkg.path.name).st_ino == os.stat(pkg.path).st_ino
+    repodata = json.loads((pub / "noarch" / "repodata.json").read_text())
+    assert pkg.path.name in repodata["packages.conda"]
+    assert (pub / "linux-64" / "repodata.json").exists()
+    assert publish_upstream(cache, pub, ["linux-64"]) == 0  # a rerun: nothing to do
+    other.unlink()
+    publish_upstream(cache, pub, ["linux-64"])
+    assert not (pub / "noarch" / other.name).exists()
+    repodata = json.loads((pub / "noarch" / "repodata.json").read_text())
+    assert list(repodata["packages.conda"]) == [pkg.path.name]

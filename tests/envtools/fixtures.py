@@ -36,6 +36,7 @@ def _subst() -> dict[str, str]:
         capture_output=True, text=True, check=True,
     ).stdout.split()
     pyver, pyfull, soabi = out
+    wheel = pip_wheel()
     pytag = soabi.split("-")[0] + "-" + soabi.split("-")[1] if soabi.count("-") >= 1 else soabi
     return {
         "@PYVER@": pyver,
@@ -43,7 +44,20 @@ def _subst() -> dict[str, str]:
         "@PYTAG@": pytag,  # e.g. cpython-311
         "@SYSPY@": str(py),
         "@SYSPYDIR@": str(py.parent),
+        "@PIPWHL@": str(wheel or ""),
+        "@PIPVER@": wheel.name.split("-")[1] if wheel else "",
     }
+
+
+#: where Debian's python3-pip-whl keeps the pip wheel the fixture ``pip`` is made from
+PIP_WHEELS = Path("/usr/share/python-wheels")
+#: the fixture packages that go into the second channel (the upstream stand-in)
+UPSTREAM = ("pip",)
+
+
+def pip_wheel() -> Path | None:
+    found = sorted(PIP_WHEELS.glob("pip-*-py3-none-any.whl"))
+    return found[-1] if found else None
 
 
 def _render(dst: Path) -> str:
@@ -51,6 +65,8 @@ def _render(dst: Path) -> str:
     subst = _subst()
     h = hashlib.sha256()
     for recipe in sorted(RECIPES.glob("*/recipe.yaml")):
+        if recipe.parent.name == "pip" and not subst["@PIPWHL@"]:
+            continue  # (no pip wheel here: the pip tests skip)
         text = recipe.read_text()
         for k, v in subst.items():
             text = text.replace(k, v)
@@ -61,8 +77,14 @@ def _render(dst: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def upstream_channel(channel: Path) -> Path:
+    """The second fixture channel beside ``channel`` (the pip package, when it was made)."""
+    return channel.parent / "channel-upstream"
+
+
 def build_channel() -> Path:
-    """Return an indexed local channel with every fixture package, building if needed."""
+    """Return an indexed local channel with every fixture package, building if needed;
+    the packages named in UPSTREAM go to a second channel (:func:`upstream_channel`)."""
     import rattler
     import rattler_build
 
@@ -97,8 +119,18 @@ def build_channel() -> Path:
             for pkg in (out / sub).glob("*.conda") if (out / sub).exists() else []:
                 shutil.copy2(pkg, ch / sub / pkg.name)
         asyncio.run(rattler.index.index_fs(ch, write_zst=False, write_shards=False))
+    up = staging / "channel-upstream"
+    for sub in ("linux-64", "noarch"):
+        (up / sub).mkdir(parents=True, exist_ok=True)
+        for pkg in sorted((ch / sub).glob("*.conda")):
+            if pkg.name.rsplit("-", 2)[0] in UPSTREAM:
+                os.rename(pkg, up / sub / pkg.name)
+    for c in (ch, up):
+        asyncio.run(rattler.index.index_fs(c, write_zst=False, write_shards=False))
     final.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(channel, ignore_errors=True)
+    shutil.rmtree(upstream_channel(channel), ignore_errors=True)
+    os.rename(up, upstream_channel(channel))
     os.rename(ch, channel)
     shutil.rmtree(staging, ignore_errors=True)
     return channel

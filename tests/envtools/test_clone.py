@@ -260,6 +260,10 @@ def test_clone_add_pins_existing_packages(env, channel, tmp_path):
     assert "demo-extra=0.5.0" in p.stderr
     info = (dest / "share" / "demo-extra" / "info.txt").read_text()
     assert info == f"extra at {dest}\n"  # installed at the clone's path, not the temp dir
+    # every package of the source stays (not only what the added spec needs)
+    names = {p.name.rsplit("-", 2)[0] for p in (dest / "conda-meta").glob("*.json")}
+    assert names == {p.name.rsplit("-", 2)[0] for p in (env / "conda-meta").glob("*.json")
+                     } | {"demo-extra"}
     assert json.loads(run_envtools("validate", dest, "--json").stdout)["exit_status"] == 0
     # a spec that would need another version of an installed package is refused, atomically
     dest2 = tmp_path / "refused"
@@ -333,7 +337,11 @@ def test_clone_is_bit_for_bit_a_fresh_install_at_dest(env, channel, tmp_path):
     run_envtools("install", "--channel", channel, "--prefix", dest, "demo-meta")
     compiled = installer_bytecode(dest)
     assert compiled  # (python's relocated module)
-    assert {k: v for k, v in tree_digest(dest).items() if k not in compiled} == cloned
+    installed = {k: v for k, v in tree_digest(dest).items() if k not in compiled}
+    # the read-only env's PEP 668 marker is the one difference: a clone is pip's to change
+    marker = {k for k in installed if k.endswith("/EXTERNALLY-MANAGED")}
+    assert len(marker) == 1
+    assert {k: v for k, v in installed.items() if k not in marker} == cloned
 
 
 def test_untracked_cache_notices_new_files(channel, tmp_path):
@@ -344,7 +352,9 @@ def test_untracked_cache_notices_new_files(channel, tmp_path):
     env = tmp_path / "envs" / "p"
     run_envtools("install", "--channel", channel, "--prefix", env, "demo-meta")
     owned = {e["_path"] for r in Prefix.load(env).records for e in r.paths}
-    assert untracked(env, lambda: owned)[0] == []  # (no CACHEDIR.TAG: see test_hygiene)
+    # no CACHEDIR.TAG (see test_hygiene); the PEP 668 marker is the one untracked file
+    assert [f.rpartition("/")[2] for f in untracked(env, lambda: owned)[0]] == [
+        "EXTERNALLY-MANAGED"]
     share = env / "share" / "demo"
     os.chmod(share, 0o755)  # an admin adds a file to the read-only env behind our back
     (share / "site-note.txt").write_text(f"see {env}\n")

@@ -126,7 +126,7 @@ def test_stacks_on_an_active_env_and_restores_it(system, env, modulefiles, tmp_p
 
 
 @pytest.mark.parametrize("system", ["lmod", "tcl"])
-def test_help_whatis_and_family(system, env, modulefiles, tmp_path):
+def test_help_whatis_and_family(system, env, channel, modulefiles, tmp_path):
     body = (
         "module whatis powerai/1.0 2>&1 | sed 's/^/WHATIS /'\n"
         "module help powerai/1.0 2>&1 | sed 's/^/HELP /'\n"
@@ -138,6 +138,9 @@ def test_help_whatis_and_family(system, env, modulefiles, tmp_path):
     _, _, _, out = run_bash(system, modulefiles, body, tmp_path)
     assert f"Prefix: {env}" in out and "envtools clone" in out
     assert "HELP" in out and "envtools validate" in out
+    # the seeds' flow (clone, then envtools add or pip) and the channels add takes from
+    assert "envtools add" in out and "-m pip install" in out
+    assert f"HELP   {channel}" in out, out
     loaded = next(line for line in out.splitlines() if line.startswith("LOADED="))
     # never two members of the python family at once (Lmod swaps, Tcl Modules refuses)
     assert not ("powerai/1.0" in loaded and "otherpy/1.0" in loaded), loaded

@@ -376,7 +376,7 @@ def channel(
 ) -> None:
     """Everything `make channel` does: stand-ins, build, cross-build, test, index, install."""
     from ci.install import envtools_post, install_powerai, smoke_check
-    from ci.vendor import vendor_closure
+    from ci.vendor import publish_upstream, vendor_closure
 
     t_all = time.monotonic()
     s = _settings(None, None, None)
@@ -439,8 +439,16 @@ def channel(
         stages["vendor upstream closure"] = time.monotonic() - t
         if added:
             console.print(f"[bold]channel[/]: {added} upstream packages copied in (self-contained)")
+        upstream_chans = list(s.channels)
+        if s.channels == [str(s.upstream_dir)]:  # offline: the stand-ins, published
+            t = time.monotonic()
+            pub = s.root / "channel-upstream"
+            n = publish_upstream(s.upstream_dir, pub, [here])
+            stages["publish channel-upstream"] = time.monotonic() - t
+            console.print(f"[bold]channel-upstream[/]: {pub} ({n} packages added or replaced)")
+            upstream_chans = [str(pub.resolve())]
         t = time.monotonic()
-        inst = install_powerai([str(s.channel_dir.resolve())], prefix, here)
+        inst = install_powerai([str(s.channel_dir.resolve()), *upstream_chans], prefix, here)
         stages["install powerai"] = time.monotonic() - t
         t = time.monotonic()
         checks = smoke_check(

@@ -42,15 +42,25 @@ def solve(channels: list[str], specs: list[str], platform: str) -> tuple[list, f
     import rattler
 
     t0 = time.perf_counter()
-    records = asyncio.run(
-        rattler.solve(
-            sources=[rattler.Channel(c) for c in channels],
-            specs=specs,
-            platforms=[platform, "noarch"],
-            virtual_packages=_virtual_packages(platform),
-        )
-    )
-    return records, time.perf_counter() - t0
+    err: Exception | None = None
+    # pip goes with python, as conda (and envtools install) does it; a channel set without
+    # pip is solved again without it
+    for with_pip in (True, False):
+        try:
+            records = asyncio.run(
+                rattler.solve(
+                    sources=[rattler.Channel(c) for c in channels],
+                    specs=specs,
+                    platforms=[platform, "noarch"],
+                    virtual_packages=_virtual_packages(platform),
+                    add_pip_as_python_dependency=with_pip,
+                )
+            )
+            return records, time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 - retried once, then raised
+            err = e
+    assert err is not None
+    raise err
 
 
 def _virtual_packages(platform: str) -> list:
@@ -161,7 +171,9 @@ def install_powerai(
     if prefix.exists():
         _remove_prefix(prefix)
     t0 = time.perf_counter()
-    cmd = [envtools, "install", "--channel", channels[0], "--prefix", str(prefix), spec]
+    # every channel is recorded in the env: envtools add takes packages from them
+    cmd = [envtools, "install", *[a for c in channels for a in ("--channel", c)],
+           "--prefix", str(prefix), spec]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode == 0:
         res.install_seconds = time.perf_counter() - t0

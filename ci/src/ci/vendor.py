@@ -64,3 +64,36 @@ def vendor_closure(channel: Path, upstream: list[str], platform: str, meta: str 
         index_channel(channel, [platform])
         save_state(channel, state)
     return added
+
+
+def publish_upstream(src: Path, dest: Path, subdirs: list[str]) -> int:
+    """Publish the offline stand-ins (``src``, ci's private cache) as the standard channel
+    ``dest`` (``channel-upstream/``, the place conda-forge holds on a connected site), so
+    that users, modulefiles and ``envtools add`` can name it. Packages are hard-linked
+    (copied across filesystems), ones gone from ``src`` removed, and ``dest`` indexed.
+    Returns how many package files were added or replaced."""
+    from ci.index import packages_in
+
+    have = packages_in(dest)
+    want = {k: p for k, p in packages_in(src).items() if k.split("/")[0] in {*subdirs, "noarch"}}
+    changed = 0
+    for key, p in want.items():
+        target = dest / key
+        old = have.get(key)
+        if old is not None and old.stat().st_size == p.stat().st_size:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".part")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(p, tmp)
+        except OSError:
+            shutil.copy2(p, tmp)
+        os.replace(tmp, target)
+        changed += 1
+    gone = [p for k, p in have.items() if k not in want]
+    for p in gone:
+        p.unlink()
+    if changed or gone or not (dest / "noarch" / "repodata.json").exists():
+        index_channel(dest, subdirs, force=bool(gone))
+    return changed

@@ -488,6 +488,8 @@ def check_linked(prefix: Path, prepared: Prepared) -> None:
         return
     seen: set[str] = set()
     for fp in (prefix / "conda-meta").glob("*.json"):
+        if not any(fp.name.startswith(n + "-") for n in prepared.entries):
+            continue  # (not a verified package's record: not read)
         try:
             data = json.loads(fp.read_bytes())
         except (OSError, ValueError):

@@ -37,6 +37,9 @@ fast against ``cp -a`` as it is.
   got before), against ``cp -a``, ``cp -as`` (a symlink per file: the least a
   clone that symlinks every file can cost) and ``cp -al`` by the same user (refused by
   the kernel under ``fs.protected_hardlinks=1``), and ``validate`` of that user's clone;
+* with ``--add``, instead: ``envtools add`` and ``drop`` of one small noarch package in a
+  clone of the env against a py-rattler install of it into the same env
+  (:mod:`envtools.bench_add`);
 * a fresh ``envtools install`` of the env's specs from its channel (a new prefix and
   package cache), with the time it spent checking every archive's sha256 against the
   repodata (``ENVTOOLS_TIMINGS``), and for comparison a py-rattler install of the same
@@ -318,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
                     "install, which needs a writable cache)")
     ap.add_argument("--only", choices=("all", "non-owner"), default="all",
                     help="non-owner: only cp -a (as root) and the non-owner rows")
+    ap.add_argument("--add", action="store_true",
+                    help="measure envtools add and drop of one small noarch package in a "
+                    "clone of the env, against a py-rattler install of it into the same "
+                    "env (envtools.bench_add)")
     ap.add_argument("--validate", action="store_true",
                     help="measure validate instead, against pip check and ldd, and with "
                     "--breaks compare them on planted breaks (python -m envtools.bench "
@@ -357,6 +364,22 @@ def main(argv: list[str] | None = None) -> int:
         get_console().print(f"installing the bench env into {src}")
         subprocess.run([*envtools, "install", "--channel", str(channel), "--prefix", str(src),
                         "bench-env"], check=True)
+    if a.add:
+        from envtools import bench_add
+
+        work = Path(tempfile.mkdtemp(prefix="add-", dir=a.workdir or src.parent))
+        try:
+            get_console().print(f"env: {src} ({_count_files(src)[0]} files); "
+                                f"{a.repeat} rounds")
+            fig = bench_add.run(src, work, a.repeat)
+            bench_add.report(fig, get_console())
+            if a.json:
+                a.json.write_text(json.dumps(fig, indent=2) + "\n")
+        finally:
+            _rm(work)
+            if tmp_root:
+                _rm(tmp_root)
+        return 0
     from envtools.readonly import read_prefix_info
 
     cache = read_prefix_info(src).get("package_cache")

@@ -87,6 +87,39 @@ def _cmd_clone(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_add(a: argparse.Namespace) -> int:
+    """Install packages into a writable env (a clone), as one transaction: conda install.
+
+    Solves SPEC with the installed packages pinned (--update-deps: only preferred), from
+    the channels the env was installed or cloned from plus any --channel; checks and
+    extracts the new packages into your package cache (~/.cache/envtools/pkgs), links
+    them in a staging directory inside the env, then moves them in. A failed solve,
+    Ctrl-C, a kill or a full disk leaves the env as it was (after a kill -9 the next add
+    or drop says "rolled back"). A read-only env is refused: clone it first.
+    """
+    from envtools.changes import add
+
+    with _writing(a.prefix):
+        report = add(a.prefix, a.spec, channels=a.channel or [], update_deps=a.update_deps,
+                     virtual_overrides=a.virtual)
+    report.print()
+    return 0
+
+
+def _cmd_drop(a: argparse.Namespace) -> int:
+    """Remove packages from a writable env, as one transaction: conda remove.
+
+    Refused while another installed package depends on one of them (the message says
+    which, and what it needs) unless --force. A read-only env is refused: clone it first.
+    """
+    from envtools.changes import drop
+
+    with _writing(a.prefix):
+        report = drop(a.prefix, a.name, force=a.force)
+    report.print()
+    return 0
+
+
 @contextmanager
 def _writing(dest: Path) -> Iterator[None]:
     """A system error that names no file (a full disk during a write) names what was
@@ -199,7 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _subcommand(sub, "install", _cmd_install)
     p.add_argument("spec", nargs="+", help="package specs, e.g. powerai or powerai=1.0")
-    p.add_argument("--channel", required=True, help="local channel directory or channel URL")
+    p.add_argument("--channel", required=True, action="append",
+                   help="local channel directory or channel URL (repeatable: the site's "
+                   "channel, then its upstream, e.g. channel-upstream; recorded in the env "
+                   "for envtools add)")
     p.add_argument("--prefix", type=Path, required=True,
                    help="new environment directory (must not exist)")
     p.add_argument("--cache", type=Path,
@@ -228,6 +264,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true",
                    help="ignore the package cache: copy from SRC and relocate")
     _virtual_opt(p)
+
+    p = _subcommand(sub, "add", _cmd_add)
+    p.add_argument("prefix", type=Path, help="a writable env (your clone)")
+    p.add_argument("spec", nargs="+", help="package specs, e.g. tqdm or 'tqdm>=4'")
+    p.add_argument("--channel", action="append",
+                   help="another channel to take packages from (repeatable) [default: the "
+                   "channels the env records]")
+    p.add_argument("--update-deps", action="store_true",
+                   help="let the installed packages change version if the new ones need it")
+    _virtual_opt(p)
+
+    p = _subcommand(sub, "drop", _cmd_drop)
+    p.add_argument("prefix", type=Path, help="a writable env (your clone)")
+    p.add_argument("name", nargs="*", help="package names (none: only roll back what a "
+                   "killed add or drop left, which validate reports as interrupted-change)")
+    p.add_argument("--force", action="store_true",
+                   help="drop them even though other installed packages depend on them")
 
     p = _subcommand(sub, "detach", _cmd_detach)
     p.add_argument("prefix", type=Path, help="your clone")

@@ -29,6 +29,7 @@ from envtools import (
     placement,
     record_index,
 )
+from envtools.adding import recorded_channels
 from envtools.errors import EnvtoolsError
 from envtools.hashing import (
     STAT_CACHE,
@@ -40,7 +41,13 @@ from envtools.hashing import (
 from envtools.placement import Ctx, Item
 from envtools.prefix_records import Record, write_record
 from envtools.progress import info, task
-from envtools.readonly import read_prefix_info, refuse_readonly, write_prefix_info
+from envtools.readonly import (
+    EXTERNALLY_MANAGED,
+    is_envtools_marker,
+    read_prefix_info,
+    refuse_readonly,
+    write_prefix_info,
+)
 from envtools.relocate import looks_binary
 from envtools.tempdirs import atomic_dir
 from envtools.untracked import untracked
@@ -223,24 +230,6 @@ def find_editables(prefix: Path) -> list[str]:
     return sorted(set(found))
 
 
-def _channels_of(records: list[Record]) -> list[str]:
-    seen: list[str] = []
-    for r in records:
-        ch = r.data.get("channel")
-        if ch and ch not in seen:
-            seen.append(ch)
-    return seen
-
-
-def add_cache_dir() -> Path:
-    """Where ``clone --add`` keeps the packages it adds, extracted (later clones of the
-    clone link from here): the user's own, ``$XDG_CACHE_HOME/envtools/pkgs``. Not
-    rattler's shared cache: envtools replaces an entry with the fresh extraction it
-    verified, which must not pull a directory from under another tool."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "envtools" / "pkgs"
-
-
 def _add_packages(
     tmp: Path,
     dest: Path,
@@ -249,69 +238,15 @@ def _add_packages(
     allow_update: bool,
     virtual_overrides: list[str] | None,
 ) -> list[str]:
-    """Solve ``specs`` against the clone (pinned unless allowed) and install into it.
-
-    The new packages' archives are checked against the repodata, and their contents
-    against the path rule and the clone's own files and symlinks, before anything is
-    linked (:mod:`envtools.archives`), as for ``envtools install``.
-    """
-    import asyncio
-
-    import rattler
-
-    from envtools import archives, virtual
-    from envtools.install import channel_source, run_installer, solve
+    """Solve ``specs`` against the clone (pinned unless allowed) and install into it
+    (:mod:`envtools.adding`, shared with ``envtools add``)."""
+    from envtools import adding
     from envtools.prefix_records import Prefix
 
-    mine = Prefix.load(tmp).records
-    for r in mine:  # what rattler would remove on --allow-update: checked like the rest
-        confine.check_paths(r.data.get("files") or [], f"record of {r.name}")
-    meta = tmp / "conda-meta"
-    installed = [rattler.PrefixRecord.from_path(p) for p in sorted(meta.glob("*.json"))]
-    sources = [channel_source(c[7:] if c.startswith("file://") else c) for c in channels]
-    try:
-        records = asyncio.run(
-            solve(
-                sources,
-                specs,
-                virtual.resolve(virtual_overrides),
-                pinned=None if allow_update else installed,
-                locked=installed if allow_update else None,
-            )
-        )
-    except EnvtoolsError as e:
-        if not allow_update:
-            e.hint = (
-                "the clone's packages are pinned; if the new packages need other versions "
-                "of them, add --allow-update. " + e.hint
-            )
-        raise
-    before = {(r.name.normalized, str(r.version), str(r.build)) for r in installed}
-    new = [r for r in records if (r.name.normalized, str(r.version), str(r.build))
-           not in before]
-    cache = add_cache_dir()
-    prepared = archives.prepare(
-        new, cache, archives.site_packages(records), prefix=tmp,
-        existing={f[0]: f[1] for r in mine for f in r.plan_fields()})
-    run_installer(
-        records=records,
-        target_prefix=tmp,
-        alternative_target_prefix=dest,
-        installed_packages=installed,
-        cache_dir=cache,
-        show_progress=os.isatty(2),
-    )
-    archives.check_linked(tmp, prepared)
-    # the installer tags the prefix as a cache (see envtools.cachetag); a clone never has
-    # the tag before, so one there now is the installer's unless an added package owns it
-    if (tmp / cachetag.NAME).exists():
-        owned: set[str] = set()
-        for r in new:
-            fp = meta / f"{r.name.normalized}-{r.version}-{r.build}.json"
-            if fp.is_file():
-                owned |= {e.get("_path") for e in Record(fp).paths if isinstance(e, dict)}
-        cachetag.drop_from_env(tmp, owned)
-    return [f"{r.name.normalized}={r.version}={r.build}" for r in new]
+    sol = adding.solve_added(adding.installed_records(tmp), specs, channels, allow_update,
+                             virtual_overrides)
+    adding.link_added(tmp, dest, sol, tmp, Prefix.load(tmp).records)
+    return adding.added_names(sol)
 
 
 def clone(
@@ -369,6 +304,9 @@ def clone(
                                                 for f in r.plan_fields()})
         if cachetag.NAME in files and cachetag.is_tag(srcp / cachetag.NAME):
             files = [f for f in files if f != cachetag.NAME]  # (see envtools.cachetag)
+        # the read-only env's PEP 668 marker: the clone is the user's, pip may change it
+        files = [f for f in files if not (f.endswith("/" + EXTERNALLY_MANAGED) and
+                                          is_envtools_marker(srcp / f))]
         confine.check_paths(files, f"the untracked files of {srcp}")
         confine.check_paths(empty, f"the empty directories of {srcp}")
         if cache and ctx.links_expected() and ctx.reflink_ok is not True and (
@@ -461,13 +399,15 @@ def clone(
                          f"# cmd: envtools clone {srcp} {destp}\n").encode()
             if data:
                 confine.write_new(str(meta / extra), data)
-        write_prefix_info(tmp, destp, cache_root_of(cache))
+        write_prefix_info(tmp, destp, cache_root_of(cache),
+                          read_prefix_info(srcp).get("channels"))
         _write_clone_stat_cache(tmp, groups, srcp)
         report.timings["stat cache"] = time.monotonic() - t0
 
         if add:
             report.added = _add_packages(
-                tmp, destp, add, channels or _channels_of(prefix.records), allow_update,
+                tmp, destp, add, channels or recorded_channels(srcp, prefix.records),
+                allow_update,
                 virtual_overrides,
             )
             for part in (tmp / STAT_CACHE).iterdir():  # stale now; validate re-hashes

@@ -30,6 +30,11 @@ from pathlib import Path
 
 #: top-level names that are not the package's API (tests, build helpers)
 SKIP = {"test", "tests", "testing", "conftest", "setup", "benchmarks", "examples", "docs"}
+#: modules imported after all others in the shared process: ``import pip`` switches
+#: setuptools' distutils shim off (pip wants the stdlib's), after which ``import
+#: setuptools`` fails its own check (AssertionError naming distutils/core.py), a failure
+#: of the order, not of the env (each imports fine on its own)
+IMPORTED_LAST = frozenset({"pip"})
 #: messages numpy prints or raises for an extension built against another numpy ABI
 NUMPY_ABI = re.compile(r"compiled (using|against) NumPy|module compiled against (ABI|API) "
                        r"version|numpy\.core\.multiarray failed to import|_ARRAY_API not found|"
@@ -103,7 +108,7 @@ def run(python: str, modules: list[str], timeout: float, per_module: float) -> R
     """Import ``modules`` in children of ``python``; never raises for what they do."""
     res = Run()
     t0 = time.monotonic()
-    left = list(modules)
+    left = sorted(modules, key=lambda m: m in IMPORTED_LAST)
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     while left:
         if time.monotonic() - t0 > timeout:

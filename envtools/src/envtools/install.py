@@ -23,8 +23,10 @@ from envtools.hashing import STAT_CACHE, write_package_parts
 from envtools.prefix_records import Prefix
 from envtools.progress import info
 from envtools.readonly import (
+    EXTERNALLY_MANAGED,
     MARKER,
     default_cache_for,
+    externally_managed_text,
     make_readonly,
     read_marker,
     refuse_readonly,
@@ -69,21 +71,35 @@ async def solve(
     virtuals: list[virtual.Virtual],
     pinned: list | None = None,
     locked: list | None = None,
+    shown: list[str] | None = None,
 ) -> list[rattler.RepoDataRecord]:
-    """Solve ``specs`` against ``channels``, turning solver failures into a clear error."""
-    try:
-        return await rattler.solve(
-            sources=channels,
-            specs=[parse_spec(s) for s in specs],
-            virtual_packages=[v.generic() for v in virtuals],
-            pinned_packages=pinned or [],
-            locked_packages=locked or [],
-        )
-    except EnvtoolsError:
-        raise
-    except Exception as e:
+    """Solve ``specs`` against ``channels``, turning solver failures into a clear error
+    (naming ``shown``, the specs the user gave, when others were added to them).
+
+    pip goes with python, as conda does (``add_pip_as_python_dependency``): users expect
+    ``python -m pip`` in every env. A channel set without pip (the fixture channel, a
+    site channel used alone) is solved again without it rather than refused.
+    """
+    parsed = [parse_spec(s) for s in specs]
+    last: Exception | None = None
+    for with_pip in (True, False):
+        try:
+            return await rattler.solve(
+                sources=channels,
+                specs=parsed,
+                virtual_packages=[v.generic() for v in virtuals],
+                pinned_packages=pinned or [],
+                locked_packages=locked or [],
+                add_pip_as_python_dependency=with_pip,
+            )
+        except EnvtoolsError:
+            raise
+        except Exception as e:
+            last = e
+    e = last
+    if e is not None:
         raise EnvtoolsError(
-            f"cannot solve {' '.join(specs)} from {', '.join(channels)}:\n{e}",
+            f"cannot solve {' '.join(shown or specs)} from {', '.join(channels)}:\n{e}",
             "check the package name and version exist in the channel (and --virtual for a GPU "
             "node), e.g. list them with: python -c \"import json;print(json.load(open("
             "'CHANNEL/noarch/repodata.json'))['packages'].keys())\"",
@@ -142,7 +158,7 @@ def write_explicit(prefix: Path, records: list[rattler.RepoDataRecord]) -> None:
 
 
 def install(
-    channel: str,
+    channel: str | list[str],
     prefix: Path,
     specs: list[str],
     virtual_overrides: list[str] | None = None,
@@ -162,14 +178,15 @@ def install(
                 f"{prefix} exists and is not empty",
                 "choose a new --prefix, or remove the directory first",
             )
-    src = channel_source(channel)
+    channels = [channel] if isinstance(channel, str) else list(channel)
+    srcs = [channel_source(c) for c in channels]
     for s in specs:
         parse_spec(s)
     cache = Path(os.path.abspath(cache)) if cache else default_cache_for(prefix)
     virtuals = virtual.resolve(virtual_overrides)
 
     t0 = time.monotonic()
-    records = asyncio.run(solve([src], specs, virtuals))
+    records = asyncio.run(solve(srcs, specs, virtuals))
     info(f"solved {len(records)} packages in {time.monotonic() - t0:.1f}s")
     timings = {"solve": time.monotonic() - t0}
     cache_existed = cache.exists()
@@ -185,7 +202,7 @@ def install(
         prepared = archives.prepare(records, cache, archives.site_packages(records))
         for stage, seconds in prepared.timings.items():
             timings[stage] = timings["solve"] + seconds
-        _install_into(records, prepared, prefix, cache, src, specs, timings, t0)
+        _install_into(records, prepared, prefix, cache, srcs, specs, timings, t0)
     except BaseException:
         # a cache this run made goes with it, unless another run's env at the prefix
         # (which won a race to it) uses it now
@@ -204,7 +221,8 @@ def install(
 
 
 def _install_into(records: list, prepared: archives.Prepared, prefix: Path, cache: Path,
-                  src: str, specs: list[str], timings: dict[str, float], t0: float) -> None:
+                  srcs: list[str], specs: list[str], timings: dict[str, float],
+                  t0: float) -> None:
     """Install ``records`` (their archives ``prepared``) beside ``prefix`` and rename them
     into place, read-only."""
     with atomic_dir(prefix, "envtools install", settle=True) as tmp:
@@ -221,13 +239,19 @@ def _install_into(records: list, prepared: archives.Prepared, prefix: Path, cach
         bytecode.compile_installed(tmp, prefix)  # (as conda does; records list the pycs)
         timings["compile"] = time.monotonic() - t0
         write_explicit(tmp, records)
-        write_prefix_info(tmp, prefix, cache)
+        write_prefix_info(tmp, prefix, cache, srcs)
+        site = archives.site_packages(records)
+        if site:  # (PEP 668: pip refuses the read-only env, naming envtools clone)
+            (tmp / site).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / site).parent.joinpath(EXTERNALLY_MANAGED).write_text(
+                externally_managed_text(prefix))
         marker = {
             "readonly": True,
             "created_by": "envtools install",
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "prefix": str(prefix),
-            "channel": src,
+            "channel": srcs[0],
+            "channels": srcs,
             "specs": specs,
             "package_cache": str(cache),
             "how_to_change": f"envtools clone {prefix} DEST --add SPEC",

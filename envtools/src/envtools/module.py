@@ -200,7 +200,11 @@ def _help_text(prefix: Path, name: str, pkgs: list[tuple[str, str]], readonly: b
     whatever the path holds."""
     import textwrap
 
+    from envtools.readonly import read_prefix_info
+
     ro = "read-only " if readonly else ""
+    channels = [c for c in read_prefix_info(prefix).get("channels") or []
+                if isinstance(c, str)]
     packages = f"{len(pkgs)} packages: " + ", ".join(f"{n} {v}" for n, v in pkgs)
     lines = [
         f"{name}: a {ro}conda environment of the DDL-CE distribution at",
@@ -210,13 +214,16 @@ def _help_text(prefix: Path, name: str, pkgs: list[tuple[str, str]], readonly: b
         "sets CONDA_PREFIX, CONDA_DEFAULT_ENV and CONDA_SHLVL, and runs its",
         "activate.d settings; unloading undoes all of it.",
         "",
-        "To add packages, clone it (fast: linked from its package cache), then use",
-        "the clone:",
-        f"  envtools clone {shlex.quote(str(prefix))} $HOME/envs/mine --add SPEC",
+        "To add packages, clone it (fast: linked from its package cache), then add",
+        "to the clone with envtools add (conda install) or pip:",
+        f"  envtools clone {shlex.quote(str(prefix))} $HOME/envs/mine",
+        "  envtools add $HOME/envs/mine SPEC   # or: $HOME/envs/mine/bin/python -m pip install P",
         "  conda activate $HOME/envs/mine    # or prepend $HOME/envs/mine/bin to PATH",
         "Then check that your additions still fit the curated set:",
         "  envtools validate $HOME/envs/mine",
         "",
+        *(["envtools add takes packages from the channels it was installed from:",
+           *[f"  {c}" for c in channels], ""] if channels else []),
         *textwrap.wrap(packages, 78, subsequent_indent="  ", break_on_hyphens=False),
     ]
     return "\n".join(lines)

@@ -57,9 +57,13 @@ def refuse_readonly(path: Path, what: str) -> None:
         )
 
 
-def write_prefix_info(prefix: Path, recorded_prefix: Path, cache: Path | None) -> None:
-    """Remember the path baked into the env's files and where its package cache is."""
-    info = {"prefix": str(recorded_prefix), "package_cache": str(cache) if cache else None}
+def write_prefix_info(prefix: Path, recorded_prefix: Path, cache: Path | None,
+                      channels: list[str] | None = None) -> None:
+    """Remember the path baked into the env's files, where its package cache is, and the
+    channels it was installed from (``envtools add`` and ``clone --add`` take packages
+    from them)."""
+    info = {"prefix": str(recorded_prefix), "package_cache": str(cache) if cache else None,
+            "channels": list(channels or [])}
     (prefix / PREFIX_INFO).parent.mkdir(parents=True, exist_ok=True)
     with open(prefix / PREFIX_INFO, "w") as fh:
         json.dump(info, fh, indent=2)
@@ -116,3 +120,27 @@ def make_writable(root: Path, files: bool = False) -> None:
             st = os.lstat(fp)
             if not stat.S_ISLNK(st.st_mode):
                 os.chmod(fp, stat.S_IMODE(st.st_mode) | stat.S_IWUSR)
+
+
+#: PEP 668: pip refuses to install into an interpreter whose stdlib directory holds this
+EXTERNALLY_MANAGED = "EXTERNALLY-MANAGED"
+
+
+def externally_managed_text(prefix: Path) -> str:
+    """The marker's text: pip prints the Error value when it refuses."""
+    return (
+        "[externally-managed]\n"
+        f"Error=This environment ({prefix}) is shared and read-only: it is managed by\n"
+        " envtools, and pip may not change it. Clone it, then add packages to the clone:\n"
+        f"   envtools clone {prefix} ~/envs/mine\n"
+        "   ~/envs/mine/bin/python -m pip install PACKAGE   (or: envtools add ~/envs/mine SPEC)\n"
+    )
+
+
+def is_envtools_marker(path: Path) -> bool:
+    """Is ``path`` the EXTERNALLY-MANAGED marker envtools wrote (clones leave it out)?"""
+    try:
+        with open(path, "rb") as fh:
+            return b"envtools clone" in fh.read(4096)
+    except OSError:
+        return False

@@ -25,7 +25,8 @@ Checks (the ``check`` field): depends, constrains, unsafe-path, missing-file,
 altered-file, clobbered-file, explicit, pip-duplicate, pip-requires, pip-overwrote,
 editable-install, linked-directories, elf-arch, elf-damaged, elf-unresolved,
 elf-optional, elf-mpi-flavour, duplicate-library, python-abi, import-error, import-crash,
-numpy-abi, import-shadowed, import-optional, import-timeout, import-skipped, cuda-driver.
+numpy-abi, import-shadowed, import-optional, import-timeout, import-skipped, cuda-driver,
+interrupted-change.
 Libraries are resolved the way ld.so loads them (:mod:`envtools.loader`); modules are
 imported by the env's python (:mod:`envtools.imports`, unless ``--no-imports``).
 
@@ -1112,8 +1113,19 @@ def check_imports(ctx: Context) -> None:
                                              f"; then validate again ({who})"))
 
 
-CHECKS = (check_depends, check_cuda, check_files, check_explicit, check_pip, check_binaries,
-          check_imports)
+def check_interrupted(ctx: Context) -> None:
+    """An ``envtools add``/``drop`` killed before it finished (envtools.txn): the env may
+    be half-changed until the next add or drop rolls it back."""
+    from envtools.txn import TXN, describe
+
+    root = ctx.prefix.root
+    if (root / TXN).exists():
+        ctx.add("interrupted-change", "error", describe(root), paths=[str(TXN)],
+                hint=f"roll it back (or finish it): envtools drop {root} (with no package)")
+
+
+CHECKS = (check_interrupted, check_depends, check_cuda, check_files, check_explicit, check_pip,
+          check_binaries, check_imports)
 
 
 def validate(prefix: str | os.PathLike[str], full: bool = False,
