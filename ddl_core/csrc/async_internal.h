@@ -46,6 +46,7 @@ struct ddl_request_s {
     size_t fused, fused_bytes;
     uint64_t join_cycle; /* REQ_JOIN: the negotiation that first saw it (agreed numbering) */
     int synthetic;       /* a joined rank's stand-in for the others' request (negotiate.c) */
+    int refused;         /* not an allreduce while a rank has joined: fails, does not run */
     /* point-to-point (REQ_SEND, REQ_RECV; eng is NULL): p2p_requests.c */
     MPI_Request mreq;
     MPI_Comm p2p;

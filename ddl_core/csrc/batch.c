@@ -238,10 +238,27 @@ static ddl_status_t explain(struct ddl_request_s *r) {
                     topic, what, a, other, b);
 }
 
+/* A request that is not an allreduce while a rank has joined (negotiate.c) fails. */
+static void refuse(struct ddl_request_s *r) {
+    char what[300];
+    ddl_req_describe(r, what, sizeof what);
+    ddl_req_finish(r,
+                   ddl_fail(DDL_ERR_UNSUPPORTED,
+                            "%s is not supported while a rank has joined (join covers allreduce "
+                            "only, as Horovod's does): run it before any rank joins",
+                            what),
+                   NULL);
+}
+
 /* Run a batch (the same requests, in the same order, on every rank). */
 void ddl_run_batch(struct ddl_request_s **reqs, size_t n) {
     for (size_t i = 0; i < n;) {
         struct ddl_request_s *r = reqs[i];
+        if (r->refused) {
+            refuse(r);
+            i++;
+            continue;
+        }
         size_t j = i + 1, bytes = ddl_req_bytes(r);
         if (r->kind == REQ_ALLREDUCE && bytes < ddl_g.fusion_threshold) {
             while (j < n && fusable(r, reqs[j]) &&
@@ -264,6 +281,10 @@ void ddl_run_batch(struct ddl_request_s **reqs, size_t n) {
             /* Every rank is here, at request i (see the top of the file): run the rest one
              * at a time, so requests fail or succeed each on their own. */
             for (size_t k = i; k < n; k++) {
+                if (reqs[k]->refused) {
+                    refuse(reqs[k]);
+                    continue;
+                }
                 ddl_set_thread_timeout(reqs[k]->timeout);
                 reqs[k]->t_started = ddl_now();
                 st = run_one(reqs[k]);

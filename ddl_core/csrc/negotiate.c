@@ -419,9 +419,16 @@ static ddl_status_t join_fill(ddl_engine_t *eng, ddl_reqvec_t *batch, int joined
         }
     }
     st = ddl_broadcast_ctx_sig(ctx, d, (size_t)n * sizeof *d, DDL_UINT8, root, 0);
+    /* Horovod's join covers allreduce only: any other collective the running ranks
+     * submit while a rank has joined fails on each of them (Horovod raises "... is not
+     * supported with Join"), and the joined ranks make no stand-in for it. */
+    if (st == DDL_SUCCESS && !joined)
+        for (size_t i = 0; i < batch->n; i++)
+            batch->v[i]->refused = batch->v[i]->kind != REQ_ALLREDUCE;
     if (st == DDL_SUCCESS && joined) {
         batch->n = 0;
         for (int64_t i = 0; i < n && st == DDL_SUCCESS; i++) {
+            if (d[i].kind != REQ_ALLREDUCE) continue;
             struct ddl_request_s *r = stand_in(eng, &d[i]);
             if (!r || ddl_reqvec_push(batch, r) != 0) {
                 if (r) ddl_req_free_synthetic(r);

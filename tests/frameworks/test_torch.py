@@ -120,6 +120,13 @@ def test_subgroups_p2p_uneven_all_gather_and_group_timeout(n: int) -> None:
         assert ok_lines(proc, mode) == n, proc.stdout + proc.stderr[-3000:]
 
 
+def test_python_fallback_refuses_subgroups_clearly() -> None:
+    """Without the C++ Backend (DDL_TORCH_CPP=0) the Python ProcessGroup still reduces;
+    new_group of some ranks fails on every rank with an error naming ddl-torch."""
+    proc = mpirun(2, WORKERS / "torch_groups.py", "fallback", env={"DDL_TORCH_CPP": "0"})
+    assert ok_lines(proc, "fallback") == 2, proc.stdout
+
+
 def test_torchrun_gets_a_clear_error() -> None:
     """Processes started by torchrun cannot form libddl's MPI job (Open MPI 5 singletons
     cannot MPI_Comm_connect without a PMIx server; FRAMEWORKS.md, 'torchrun'): init says so

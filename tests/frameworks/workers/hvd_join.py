@@ -1,7 +1,8 @@
 """Horovod's join on horovod-ddl (torch), at 3 ranks with uneven numbers of steps: the
 ranks still running complete their allreduces (the joined ones contribute zeros: a sum
-counts the running ranks, an average still divides by size()), allgathers (joined ranks
-add no rows) and broadcasts, DistributedOptimizer keeps stepping, join() returns the
+counts the running ranks, an average still divides by size()), while an allgather or a
+broadcast raises on them as in Horovod (join covers allreduce only; Horovod's own
+test_horovod_join_allgather/_broadcast), DistributedOptimizer keeps stepping, join() returns the
 rank that joined last on every rank, a second join works, a mismatch among the running
 ranks is an error rather than a hang, and join with a handle in flight is refused."""
 
@@ -35,11 +36,21 @@ for step in range(r + 1):
     u = hvd.allreduce(torch.ones(3, dtype=torch.int32), op=hvd.Sum)  # unnamed, by order
     expect(torch.equal(u, torch.full((3,), len(active), dtype=torch.int32)),
            f"step {step}: unnamed {u.tolist()}")
-    g = hvd.allgather(torch.full((2, 1), float(r)), name="rows")
-    expect(torch.equal(g, torch.cat([torch.full((2, 1), float(q)) for q in active])),
-           f"step {step}: allgather {g.tolist()}")
-    b = hvd.broadcast(torch.full((2,), float(r)), root_rank=n - 1, name="bcast")
-    expect(torch.equal(b, torch.full((2,), float(n - 1))), f"step {step}: broadcast")
+    if len(active) == n:
+        g = hvd.allgather(torch.full((2, 1), float(r)), name="rows")
+        expect(torch.equal(g, torch.cat([torch.full((2, 1), float(q)) for q in range(n)])),
+               f"step {step}: allgather {g.tolist()}")
+        b = hvd.broadcast(torch.full((2,), float(r)), root_rank=n - 1, name="bcast")
+        expect(torch.equal(b, torch.full((2,), float(n - 1))), f"step {step}: broadcast")
+    else:  # a rank has joined
+        for what, call in (("allgather", lambda: hvd.allgather(torch.ones(2, 1), name="rows")),
+                           ("broadcast", lambda: hvd.broadcast(torch.ones(2), root_rank=n - 1,
+                                                               name="bcast"))):
+            try:
+                call()
+                bad.append(f"step {step}: {what} during join did not raise")
+            except RuntimeError as e:
+                expect("joined" in str(e), f"step {step}: {what} message: {e}")
 last = hvd.join()
 expect(last == n - 1, f"join returned {last}, want {n - 1}")
 

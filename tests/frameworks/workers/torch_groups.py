@@ -2,6 +2,7 @@
 the ddl backend, each against what it must compute (3 or more ranks for the subgroup of
 ranks 0 and 2)."""
 
+import os
 import sys
 from datetime import timedelta
 
@@ -93,6 +94,23 @@ def uneven() -> None:
         expect(outs[k], torch.full((k + 1, 2), float(k)), "uneven all_gather")
 
 
+def fallback() -> None:
+    """DDL_TORCH_CPP=0 (the Python ProcessGroup, no C++ Backend): plain collectives work, a
+    subgroup is refused on every rank alike with an error naming ddl-torch."""
+    assert os.environ.get("DDL_TORCH_CPP") == "0"
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    expect(t, torch.full((3,), float(size)), "all_reduce on the Python ProcessGroup")
+    try:
+        dist.new_group([0])
+    except RuntimeError as exc:
+        assert "needs ddl-torch" in str(exc), exc
+    else:
+        raise AssertionError("a subgroup was accepted without the C++ Backend")
+    dist.all_reduce(t)  # nothing half made: the world still works
+    expect(t, torch.full((3,), float(size * size)), "all_reduce after the refusal")
+
+
 def timeout() -> None:
     """A member that skips a collective: the others raise within the group's timeout (as
     gloo does), not hang; last, since the group is unusable afterwards."""
@@ -116,7 +134,8 @@ def timeout() -> None:
 
 
 for mode in sys.argv[1:]:
-    {"groups": groups, "p2p": p2p, "uneven": uneven, "timeout": timeout}[mode]()
+    {"groups": groups, "p2p": p2p, "uneven": uneven, "timeout": timeout,
+     "fallback": fallback}[mode]()
     print(f"OK {mode}", flush=True)
 if "timeout" not in sys.argv:
     dist.destroy_process_group()

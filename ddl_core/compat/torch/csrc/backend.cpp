@@ -17,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +57,16 @@ class PyWorkRef final : public Work {
   bool isSuccess() const override {
     py::gil_scoped_acquire gil;
     return py_.attr("is_success")().cast<bool>();
+  }
+  // The Python Work's error (a ddl_core error), as torch's exception_ptr: Work.exception()
+  // must not say None for a collective that failed.
+  std::exception_ptr exception() const override {
+    py::gil_scoped_acquire gil;
+    py::object err = py_.attr("exception")();
+    if (err.is_none()) return nullptr;
+    std::string text = py::str(err);
+    return std::make_exception_ptr(std::runtime_error(
+        py::str(py::type::handle_of(err).attr("__name__")).cast<std::string>() + ": " + text));
   }
   std::vector<at::Tensor> result() override {
     py::gil_scoped_acquire gil;

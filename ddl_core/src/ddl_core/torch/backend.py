@@ -646,6 +646,12 @@ def group_comm(global_ranks: list[int]) -> ddl_core.Comm | None:
     ranks = [int(r) for r in global_ranks]
     if not ranks or ranks == list(range(ddl_core.size())):
         return None
+    if cpp_backend() is None:  # (every rank gets here, members or not: all raise alike)
+        raise RuntimeError(
+            f"new_group({ranks}) on the ddl backend needs ddl-torch, its C++ Backend (torch "
+            "names groups through it): install it (pip install --no-build-isolation "
+            "./ddl_core/compat/torch, or the ddl-torch conda package) and leave "
+            "DDL_TORCH_CPP unset, or create this group with backend='gloo'")
     return ddl_core.comm_world().create(ranks)
 
 
