@@ -1,8 +1,9 @@
 """Horovod's background negotiation for one process set, on a libddl communicator.
 
-libddl's asynchronous, name-matched requests run on the world communicator only, so a
-process set (a sub-communicator) gets what Horovod's background thread gives each of its
-process sets: one thread per set, on every member, that repeatedly (a "round")
+Written when libddl's asynchronous, name-matched requests ran on the world communicator
+only (libddl now has a queue per communicator, which could carry this; not yet switched):
+a process set (a sub-communicator) gets what Horovod's background thread gives each of
+its process sets: one thread per set, on every member, that repeatedly (a "round")
 
 1. gathers every member's queued requests (key, what must agree, per-rank details) and
    its flags (joined, stopping) with two small blocking collectives on the set's
