@@ -7,6 +7,10 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 setup(
     ext_modules=[CppExtension("ddl_torch._C", ["csrc/backend.cpp"],
                               extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror",
-                                                  "-Wno-unused-parameter"])],
+                                                  "-Wno-unused-parameter"],
+                              # libc10, libtorch_cpu, libtorch_python: torch's own lib/ beside
+                              # this package in site-packages, found without torch loaded
+                              # first (envtools validate checks every library resolves)
+                              extra_link_args=["-Wl,-rpath,$ORIGIN/../torch/lib"])],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
 )
