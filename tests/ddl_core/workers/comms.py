@@ -118,6 +118,15 @@ def movers(c: ddl.Comm, tag: str) -> None:
                 expect(same(got, mk(nxt, salt=9)), f"{tag} isend/irecv {dname} {count}")
 
 
+def concurrently(fn, args_list) -> None:
+    """Run fn(*args) for each args in its own thread, all at once, and wait for them."""
+    ts = [threading.Thread(target=fn, args=args) for args in args_list]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
 def mode_collectives() -> None:
     halves = world.split(r % 2, key=-r)  # odd sizes for 3 and 5 ranks; reversed order
     expect(halves.size == (n + 1 - r % 2) // 2, "split size")
@@ -149,12 +158,7 @@ def mode_collectives() -> None:
         except Exception as e:  # noqa: BLE001 - reported below
             errs.append(repr(e))
 
-    ts = [threading.Thread(target=spin, args=(halves, 0)),
-          threading.Thread(target=spin, args=(other, 1000))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    concurrently(spin, ((halves, 0), (other, 1000)))
     expect(not errs, f"concurrent communicators: {errs}")
     for c in (halves, made, none, other):
         if c is not None:
@@ -320,12 +324,7 @@ def mode_async() -> None:
         except Exception as e:  # noqa: BLE001 - reported below
             errs.append(repr(e))
 
-    ts = [threading.Thread(target=flood, args=(half, 0)),
-          threading.Thread(target=flood, args=(other, 100))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    concurrently(flood, ((half, 0), (other, 100)))
     expect(not errs, f"concurrent queues: {errs}")
     # A dtype that differs on one member: MismatchError on that communicator's members
     # only, and its next request works.
