@@ -95,8 +95,7 @@ def load_wheel_spec(recipes_dir: Path, pins: dict[str, str]) -> dict:
             raise KeyError(f"{path}: the cuda section needs version: (the release's CUDA, "
                            "e.g. \"13.0\"), which its builds require of the driver")
         spec["cuda"] = {"version": str(cuda["version"]), "requirements": creqs,
-                        "builds": [str(b) for b in cuda.get("builds") or []],
-                        "find_links": bool(cuda.get("find_links", False))}
+                        "builds": [str(b) for b in cuda.get("builds") or []]}
     return spec
 
 
@@ -110,14 +109,8 @@ def _pip_platform_args(arch: str, glibc: str) -> list[str]:
     return [a for t in tags for a in ("--platform", t)]
 
 
-def download_wheels(spec: dict, subdir: str, dest: Path, *, index_only: bool = False,
-                    what: str = "") -> list[Path]:
-    """pip-download the requirements' closure for ``subdir`` (skipped when unchanged).
-
-    ``index_only``: ignore pip's find-links (PIP_FIND_LINKS, pip.conf), for the CUDA set:
-    a local wheel directory that holds the CPU torch (``+cpu``) would otherwise win, since
-    pip ranks a local version above the plain one the index has.
-    """
+def download_wheels(spec: dict, subdir: str, dest: Path, *, what: str = "") -> list[Path]:
+    """pip-download the requirements' closure for ``subdir`` (skipped when unchanged)."""
     plat = (spec.get("platforms") or {}).get(subdir)
     if not plat:
         return []
@@ -157,10 +150,7 @@ def download_wheels(spec: dict, subdir: str, dest: Path, *, index_only: bool = F
         f"[bold]stand-ins[/]: pip download {len(spec['requirements'])} {what}requirements "
         f"and their closure for {subdir} (python {python})"
     )
-    env = dict(os.environ)
-    if index_only:
-        env["PIP_FIND_LINKS"] = ""  # beats pip.conf's find-links too
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(
             "pip could not download the stand-in wheels:\n"
@@ -195,10 +185,10 @@ def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str,
     ``cuda`` (wheels.yaml's cuda section): the distributions in its ``builds`` become CUDA
     builds (see wheel2conda.convert_wheel). ``extras_from``: the wheels whose
     ``X[extra]`` requirements count (default: ``wheels``)."""
-    from ci.wheel2conda import requested_extras
+    from ci.wheel2conda import marker_env, requested_extras
 
     cuda_builds = {str(canonicalize_name(b)) for b in (cuda or {}).get("builds", [])}
-    extras = requested_extras(extras_from or wheels)
+    extras = requested_extras(extras_from or wheels, marker_env(python, subdir))
     state_path = channel / WHEEL_STATE
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
     have = packages_in(channel)
@@ -331,16 +321,15 @@ def build_standins(settings: Settings, *, platforms: list[str] | None = None) ->
         if cuda and cuda_wanted():
             t1 = time.monotonic()
             cwheels = download_wheels({**spec, "requirements": cuda["requirements"]}, subdir,
-                                      settings.wheels_dir / subdir,
-                                      index_only=not cuda["find_links"], what="CUDA ")
+                                      settings.wheels_dir / subdir, what="CUDA ")
             local = [w for w in cwheels if str(canonicalize_name(
                 str(parse_wheel_filename(w.name)[0]))) in cuda["builds"] and
                 parse_wheel_filename(w.name)[1].local]
             if local:
                 raise RuntimeError(
-                    f"the CUDA set got {local[0].name}, a local-version (+cpu) build, from a "
-                    "local wheel directory: set cuda: find_links: false in wheels.yaml (the "
-                    "default) or put the CUDA wheel there")
+                    f"the CUDA set got {local[0].name}, a local-version (+cpu) build: pin the "
+                    "framework with === in wheels.yaml's cuda requirements (torch==={pytorch}"
+                    "), since pip ranks 2.13.0+cpu above 2.13.0 and == matches both")
             t2 = time.monotonic()
             cconv = convert_all(cwheels, subdir, up, python, cuda=cuda,
                                 extras_from=wheels + cwheels)

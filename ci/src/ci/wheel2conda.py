@@ -69,7 +69,7 @@ TRAMPOLINE = "#!/bin/sh\n'''exec' \"$(dirname -- \"$0\")/python\" \"$0\" \"$@\"\
 
 
 # Bumped whenever the conversion's output changes, so cached stand-ins are redone.
-CONVERTER_VERSION = 6
+CONVERTER_VERSION = 5
 
 
 class WheelError(Exception):
@@ -238,8 +238,11 @@ def _precompile(site: Path, root: Path, python: str) -> None:
     )
 
 
-def requested_extras(wheels: list[Path]) -> dict[str, frozenset[str]]:
-    """For each distribution, the extras other wheels of the set ask for (``X[a,b]``)."""
+def requested_extras(wheels: list[Path],
+                     env: dict[str, str] | None = None) -> dict[str, frozenset[str]]:
+    """For each distribution, the extras other wheels of the set ask for (``X[a,b]``), in
+    requirements that apply to the target (``env``: its marker environment; lines that
+    are themselves under an extra do not count)."""
     out: dict[str, set[str]] = {}
     for w in wheels:
         try:
@@ -252,6 +255,9 @@ def requested_extras(wheels: list[Path]) -> dict[str, frozenset[str]]:
             try:
                 req = Requirement(line)
             except InvalidRequirement:
+                continue
+            if req.marker is not None and env is not None and not req.marker.evaluate(
+                    {**env, "extra": ""}):
                 continue
             if req.extras:
                 out.setdefault(str(canonicalize_name(req.name)), set()).update(req.extras)
