@@ -263,6 +263,27 @@ def envtools_post(prefix: Path, name: str, modulefiles: Path) -> dict[str, str]:
     envtools = shutil.which("envtools")
     if not envtools:
         return {"envtools": "not installed yet: modulefiles and validation skipped"}
+    # like smoke_check: remembered beside the prefix, keyed by what is installed and the
+    # module name, so a rerun with nothing changed does not validate (imports included)
+    # again; validating the CUDA env alone takes about a minute here
+    memo = prefix.parent / f".{prefix.name}-envtools.json"
+    mod = modulefiles / f"{name}.lua"
+    key = hashlib.sha256(json.dumps([sorted(installed_set(prefix)), name,
+                                     str(modulefiles)]).encode()).hexdigest()
+    if memo.exists() and mod.exists():
+        try:
+            old = json.loads(memo.read_text())
+            if old.get("key") == key and not any(
+                    v.startswith("FAILED") for v in old["checks"].values()):
+                return {k: f"{v} (unchanged since last check)" for k, v in old["checks"].items()}
+        except (json.JSONDecodeError, KeyError, AttributeError):
+            pass
+    out = _envtools_post(envtools, prefix, name, modulefiles)
+    memo.write_text(json.dumps({"key": key, "checks": out}))
+    return out
+
+
+def _envtools_post(envtools: str, prefix: Path, name: str, modulefiles: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     p = subprocess.run(
         [
