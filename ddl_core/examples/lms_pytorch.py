@@ -1,16 +1,16 @@
 """Large Model Support: train with a batch whose activations do not fit on the GPU.
 
-    python lms_pytorch.py                          # GPU capped at 4 GiB: fails without LMS,
+    python lms_pytorch.py                          # GPU capped at 6 GiB: fails without LMS,
     python lms_pytorch.py --no-lms                 # ... shows the out-of-memory error
     ddlrun -n 2 python lms_pytorch.py --ddl        # the same, gradients averaged by DDL
 
 The model is a deep MLP (24 blocks of Linear 4096 x 4096 + GELU, float32). At batch 16384
-each block saves 2 x 256 MiB for backward, 12 GiB in all: more than the 4 GiB the GPU is
+each block saves 2 x 256 MiB for backward, 12 GiB in all: more than the 6 GiB the GPU is
 capped to here (`--gpu-memory`, torch's per-process memory fraction, so the example
 behaves the same on any card). Inside `ddl_core.lms.offload()` those activations go to
 pinned host memory as forward produces them and come back, prefetched on a side
-stream, as backward needs them; only the parameters, their gradients and a few blocks'
-activations stay on the GPU.
+stream, as backward needs them; only the parameters and their gradients (3.2 GB) and a
+few blocks' activations stay on the GPU.
 
 On a machine without CUDA it trains a small batch on the CPU, where LMS is a no-op and
 says so once.
@@ -28,7 +28,7 @@ ap.add_argument("--batch-size", type=int, default=16384)
 ap.add_argument("--width", type=int, default=4096)
 ap.add_argument("--depth", type=int, default=24)
 ap.add_argument("--steps", type=int, default=5)
-ap.add_argument("--gpu-memory", default="4G", help="cap on the GPU memory torch may use")
+ap.add_argument("--gpu-memory", default="6G", help="cap on the GPU memory torch may use")
 ap.add_argument("--threshold", default="1M", help="smaller saved tensors stay on the GPU")
 ap.add_argument("--no-lms", action="store_true", help="train without LMS (to see it fail)")
 ap.add_argument("--ddl", action="store_true", help="average gradients over ranks with DDL")
