@@ -9,6 +9,7 @@ nothing is published, so a failed build leaves ``channel/`` exactly as it was.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -159,6 +160,26 @@ def _local_sources(node: Node, mirror: SourceMirror, work: Path, variants: dict)
     raise RuntimeError(f"{node.key}: re-rendering with local sources changed the build hash")
 
 
+@contextlib.contextmanager
+def _cuda_override(node: Node):
+    """A CUDA build's test environment is solved as on a node with a driver for its CUDA
+    (rattler reads CONDA_OVERRIDE_CUDA), so it can be tested on a build host without a
+    GPU: imports and CPU-side checks run, device code is left to a GPU node."""
+    cuda = node.variant.get("cuda_compiler_version", "")
+    if node.variant.get("build_type") != "cuda" or not cuda or cuda == "None":
+        yield
+        return
+    old = os.environ.get("CONDA_OVERRIDE_CUDA")
+    os.environ["CONDA_OVERRIDE_CUDA"] = cuda
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CONDA_OVERRIDE_CUDA", None)
+        else:
+            os.environ["CONDA_OVERRIDE_CUDA"] = old
+
+
 def run_builds(
     g: nx.DiGraph,
     *,
@@ -288,7 +309,7 @@ def run_builds(
                     console.print(f"    {line}", markup=False, highlight=False)
             continue
         try:
-            with console.status(f"{head}: fresh environment"):
+            with console.status(f"{head}: fresh environment"), _cuda_override(o.node):
                 pkg = rb.Package.from_file(str(o.path))
                 results = pkg.run_tests(channel=chans) if pkg.test_count else []
             outputs = "\n".join(_lines(getattr(r, "output", "")) for r in results)

@@ -8,6 +8,7 @@ package (`build --packages ddl`), regenerate the CI matrix or time the pipeline.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -84,13 +85,18 @@ def _has_package_factory(channels: list[str], platforms: list[str]):
                 continue
             data = json.loads(rd.read_text())
             for section in ("packages", "packages.conda"):
-                records += [(r["name"], r["version"]) for r in (data.get(section) or {}).values()]
+                records += [(r["name"], r["version"], r.get("build", ""))
+                            for r in (data.get(section) or {}).values()]
 
-    def has(spec: str) -> bool:
+    def has(spec: str, build: str | None = None) -> bool:
+        """Whether some package matches ``spec`` (and the build-string glob ``build``)."""
+        from fnmatch import fnmatchcase
+
         ms = MatchSpec(spec)
         return any(
             n == ms.name.normalized and (ms.version is None or _vs(ms.version).matches(_v(v)))
-            for n, v in records
+            and (build is None or fnmatchcase(b, build))
+            for n, v, b in records
         )
 
     return has
@@ -469,6 +475,29 @@ def channel(
         )
         checks.update(envtools_post(prefix, f"powerai/{version}", s.root / "modulefiles"))
         stages["check powerai"] = time.monotonic() - t
+        cuda_builds = [o for o in res.outcomes if o.node.name == "powerai"
+                       and o.node.variant.get("build_type") == "cuda"]
+        if cuda_builds and os.environ.get("DDLCE_CUDA_ENV", "1") != "0":
+            # the CUDA build, installed as on a login node without a GPU: the solver takes
+            # it because a driver is described, then the same checks (torch imports fine
+            # without a GPU; validate says no driver is here, as a note)
+            t = time.monotonic()
+            cuda = cuda_builds[0].node.variant.get("cuda_compiler_version", "")
+            cprefix = prefix.with_name(prefix.name + "-cuda")
+            cinst = install_powerai([str(s.channel_dir.resolve()), *upstream_chans], cprefix,
+                                    here, cuda=cuda)
+            stages["install powerai (CUDA build)"] = time.monotonic() - t
+            t = time.monotonic()
+            cchecks = smoke_check(cprefix, ["ddl_core", "torch", "tensorflow", "horovod"],
+                                  [["ddlrun", "--help"]])
+            cchecks.update(envtools_post(cprefix, f"powerai/{version}-cuda",
+                                         s.root / "modulefiles"))
+            stages["check powerai (CUDA build)"] = time.monotonic() - t
+            checks.update({f"cuda: {k}": v for k, v in cchecks.items()})
+            checks["cuda: prefix"] = (
+                f"{cprefix} ({cinst.packages} packages, --virtual __cuda={cuda}, "
+                + ("up to date" if cinst.skipped else f"installed in {cinst.install_seconds:.1f} s")
+                + ")")
         install_info = {
             "prefix": str(prefix),
             "installed with": inst.tool,
