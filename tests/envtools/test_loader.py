@@ -153,3 +153,35 @@ def test_truncated_and_foreign_files(env):
     assert elf.read_elf(good).damaged is None
     (env / "lib" / "notelf.so").write_bytes(b"INPUT(-lgood)\n")
     assert elf.read_elf(env / "lib" / "notelf.so") is None
+
+
+def test_wheel_libraries_only_dlopened_are_plugins(env, tmp_path):
+    """validate's rule for wheels' plugins (NVSHMEM's transports, triton's MLIR plugins):
+    a library under site-packages that nothing but such libraries links, and that is not
+    an extension module, is dlopened by its host; a linked one, or an extension, is not."""
+    from envtools.validate import _dlopened_libraries
+
+    verbs = lib(tmp_path / "sys", "libibverbs.so.1")
+    nv = env / SITE / "nvidia" / "shm" / "lib"
+    transport = so(nv / "shm_transport_ib.so.3", needs=(verbs,))
+    core = lib(nv, "libshmcore.so.3")
+    host_ext = env / SITE / "shm" / "_core.cpython-311-x86_64-linux-gnu.so"
+    host_ext.parent.mkdir(parents=True)
+    ext_src = tmp_path / "ext.c"
+    ext_src.write_text("void *PyInit__core(void){return 0;}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(host_ext), str(ext_src),
+                    "-Wl,--no-as-needed", f"-L{core.parent}", f"-l:{core.name}"], check=True)
+    plug = env / SITE / "tri" / "plugins"
+    dialect = lib(plug, "libDialectPlugin.so")
+    testlib = lib(plug, "libPluginsTestLib.so", needs=(dialect,))  # importable-looking name
+    ext_src = tmp_path / "mod.c"
+    ext_src.write_text("void *PyInit_realmod(void){return 0;}\n")
+    real_ext = env / SITE / "realmod.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(real_ext), str(ext_src)], check=True)
+    elves = {str(p): elf.read_elf(str(p)) for p in
+             (transport, core, host_ext, dialect, testlib, real_ext)}
+    dlopened = _dlopened_libraries(elves, lambda fp: os.path.relpath(fp, env))
+    assert dlopened(str(transport)) and dlopened(str(testlib))
+    assert dlopened(str(dialect))  # linked only by a dlopened test library
+    assert not dlopened(str(core))  # linked by an extension module
+    assert not dlopened(str(host_ext)) and not dlopened(str(real_ext))  # extensions

@@ -817,13 +817,16 @@ def check_binaries(ctx: Context) -> None:
         in_envlib = set()
     seen: set[tuple[str, str]] = set()
     plugins: dict[str, list[str]] = defaultdict(list)
+    dlopened = _dlopened_libraries(elves, rel_of)
+    env_names = {os.path.basename(k) for k in elves}
     for m in res.misses:
         if (m.obj, m.need) in seen:
             continue
         seen.add((m.obj, m.need))
         rel = rel_of(m.obj)
         via = "" if m.root == m.obj else f" (loaded from {rel_of(m.root)})"
-        if m.kind == "plugin":
+        if m.kind == "plugin" or ((loader.capability(m.need) or m.need in env_names)
+                                  and dlopened(m.root)):
             plugins[m.root].append(m.need)
         elif m.kind == "flavour":
             have = sorted({i.soname for i in elves.values() if i.soname in loader.MPI_FLAVOURS})
@@ -889,6 +892,49 @@ def check_binaries(ctx: Context) -> None:
 
 
 # ---------------------------------------------------------------- imports
+def _has_pyinit(fp: str) -> bool:
+    """Whether a library named like an extension module exports its ``PyInit_<name>``
+    (triton ships dlopened plugins with importable names)."""
+    import mmap
+
+    stem = os.path.basename(fp).split(".", 1)[0]
+    try:
+        with open(fp, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return mm.find(b"PyInit_" + stem.encode() + b"\0") >= 0
+    except (OSError, ValueError):
+        return True  # unreadable: keep calling it an extension, as before
+
+
+def _dlopened_libraries(elves: dict[str, elf.ElfInfo], rel_of):  # noqa: ANN001, ANN202
+    """A predicate: whether a library is one a wheel's host dlopens at run time, as Open
+    MPI does its plugins (NVSHMEM's transports, cuFile's RDMA layer, triton's MLIR
+    plugins and what they link): under site-packages, not an extension module Python
+    imports, and linked by nothing but such libraries. A hardware library one misses, or
+    a library of the env it expects its host to have loaded already, is then the plugin's
+    note, not an error. Decided only for the files asked about (a miss's root)."""
+    linkers: dict[str, set[str]] = defaultdict(set)
+    for fp, e in elves.items():
+        for n in e.needed:
+            linkers[n].add(fp)
+    memo: dict[str, bool] = {}
+
+    def dlopened(fp: str) -> bool:
+        if fp in memo:
+            return memo[fp]
+        memo[fp] = False  # (a cycle of links: not a plugin)
+        info = elves.get(fp)
+        rel = rel_of(fp)
+        if info is None or info.program or "/site-packages/" not in rel or (
+                loader.is_extension(rel) and _has_pyinit(fp)):
+            return False
+        by = linkers.get(os.path.basename(fp), set()) | (
+            linkers.get(info.soname, set()) if info.soname else set())
+        memo[fp] = all(dlopened(b) for b in by)
+        return memo[fp]
+
+    return dlopened
+
+
 def _optional_requirements(ctx: Context, rec_paths: list[str]) -> set[str]:
     """Normalized names a package's dist-info lists only under an extra (optional)."""
     from packaging.requirements import InvalidRequirement, Requirement
