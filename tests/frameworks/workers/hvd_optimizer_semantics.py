@@ -103,6 +103,19 @@ for sparse_as_dense in (False, True):
     expect(torch.allclose(emb.weight, ref.weight, atol=1e-6),
            f"sparse_as_dense={sparse_as_dense}: weights differ from the averaged reference")
 
+# -- broadcast_optimizer_state on a new optimizer: the state is created first (Horovod) --
+net = nn.Linear(3, 2)
+hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+o = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+                             named_parameters=net.named_parameters())
+hvd.broadcast_optimizer_state(o, root_rank=0)
+expect(all(torch.equal(p.grad, torch.zeros_like(p)) for p in net.parameters()),
+       "zero gradients after broadcast_optimizer_state")
+expect(len(o.state_dict()["state"]) == 2 and
+       all("momentum_buffer" in st for st in o.state_dict()["state"].values()),
+       f"state not created: {o.state_dict()['state']}")
+expect(all(same_everywhere(p) for p in net.parameters()), "params differ after the state init")
+
 # -- on a process set: members average among themselves, the outsider steps alone ---------
 pair = hvd.add_process_set([0, 1])
 lin = nn.Linear(2, 1, bias=False)

@@ -16,12 +16,12 @@ import torch
 from ddl_core.torch._tensors import prepare
 from ddl_core.torch.optimizer import (
     Compression,
-    broadcast_optimizer_state,
     broadcast_parameters,
 )
 from ddl_core.torch.optimizer import DistributedOptimizer as _DistributedOptimizer
 from ddl_core.torch.optimizer import allgather_object as _allgather_object
 from ddl_core.torch.optimizer import broadcast_object as _broadcast_object
+from ddl_core.torch.optimizer import broadcast_optimizer_state as _broadcast_optimizer_state
 from ddl_core.torch.sync_bn import SyncBatchNorm
 
 import ddl_core
@@ -170,10 +170,11 @@ def _wire(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], Any]:
 
 def _bits(t: torch.Tensor) -> tuple[np.ndarray, Any]:
     """(numpy array holding t's bytes, array -> torch tensor of t's dtype): what a process
-    set moves without arithmetic (gathers, broadcasts); 16-bit floats as int16."""
-    if t.dtype in (torch.float16, torch.bfloat16):
-        dt = t.dtype
-        return t.view(torch.int16).numpy(), lambda a: torch.from_numpy(a).view(dt)
+    set moves without arithmetic (gathers, broadcasts, alltoall); bfloat16, which numpy
+    lacks, travels as float16 bits (libddl only copies them)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.float16).numpy(), \
+            lambda a: torch.from_numpy(a).view(torch.bfloat16)
     return t.numpy(), torch.from_numpy
 
 
@@ -853,6 +854,31 @@ def allgather_object(obj: Any, name: str | None = None,
         out.append(pickle.loads(flat[off: off + k].tobytes()))
         off += k
     return out
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,
+                              model: torch.nn.Module | None = None) -> None:
+    """Give every rank root_rank's optimizer state and hyper-parameters (the whole
+    state_dict, pickled: any optimizer, L-BFGS included). A newly created optimizer's
+    state is first initialized as Horovod does: every parameter that requires a gradient
+    gets a zero gradient (except sparse embeddings of `model`) and the wrapped optimizer
+    takes one step without averaging, so every rank ends with the state tensors."""
+    if not optimizer.state_dict()["state"]:
+        sparse = set()
+        if model is not None:
+            sparse = {id(p) for m in model.modules()
+                      if isinstance(m, torch.nn.Embedding) and m.sparse
+                      for p in m.parameters()}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and id(p) not in sparse:
+                    p.grad = torch.zeros_like(p)
+        # The user's optimizer class's step: a DistributedOptimizer's would average, which
+        # needs every rank to step; the class it wraps is the first base of its class.
+        base = type(optimizer).__mro__[1] if hasattr(optimizer, "synchronize") \
+            else type(optimizer)
+        base.step(optimizer)
+    _broadcast_optimizer_state(optimizer, root_rank)
 
 
 def join(device: int = -1) -> int:  # noqa: ARG001
