@@ -58,6 +58,27 @@ from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST
 from ..common.matching import alltoall_parts, op_name, submit_alltoall
 from ..common.process_sets import engine_of
 from . import elastic  # noqa: F401 - hvd.elastic raises "not supported"
+from .util import _executing_eagerly  # noqa: F401 - Horovod exposes it as hvd._executing_eagerly
+
+
+def rank_op(name: str | None = None) -> Any:  # noqa: ARG001 - Horovod's signature
+    """Horovod's rank as an int32 tensor (a constant: a DDL job's ranks never change)."""
+    return tf.constant(rank(), dtype=tf.int32)
+
+
+def size_op(name: str | None = None) -> Any:  # noqa: ARG001
+    """The number of ranks as an int32 tensor."""
+    return tf.constant(size(), dtype=tf.int32)
+
+
+def local_rank_op(name: str | None = None) -> Any:  # noqa: ARG001
+    """This process's rank on its host as an int32 tensor."""
+    return tf.constant(local_rank(), dtype=tf.int32)
+
+
+def local_size_op(name: str | None = None) -> Any:  # noqa: ARG001
+    """The number of ranks on this host as an int32 tensor."""
+    return tf.constant(local_size(), dtype=tf.int32)
 
 _HOROVOD_OP = {"avg": "average", "sum": "sum", "min": "min", "max": "max", "prod": "product"}
 
