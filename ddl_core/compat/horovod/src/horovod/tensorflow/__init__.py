@@ -425,11 +425,28 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
     """A Keras optimizer that averages gradients over ranks before applying them."""
     from ddl_core.keras import DistributedOptimizer as _DO
 
-    if engine_of(unused.get("process_set", global_process_set), "DistributedOptimizer") \
-            is not None:
-        raise NotImplementedError(
-            "horovod-ddl: DistributedOptimizer on a process set other than the global one is "
-            "not supported for Keras; use hvd.DistributedGradientTape(tape, process_set=...) "
-            "in a custom training loop")
-
+    process_set = unused.get("process_set", global_process_set)
+    if process_set is not global_process_set and process_set.process_set_id != 0:
+        process_set._check_registered()
+        return _set_optimizer(optimizer, op, process_set)
     return _DO(optimizer, op=_HOROVOD_OP[ddl_op(op)])
+
+
+def _set_optimizer(optimizer: Any, op: Any, process_set: ProcessSet) -> Any:
+    """A copy of the Keras `optimizer` (same class and config) whose apply() averages the
+    gradients over `process_set` first, one named request per gradient on the set's
+    engine (works eagerly and inside fit's tf.function); on a rank outside the set the
+    gradients are applied as they are (Horovod's optimizer averages nothing there)."""
+    base = type(optimizer)
+    member = process_set.included()
+
+    def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+        if member:
+            grads = [None if g is None else
+                     allreduce(g, op=op, process_set=process_set,
+                               name=f"DistributedOptimizer.{i}")
+                     for i, g in enumerate(list(grads))]
+        return base.apply(self, grads, trainable_variables)
+
+    cls = type(base.__name__, (base,), {"apply": apply})
+    return cls.from_config(optimizer.get_config())
