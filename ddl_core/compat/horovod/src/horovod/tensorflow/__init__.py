@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import pickle
+import weakref
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 from ddl_core.objects import allgather_object as _allgather_object
 from ddl_core.objects import broadcast_object as _broadcast_object
+from tensorflow.python.framework.func_graph import FuncGraph
 
 import ddl_core
 from ddl_core import tensorflow as _dtf
@@ -170,6 +172,28 @@ def _op_label(name: str | None, kind: str) -> str:
     return "".join(c if c.isalnum() or c in "._-/" else "_" for c in name).lstrip("_-/") or kind
 
 
+# The last collective built into each TF1-style graph (see _collective).
+_chain: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _collective(func: Any, inp: list[Any], tout: Any, name: str) -> Any:
+    """tf.numpy_function for a collective, run in program order. Each one blocks its
+    thread until every rank has submitted it, so the ranks must run them in the same
+    order: eagerly and in a tf.function (whose automatic control dependencies order
+    stateful ops) they do; in a TF1-style graph TensorFlow would pick any order per rank
+    and two ranks could block on different collectives for ever, so there each
+    collective gets a control dependency on the one built before it (running one runs
+    the earlier ones of the graph too). Upstream's asynchronous kernels need no order."""
+    g = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    if g is None or isinstance(g, FuncGraph):
+        return tf.numpy_function(func, inp, tout, stateful=True, name=name)
+    prev = _chain.get(g)
+    with tf.control_dependencies([] if prev is None else [prev]):
+        out = tf.numpy_function(func, inp, tout, stateful=True, name=name)
+    _chain[g] = (out[0] if isinstance(out, (list, tuple)) else out).op
+    return out
+
+
 def _np(x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x)
     return x.reshape(1) if x.ndim == 0 else x
@@ -199,8 +223,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
         x = np.ascontiguousarray(x)
         return _waited(lambda: ddl_core.allreduce_async(x, op=dop, name=full, shape=x.shape))
 
-    out = tf.numpy_function(run, [wire], wire.dtype, stateful=True,
-                            name=_op_label(name, "Allreduce"))
+    out = _collective(run, [wire], wire.dtype, name=_op_label(name, "Allreduce"))
     out = compression.decompress(tf.reshape(out, tf.shape(wire)), ctx)
     if postscale_factor != 1.0:
         out = out * tf.cast(postscale_factor, out.dtype)
@@ -229,8 +252,7 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, op: Any =
         return _waited(lambda: [ddl_core.allreduce_async(x, op=dop, name=nm, shape=x.shape)
                                 for x, nm in zip(xs, names, strict=True)])
 
-    outs = tf.numpy_function(run, ts, [t.dtype for t in ts], stateful=True,
-                             name=_op_label(name, "GroupedAllreduce"))
+    outs = _collective(run, ts, [t.dtype for t in ts], name=_op_label(name, "GroupedAllreduce"))
     return [tf.reshape(o, tf.shape(t)) for o, t in zip(outs, ts, strict=True)]
 
 
@@ -250,7 +272,7 @@ def allgather(tensor: Any, name: str | None = None,
                            full or "allgather")[0]
         return _waited(lambda: ddl_core.allgatherv_async(x, name=full, shape=x.shape))
 
-    out = tf.numpy_function(run, [t], t.dtype, stateful=True, name=_op_label(name, "Allgather"))
+    out = _collective(run, [t], t.dtype, name=_op_label(name, "Allgather"))
     if t.shape.rank:
         out.set_shape([None, *t.shape[1:]])
     return out
@@ -276,7 +298,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
         _waited(lambda: ddl_core.broadcast_async(x, root_rank, name=full, shape=x.shape))
         return x
 
-    out = tf.numpy_function(run, [t], t.dtype, stateful=True, name=_op_label(name, "Broadcast"))
+    out = _collective(run, [t], t.dtype, name=_op_label(name, "Broadcast"))
     return tf.reshape(out, tf.shape(t))
 
 
@@ -313,8 +335,8 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
         out = np.concatenate([dh[a:b] for a, b in parts]) if parts else dh[:0]
         return out, np.asarray(received, dtype=np.int32)
 
-    out, rsplits = tf.numpy_function(run, [t, sp], [t.dtype, tf.int32], stateful=True,
-                                     name=_op_label(name, "Alltoall"))
+    out, rsplits = _collective(run, [t, sp], [t.dtype, tf.int32],
+                               name=_op_label(name, "Alltoall"))
     if t.shape.rank:
         out.set_shape([None, *t.shape[1:]])
     rsplits.set_shape([n])
