@@ -2,7 +2,8 @@
 (test/parallel/test_torch.py) checks: differentiable collectives, reducescatter's scale
 factors and grouped form, poll() on asynchronous handles, sparse allreduce, process sets
 removed and added again, shutdown(), and the DistributedOptimizer's behaviour (forced
-allreduce, sparse gradients, parameter names, the synchronize() warning, process sets).
+allreduce, sparse gradients, parameter names, the synchronize() warning, process sets);
+and tensorflow collectives in a TF1-style graph (test_tensorflow.py's graph-mode runs).
 Real 3-rank jobs."""
 
 from __future__ import annotations
@@ -23,3 +24,9 @@ def test_distributed_optimizer_semantics() -> None:
     need("torch")
     proc = mpirun(3, WORKERS / "hvd_optimizer_semantics.py", env={"DDL_TIMEOUT": "30"})
     assert ok_lines(proc, "hvd_optimizer_semantics") == 3, proc.stdout
+
+
+def test_tensorflow_graph_mode_collectives_run_in_program_order() -> None:
+    need("tensorflow")
+    proc = mpirun(3, WORKERS / "hvd_tf_graph.py", env={"DDL_TIMEOUT": "30"})
+    assert ok_lines(proc, "hvd_tf_graph") == 3, proc.stdout
