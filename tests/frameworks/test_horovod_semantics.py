@@ -30,3 +30,9 @@ def test_tensorflow_graph_mode_collectives_run_in_program_order() -> None:
     need("tensorflow")
     proc = mpirun(3, WORKERS / "hvd_tf_graph.py", env={"DDL_TIMEOUT": "30"})
     assert ok_lines(proc, "hvd_tf_graph") == 3, proc.stdout
+
+
+def test_tensorflow_dtypes_indexed_slices_grouped_and_inplace() -> None:
+    need("tensorflow")
+    proc = mpirun(3, WORKERS / "hvd_tf_semantics.py", env={"DDL_TIMEOUT": "30"})
+    assert ok_lines(proc, "hvd_tf_semantics") == 3, proc.stdout

@@ -194,6 +194,22 @@ def _collective(func: Any, inp: list[Any], tout: Any, name: str) -> Any:
     return out
 
 
+_WIDEN = {np.dtype(np.uint16): np.int32, np.dtype(np.int16): np.int32,
+          np.dtype(np.uint32): np.int64, np.dtype(np.bool_): np.uint8}
+
+
+def _movable(x: np.ndarray) -> tuple[np.ndarray, Any]:
+    """(array libddl moves, result -> x's dtype) for the collectives that only move data
+    (allgather, broadcast, alltoall): dtypes libddl lacks travel widened, losslessly."""
+    if x.dtype == np.uint64:
+        return x.view(np.int64), lambda y: np.asarray(y).view(np.uint64)
+    to = _WIDEN.get(x.dtype)
+    if to is None:
+        return x, lambda y: y
+    dt = x.dtype
+    return x.astype(to), lambda y: np.asarray(y).astype(dt)
+
+
 def _np(x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x)
     return x.reshape(1) if x.ndim == 0 else x
@@ -203,10 +219,15 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
               device_sparse: str = "", compression: Any = Compression.none, op: Any = None,  # noqa: ARG001
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
-    """`tensor` reduced over the process set's ranks (all by default; IndexedSlices are
-    densified). Matched across ranks by name (any order) or, unnamed, by order; shapes
-    and dtypes must agree."""
+    """`tensor` reduced over the process set's ranks (all by default). Matched across
+    ranks by name (any order) or, unnamed, by order; shapes and dtypes must agree.
+    tf.IndexedSlices (embedding gradients) stay sparse as in Horovod: every rank's values
+    and indices are allgathered (values divided by the set's size for Average); other ops
+    and scale factors are NotImplementedError for them, as Horovod's."""
     ddl_core.init()
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_slices(tensor, op, average, prescale_factor, postscale_factor,
+                                 name, process_set)
     dop = ddl_op(op, average)
     eng = engine_of(process_set, "allreduce")
     t = tf.convert_to_tensor(tensor)
@@ -228,6 +249,25 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
     if postscale_factor != 1.0:
         out = out * tf.cast(postscale_factor, out.dtype)
     return out
+
+
+def _allreduce_slices(slices: Any, op: Any, average: bool | None, prescale: float,
+                      postscale: float, name: str | None, process_set: ProcessSet) -> Any:
+    if op is None:
+        op = Average if average is not False else Sum
+    if op not in (Average, Sum):
+        raise NotImplementedError("the allreduce of tf.IndexedSlices supports op=Average "
+                                  f"and Sum only, not {op!r}")
+    if prescale != 1.0 or postscale != 1.0:
+        raise NotImplementedError("pre/postscale_factor are not supported for the allreduce "
+                                  "of tf.IndexedSlices")
+    values = allgather(slices.values, name=None if name is None else f"{name}.values",
+                       process_set=process_set)
+    indices = allgather(slices.indices, name=None if name is None else f"{name}.indices",
+                        process_set=process_set)
+    if op == Average:
+        values = values / tf.cast(process_set.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
 def grouped_allreduce(tensors: list[Any], average: bool | None = None, op: Any = None,
@@ -266,11 +306,11 @@ def allgather(tensor: Any, name: str | None = None,
     full = op_name("allgather", _name("Allgather", t, name))
 
     def run(x: np.ndarray) -> np.ndarray:
-        x = _np(x)
+        x, back = _movable(_np(x))
         if eng is not None:
-            return _on_set(eng, full, (ALLGATHER, x.dtype.str, x.shape[1:]), x.shape[0], x,
-                           full or "allgather")[0]
-        return _waited(lambda: ddl_core.allgatherv_async(x, name=full, shape=x.shape))
+            return back(_on_set(eng, full, (ALLGATHER, x.dtype.str, x.shape[1:]), x.shape[0],
+                                x, full or "allgather")[0])
+        return back(_waited(lambda: ddl_core.allgatherv_async(x, name=full, shape=x.shape)))
 
     out = _collective(run, [t], t.dtype, name=_op_label(name, "Allgather"))
     if t.shape.rank:
@@ -291,12 +331,13 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
     full = op_name("broadcast", _name("Broadcast", t, name))
 
     def run(x: np.ndarray) -> np.ndarray:
-        x = np.array(x, copy=True, order="C")
+        x, back = _movable(np.array(x, copy=True, order="C"))
+        x = np.ascontiguousarray(x)
         if eng is not None:
-            return _on_set(eng, full, (BROADCAST, x.dtype.str, x.shape, int(root_rank)), None,
-                           x, full or "broadcast")
+            return back(_on_set(eng, full, (BROADCAST, x.dtype.str, x.shape, int(root_rank)),
+                                None, x, full or "broadcast"))
         _waited(lambda: ddl_core.broadcast_async(x, root_rank, name=full, shape=x.shape))
-        return x
+        return back(x)
 
     out = _collective(run, [t], t.dtype, name=_op_label(name, "Broadcast"))
     return tf.reshape(out, tf.shape(t))
@@ -317,6 +358,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     full_name = _name("Alltoall", t, name)
 
     def run(x: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x, back = _movable(np.ascontiguousarray(x))
         x = np.ascontiguousarray(x)
         s = [int(v) for v in np.asarray(s).reshape(-1)]
         if splits is None and x.shape[0] % n:
@@ -329,11 +371,11 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
             out, received = _on_set(eng, op_name("alltoall", full_name),
                                     (ALLTOALL, x.dtype.str, x.shape[1:]), s, x,
                                     op_name("alltoall", full_name) or "alltoall")
-            return np.ascontiguousarray(out), np.asarray(received, dtype=np.int32)
+            return (np.ascontiguousarray(back(out)), np.asarray(received, dtype=np.int32))
         sh, dh = _waited(lambda: list(submit_alltoall(x, s, full_name)))
         parts, received = alltoall_parts(sh.reshape(n, n), me)
         out = np.concatenate([dh[a:b] for a, b in parts]) if parts else dh[:0]
-        return out, np.asarray(received, dtype=np.int32)
+        return back(out), np.asarray(received, dtype=np.int32)
 
     out, rsplits = _collective(run, [t, sp], [t.dtype, tf.int32],
                                name=_op_label(name, "Alltoall"))
@@ -345,19 +387,66 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
 
 def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none,  # noqa: ARG001
                   op: Any = Average, name: str | None = None,
-                  process_set: ProcessSet = global_process_set, **unused: Any) -> Any:
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0, **unused: Any) -> Any:
     """`tensor` reduced over the process set's ranks, this rank's block of the first
     dimension (the first blocks one row larger when rows do not divide, as Horovod)."""
+    if tf.convert_to_tensor(tensor).shape.rank == 0:
+        raise ValueError("reducescatter: a scalar (0-dimensional tensor) cannot be scattered")
     eng = engine_of(process_set, "reducescatter")
     n, me = ((ddl_core.size(), ddl_core.rank()) if eng is None
              else (len(eng.members), eng.comm.rank))
     red = allreduce(tensor, op=op, compression=compression, process_set=process_set,
-                    name=None if name is None else f"reducescatter.{name}")
+                    name=None if name is None else f"reducescatter.{name}",
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
     rows = tf.shape(red)[0]
     base, extra = rows // n, rows % n
     start = me * base + tf.minimum(me, extra)
     count = base + tf.cast(me < extra, rows.dtype)
     return red[start:start + count]
+
+
+def grouped_reducescatter(tensors: list[Any], device_dense: str = "",  # noqa: ARG001
+                          compression: Any = Compression.none, op: Any = Average,
+                          name: str | None = None,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          **unused: Any) -> list[Any]:
+    """reducescatter of every tensor of the list (matched by list position)."""
+    if any(tf.convert_to_tensor(t).shape.rank == 0 for t in tensors):
+        raise ValueError("grouped_reducescatter: a scalar (0-dimensional tensor) cannot be "
+                         "scattered")
+    return [reducescatter(t, compression=compression, op=op,
+                          name=None if name is None else f"{name}.{i}",
+                          process_set=process_set, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor)
+            for i, t in enumerate(tensors)]
+
+
+def grouped_allgather(tensors: list[Any], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[Any]:
+    """allgather of every tensor of the list (matched by list position)."""
+    return [allgather(t, name=None if name is None else f"{name}.{i}",
+                      process_set=process_set) for i, t in enumerate(tensors)]
+
+
+def broadcast_(variables: list[Any], root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Overwrite every variable with root_rank's value, in place; returns the variables'
+    new values (in a graph, the assignments)."""
+    return [v.assign(broadcast(v, root_rank, name=None if name is None else f"{name}.{i}",
+                               process_set=process_set))
+            for i, v in enumerate(variables)]
+
+
+def broadcast_global_variables(root_rank: int) -> Any:
+    """TF1: an op assigning root_rank's values to every global variable. Eagerly there are
+    no global variables: RuntimeError, as Horovod's."""
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager "
+                           "execution. Please use `hvd.broadcast_variables(<model/optimizer "
+                           "variables>)` instead.")
+    return tf.group(*broadcast_(tf.compat.v1.global_variables(), root_rank))
 
 
 def broadcast_variables(variables: Any, root_rank: int) -> None:
