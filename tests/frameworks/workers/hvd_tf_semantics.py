@@ -1,9 +1,9 @@
 """horovod.tensorflow as Horovod documents it, at 3 ranks: dtypes libddl lacks (uint16,
 int16, bool, uint32, uint64) through allgather/broadcast/alltoall unchanged; the
 allreduce of tf.IndexedSlices stays sparse (gathered values and indices; other ops and
-scale factors are NotImplementedError); grouped_allgather, grouped_reducescatter with
-scale factors, reducescatter's scalar error, broadcast_ in place, and
-broadcast_global_variables' RuntimeError when eager."""
+scale factors are NotImplementedError); integer pre/post scaling in float64;
+grouped_allgather, grouped_reducescatter with scale factors, reducescatter's scalar
+error, broadcast_ in place, and broadcast_global_variables' RuntimeError when eager."""
 
 from __future__ import annotations
 
@@ -74,6 +74,14 @@ expect(np.allclose(rs[0].numpy(), np.full(2, 2.0 * n)) and
        np.allclose(rs[1].numpy(), np.full((1, 2), 2.0 * sum(k + 1 for k in range(n)))),
        f"grouped_reducescatter {[x.numpy() for x in rs]}")
 raises(ValueError, lambda: hvd.reducescatter(tf.constant(1.0)), "reducescatter scalar")
+vals = [-7, -3, 5, 9, 11, 13]
+xi = tf.constant(vals, tf.int32) * (r + 1)
+pre = hvd.allreduce(xi, op=hvd.Sum, prescale_factor=0.7).numpy()
+want = [sum(int(0.7 * (v * (k + 1))) for k in range(n)) for v in vals]  # int(): truncation
+expect(pre.dtype == np.int32 and pre.tolist() == want, f"int prescale {pre} != {want}")
+post = hvd.allreduce(xi, op=hvd.Sum, postscale_factor=0.7).numpy()
+want = [int(0.7 * (v * sum(k + 1 for k in range(n)))) for v in vals]
+expect(post.tolist() == want, f"int postscale {post} != {want}")
 v = tf.Variable([float(r)] * 2)
 hvd.broadcast_([v], n - 1)
 expect(np.allclose(v.numpy(), float(n - 1)), f"broadcast_ {v.numpy()}")

@@ -210,6 +210,19 @@ def _movable(x: np.ndarray) -> tuple[np.ndarray, Any]:
     return x.astype(to), lambda y: np.asarray(y).astype(dt)
 
 
+def _scaled(t: Any, factor: float) -> Any:
+    """t times a pre/post-scale factor in Horovod's arithmetic: integers in float64 and
+    truncated back (a factor cast to an integer dtype would be 0), 16-bit floats in
+    float32."""
+    if factor == 1.0:
+        return t
+    if t.dtype.is_integer:
+        return tf.cast(tf.cast(t, tf.float64) * factor, t.dtype)
+    if t.dtype in (tf.float16, tf.bfloat16):
+        return tf.cast(tf.cast(t, tf.float32) * factor, t.dtype)
+    return t * tf.cast(factor, t.dtype)
+
+
 def _np(x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x)
     return x.reshape(1) if x.ndim == 0 else x
@@ -231,8 +244,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
     dop = ddl_op(op, average)
     eng = engine_of(process_set, "allreduce")
     t = tf.convert_to_tensor(tensor)
-    if prescale_factor != 1.0:
-        t = t * tf.cast(prescale_factor, t.dtype)
+    t = _scaled(t, prescale_factor)
     wire, ctx = compression.compress(t)
     full = op_name("allreduce", _name("Allreduce", wire, name))
 
@@ -246,8 +258,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
 
     out = _collective(run, [wire], wire.dtype, name=_op_label(name, "Allreduce"))
     out = compression.decompress(tf.reshape(out, tf.shape(wire)), ctx)
-    if postscale_factor != 1.0:
-        out = out * tf.cast(postscale_factor, out.dtype)
+    out = _scaled(out, postscale_factor)
     return out
 
 
