@@ -285,8 +285,22 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, op: Any =
                       name: str | None = None, process_set: ProcessSet = global_process_set,
                       **kwargs: Any) -> list[Any]:  # noqa: ARG001
     """Every tensor reduced over the process set's ranks: one request each (fused),
-    named `<name>.<i>` when named."""
+    named `<name>.<i>` when named. tf.IndexedSlices entries stay sparse, as allreduce's."""
     ddl_core.init()
+    if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+        dense = [i for i in range(len(tensors)) if i not in sparse]
+        out: list[Any] = [None] * len(tensors)
+        for i in sparse:
+            out[i] = allreduce(tensors[i], average=average, op=op, process_set=process_set,
+                               name=None if name is None else f"{name}.{i}", **kwargs)
+        if dense:
+            red = grouped_allreduce([tensors[i] for i in dense], average=average, op=op,
+                                    name=None if name is None else f"{name}.dense",
+                                    process_set=process_set, **kwargs)
+            for i, r in zip(dense, red, strict=True):
+                out[i] = r
+        return out
     if engine_of(process_set, "grouped_allreduce") is not None:
         return [allreduce(t, average=average, op=op, process_set=process_set,
                           name=None if name is None else f"{name}.{i}")
