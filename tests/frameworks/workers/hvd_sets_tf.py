@@ -1,7 +1,7 @@
 """Process sets and join on horovod-ddl's TensorFlow and Keras front ends, at 3 ranks:
 the collectives with process_set= (eager and in a tf.function), Horovod's error outside
-a set, DistributedGradientTape on a set, Keras's allreduce on a set, then join with
-uneven numbers of steps."""
+a set, DistributedGradientTape on a set, Keras's allreduce and DistributedOptimizer (fit)
+on a set, then join with uneven numbers of steps."""
 
 from __future__ import annotations
 
@@ -78,6 +78,21 @@ else:
         bad.append("allreduce outside the set did not raise")
     except ValueError as e:
         expect("not a part of process set" in str(e), f"outside message {e}")
+
+# Keras's DistributedOptimizer on the set, through fit (a tf.function): members average
+# their gradients, rank 1 (outside the set) applies its own. One sample, mse, no bias:
+# dL/dw = 2 * (2 (r + 1)) * (r + 1) = 4 (r + 1)^2 -> members (4 + 36) / 2 = 20, rank 1: 16.
+import keras  # noqa: E402
+
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, use_bias=False,
+                                                                kernel_initializer="ones")])
+opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.01), process_set=ps)
+model.compile(optimizer=opt, loss="mse")
+model.fit(np.ones((1, 2), "float32") * (r + 1), np.zeros((1, 1), "float32"), batch_size=1,
+          epochs=1, verbose=0, shuffle=False)
+want = 1.0 - 0.01 * (20.0 if r in m else 16.0)
+expect(np.allclose(model.get_weights()[0], want), f"keras optimizer on a set "
+       f"{model.get_weights()[0].ravel()} != {want}")
 
 wrs = hvd.reducescatter(tf.ones([4, 2]) * (r + 1), op=hvd.Sum).numpy()
 expect(wrs.shape == ([2, 1, 1][r], 2) and np.allclose(wrs, 6.0), f"world reducescatter {wrs}")

@@ -15,6 +15,7 @@ schedulers and `state_dict()` behave as for the original.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -55,7 +56,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     """Methods mixed into a subclass of the user's optimizer class by
     DistributedOptimizer(); its state is set up by _init_wrapper."""
 
-    _ddl_handles: dict[torch.Tensor, tuple[Any, torch.Tensor, Any, Any]]
+    _ddl_handles: dict[torch.Tensor, Any]  # (handle, wire, ctx, post), or a function (sparse)
 
     @property
     def backward_passes_per_step(self) -> int:
@@ -76,12 +77,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "between backward passes, or raise backward_passes_per_step")
         self._ddl_handles[p] = self._ddl_submit(p)
 
-    def _ddl_submit(self, p: torch.Tensor) -> tuple[Any, torch.Tensor, Any, Any]:
+    def _ddl_submit(self, p: torch.Tensor) -> Any:
+        """Queue p's gradient; returns what synchronize() finishes: (handle, wire, ctx,
+        post) for a dense gradient, a function for a sparse one."""
         grad = p.grad
         if grad is None:
             grad = p.grad = torch.zeros_like(p)
         if grad.is_sparse:
-            grad = p.grad = grad.to_dense()
+            if not self._ddl_sparse_as_dense:
+                return self._ddl_submit_sparse(p, grad)
+            grad = grad.to_dense()  # averaged dense, made sparse again by synchronize()
         wire, ctx = self._ddl_compression.compress(grad)
         op = self._ddl_op
         if self._ddl_predivide != 1.0:
@@ -95,6 +100,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                      shape=tuple(work.shape))
         return h, wire, ctx, post
 
+    def _ddl_submit_sparse(self, p: torch.Tensor, grad: torch.Tensor) -> Any:
+        """A sparse gradient (e.g. nn.Embedding(sparse=True)) stays sparse, as optimizers
+        like SparseAdam need: every rank's indices and values are allgathered (the result
+        holds every rank's entries; duplicates add up), values divided by size() for an
+        average. Returns the function that finishes it."""
+        if self._ddl_op not in ("avg", "sum"):
+            raise ValueError(f"a sparse gradient can be averaged or summed, not reduced with "
+                             f"{self._ddl_op!r}; pass sparse_as_dense=True")
+        name = self._ddl_names[p]
+        idx = grad._indices().t().contiguous()
+        val = grad._values().contiguous()
+        hi = ddl_core.allgatherv_async(idx, name=name + ".indices", shape=tuple(idx.shape))
+        hv = ddl_core.allgatherv_async(val, name=name + ".values", shape=tuple(val.shape))
+
+        def finish() -> None:
+            values, indices = hv.wait(), hi.wait()
+            if self._ddl_op == "avg":
+                values = values / ddl_core.size()
+            p.grad = torch.sparse_coo_tensor(indices.t(), values, grad.shape,
+                                             check_invariants=True)
+
+        return finish
+
     def synchronize(self) -> None:
         """Wait for every gradient's average (queueing the ones whose hook did not fire,
         e.g. unused parameters, so all ranks issue the same collectives)."""
@@ -102,14 +130,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.requires_grad and p not in self._ddl_handles:
                     self._ddl_handles[p] = self._ddl_submit(p)
-        for p, (h, wire, ctx, post) in self._ddl_handles.items():
+        for p, entry in self._ddl_handles.items():
+            if callable(entry):  # a sparse gradient
+                entry()
+                continue
+            h, wire, ctx, post = entry
             h.wait()
             if post is not None:
                 post()
             out = self._ddl_compression.decompress(wire, ctx)
             if self._ddl_predivide != 1.0:
                 out = out.mul_(self._ddl_predivide / ddl_core.size())
-            if out is not p.grad:
+            if p.grad.is_sparse:  # sparse_as_dense: averaged dense, sparse again
+                p.grad = out.to_sparse()
+            elif out is not p.grad:
                 p.grad.copy_(out)
         self._ddl_handles.clear()
         self._ddl_counts.clear()
@@ -127,7 +161,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:
         if not self._ddl_skip_sync:
             if self._ddl_synchronized and not self._ddl_handles:
-                pass  # synchronize() was called explicitly for this step
+                # synchronize() was called explicitly for this step: nothing to redo
+                if self._ddl_warn_resync:
+                    warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                                  "context after optimizer.synchronize(). This can cause "
+                                  "training slowdown. You may want to consider using "
+                                  "optimizer.skip_synchronize() context if you use "
+                                  "optimizer.synchronize() in your code.", stacklevel=2)
             else:
                 self.synchronize()
         self._ddl_synchronized = False
@@ -148,12 +188,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horov
                          named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
                          compression: Any = Compression.none,
                          backward_passes_per_step: int = 1, op: str = "average",
-                         gradient_predivide_factor: float = 1.0, **unused: Any) -> Any:
+                         gradient_predivide_factor: float = 1.0, sparse_as_dense: bool = False,
+                         **unused: Any) -> Any:
     """Wrap `optimizer` so that step() applies gradients averaged over all ranks.
 
     Returns an instance of a subclass of the optimizer's own class sharing its
     param_groups (and hyper-parameters). `backward_passes_per_step=k` accumulates k
-    local backward passes before one averaging.
+    local backward passes before one averaging. Sparse gradients stay sparse (every
+    rank's entries gathered) unless `sparse_as_dense=True` (averaged dense, then made
+    sparse again), as Horovod's.
     """
     opname = _OPS.get(str(op).lower())
     if opname is None:
@@ -166,6 +209,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horov
     dist_opt.__dict__.update(optimizer.__dict__)
     _init_wrapper(dist_opt, named_parameters, compression, backward_passes_per_step, opname,
                   gradient_predivide_factor)
+    dist_opt._ddl_sparse_as_dense = sparse_as_dense
     return dist_opt
 
 
@@ -189,6 +233,10 @@ def _init_wrapper(self: Any, named_parameters: Any, compression: Any, passes: in
     self._ddl_counts = {}
     self._ddl_synchronized = False
     self._ddl_skip_sync = False
+    self._ddl_sparse_as_dense = False
+    # Horovod warns when step() follows an explicit synchronize() outside
+    # skip_synchronize(); horovod.torch's optimizer turns this on.
+    self._ddl_warn_resync = False
     all_params = [p for g in self.param_groups for p in g["params"]]
     # Each gradient's request is named as Horovod names it ("allreduce.<parameter name>",
     # else by position), so ranks match gradients by name, not by hook order; a second

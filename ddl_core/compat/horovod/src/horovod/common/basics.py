@@ -46,6 +46,8 @@ def ddl_op(op: Any = None, average: bool | None = None) -> str:
         op = Sum if average is False else Average
     if op == Adasum:
         raise NotImplementedError("Adasum is not implemented by horovod-ddl; use op=hvd.Average")
+    if op in _DDL_OP.values():  # already ddl_core's name (the layer passes it along)
+        return str(op)
     name = _DDL_OP.get(str(op).lower())
     if name is None:
         raise ValueError(f"unknown op {op!r}: use hvd.Average, Sum, Min, Max or Product")

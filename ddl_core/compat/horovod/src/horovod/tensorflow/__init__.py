@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import pickle
+import weakref
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 from ddl_core.objects import allgather_object as _allgather_object
 from ddl_core.objects import broadcast_object as _broadcast_object
+from tensorflow.python.framework.func_graph import FuncGraph
 
 import ddl_core
 from ddl_core import tensorflow as _dtf
@@ -58,6 +60,27 @@ from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST
 from ..common.matching import alltoall_parts, op_name, submit_alltoall
 from ..common.process_sets import engine_of
 from . import elastic  # noqa: F401 - hvd.elastic raises "not supported"
+from .util import _executing_eagerly  # noqa: F401 - Horovod exposes it as hvd._executing_eagerly
+
+
+def rank_op(name: str | None = None) -> Any:  # noqa: ARG001 - Horovod's signature
+    """Horovod's rank as an int32 tensor (a constant: a DDL job's ranks never change)."""
+    return tf.constant(rank(), dtype=tf.int32)
+
+
+def size_op(name: str | None = None) -> Any:  # noqa: ARG001
+    """The number of ranks as an int32 tensor."""
+    return tf.constant(size(), dtype=tf.int32)
+
+
+def local_rank_op(name: str | None = None) -> Any:  # noqa: ARG001
+    """This process's rank on its host as an int32 tensor."""
+    return tf.constant(local_rank(), dtype=tf.int32)
+
+
+def local_size_op(name: str | None = None) -> Any:  # noqa: ARG001
+    """The number of ranks on this host as an int32 tensor."""
+    return tf.constant(local_size(), dtype=tf.int32)
 
 _HOROVOD_OP = {"avg": "average", "sum": "sum", "min": "min", "max": "max", "prod": "product"}
 
@@ -149,6 +172,57 @@ def _op_label(name: str | None, kind: str) -> str:
     return "".join(c if c.isalnum() or c in "._-/" else "_" for c in name).lstrip("_-/") or kind
 
 
+# The last collective built into each TF1-style graph (see _collective).
+_chain: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _collective(func: Any, inp: list[Any], tout: Any, name: str) -> Any:
+    """tf.numpy_function for a collective, run in program order. Each one blocks its
+    thread until every rank has submitted it, so the ranks must run them in the same
+    order: eagerly and in a tf.function (whose automatic control dependencies order
+    stateful ops) they do; in a TF1-style graph TensorFlow would pick any order per rank
+    and two ranks could block on different collectives for ever, so there each
+    collective gets a control dependency on the one built before it (running one runs
+    the earlier ones of the graph too). Upstream's asynchronous kernels need no order."""
+    g = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    if g is None or isinstance(g, FuncGraph):
+        return tf.numpy_function(func, inp, tout, stateful=True, name=name)
+    prev = _chain.get(g)
+    with tf.control_dependencies([] if prev is None else [prev]):
+        out = tf.numpy_function(func, inp, tout, stateful=True, name=name)
+    _chain[g] = (out[0] if isinstance(out, (list, tuple)) else out).op
+    return out
+
+
+_WIDEN = {np.dtype(np.uint16): np.int32, np.dtype(np.int16): np.int32,
+          np.dtype(np.uint32): np.int64, np.dtype(np.bool_): np.uint8}
+
+
+def _movable(x: np.ndarray) -> tuple[np.ndarray, Any]:
+    """(array libddl moves, result -> x's dtype) for the collectives that only move data
+    (allgather, broadcast, alltoall): dtypes libddl lacks travel widened, losslessly."""
+    if x.dtype == np.uint64:
+        return x.view(np.int64), lambda y: np.asarray(y).view(np.uint64)
+    to = _WIDEN.get(x.dtype)
+    if to is None:
+        return x, lambda y: y
+    dt = x.dtype
+    return x.astype(to), lambda y: np.asarray(y).astype(dt)
+
+
+def _scaled(t: Any, factor: float) -> Any:
+    """t times a pre/post-scale factor in Horovod's arithmetic: integers in float64 and
+    truncated back (a factor cast to an integer dtype would be 0), 16-bit floats in
+    float32."""
+    if factor == 1.0:
+        return t
+    if t.dtype.is_integer:
+        return tf.cast(tf.cast(t, tf.float64) * factor, t.dtype)
+    if t.dtype in (tf.float16, tf.bfloat16):
+        return tf.cast(tf.cast(t, tf.float32) * factor, t.dtype)
+    return t * tf.cast(factor, t.dtype)
+
+
 def _np(x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x)
     return x.reshape(1) if x.ndim == 0 else x
@@ -158,15 +232,19 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
               device_sparse: str = "", compression: Any = Compression.none, op: Any = None,  # noqa: ARG001
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
-    """`tensor` reduced over the process set's ranks (all by default; IndexedSlices are
-    densified). Matched across ranks by name (any order) or, unnamed, by order; shapes
-    and dtypes must agree."""
+    """`tensor` reduced over the process set's ranks (all by default). Matched across
+    ranks by name (any order) or, unnamed, by order; shapes and dtypes must agree.
+    tf.IndexedSlices (embedding gradients) stay sparse as in Horovod: every rank's values
+    and indices are allgathered (values divided by the set's size for Average); other ops
+    and scale factors are NotImplementedError for them, as Horovod's."""
     ddl_core.init()
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_slices(tensor, op, average, prescale_factor, postscale_factor,
+                                 name, process_set)
     dop = ddl_op(op, average)
     eng = engine_of(process_set, "allreduce")
     t = tf.convert_to_tensor(tensor)
-    if prescale_factor != 1.0:
-        t = t * tf.cast(prescale_factor, t.dtype)
+    t = _scaled(t, prescale_factor)
     wire, ctx = compression.compress(t)
     full = op_name("allreduce", _name("Allreduce", wire, name))
 
@@ -178,20 +256,51 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
         x = np.ascontiguousarray(x)
         return _waited(lambda: ddl_core.allreduce_async(x, op=dop, name=full, shape=x.shape))
 
-    out = tf.numpy_function(run, [wire], wire.dtype, stateful=True,
-                            name=_op_label(name, "Allreduce"))
+    out = _collective(run, [wire], wire.dtype, name=_op_label(name, "Allreduce"))
     out = compression.decompress(tf.reshape(out, tf.shape(wire)), ctx)
-    if postscale_factor != 1.0:
-        out = out * tf.cast(postscale_factor, out.dtype)
+    out = _scaled(out, postscale_factor)
     return out
+
+
+def _allreduce_slices(slices: Any, op: Any, average: bool | None, prescale: float,
+                      postscale: float, name: str | None, process_set: ProcessSet) -> Any:
+    if op is None:
+        op = Average if average is not False else Sum
+    if op not in (Average, Sum):
+        raise NotImplementedError("the allreduce of tf.IndexedSlices supports op=Average "
+                                  f"and Sum only, not {op!r}")
+    if prescale != 1.0 or postscale != 1.0:
+        raise NotImplementedError("pre/postscale_factor are not supported for the allreduce "
+                                  "of tf.IndexedSlices")
+    values = allgather(slices.values, name=None if name is None else f"{name}.values",
+                       process_set=process_set)
+    indices = allgather(slices.indices, name=None if name is None else f"{name}.indices",
+                        process_set=process_set)
+    if op == Average:
+        values = values / tf.cast(process_set.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
 def grouped_allreduce(tensors: list[Any], average: bool | None = None, op: Any = None,
                       name: str | None = None, process_set: ProcessSet = global_process_set,
                       **kwargs: Any) -> list[Any]:  # noqa: ARG001
     """Every tensor reduced over the process set's ranks: one request each (fused),
-    named `<name>.<i>` when named."""
+    named `<name>.<i>` when named. tf.IndexedSlices entries stay sparse, as allreduce's."""
     ddl_core.init()
+    if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+        dense = [i for i in range(len(tensors)) if i not in sparse]
+        out: list[Any] = [None] * len(tensors)
+        for i in sparse:
+            out[i] = allreduce(tensors[i], average=average, op=op, process_set=process_set,
+                               name=None if name is None else f"{name}.{i}", **kwargs)
+        if dense:
+            red = grouped_allreduce([tensors[i] for i in dense], average=average, op=op,
+                                    name=None if name is None else f"{name}.dense",
+                                    process_set=process_set, **kwargs)
+            for i, r in zip(dense, red, strict=True):
+                out[i] = r
+        return out
     if engine_of(process_set, "grouped_allreduce") is not None:
         return [allreduce(t, average=average, op=op, process_set=process_set,
                           name=None if name is None else f"{name}.{i}")
@@ -208,8 +317,7 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, op: Any =
         return _waited(lambda: [ddl_core.allreduce_async(x, op=dop, name=nm, shape=x.shape)
                                 for x, nm in zip(xs, names, strict=True)])
 
-    outs = tf.numpy_function(run, ts, [t.dtype for t in ts], stateful=True,
-                             name=_op_label(name, "GroupedAllreduce"))
+    outs = _collective(run, ts, [t.dtype for t in ts], name=_op_label(name, "GroupedAllreduce"))
     return [tf.reshape(o, tf.shape(t)) for o, t in zip(outs, ts, strict=True)]
 
 
@@ -223,13 +331,13 @@ def allgather(tensor: Any, name: str | None = None,
     full = op_name("allgather", _name("Allgather", t, name))
 
     def run(x: np.ndarray) -> np.ndarray:
-        x = _np(x)
+        x, back = _movable(_np(x))
         if eng is not None:
-            return _on_set(eng, full, (ALLGATHER, x.dtype.str, x.shape[1:]), x.shape[0], x,
-                           full or "allgather")[0]
-        return _waited(lambda: ddl_core.allgatherv_async(x, name=full, shape=x.shape))
+            return back(_on_set(eng, full, (ALLGATHER, x.dtype.str, x.shape[1:]), x.shape[0],
+                                x, full or "allgather")[0])
+        return back(_waited(lambda: ddl_core.allgatherv_async(x, name=full, shape=x.shape)))
 
-    out = tf.numpy_function(run, [t], t.dtype, stateful=True, name=_op_label(name, "Allgather"))
+    out = _collective(run, [t], t.dtype, name=_op_label(name, "Allgather"))
     if t.shape.rank:
         out.set_shape([None, *t.shape[1:]])
     return out
@@ -248,14 +356,15 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
     full = op_name("broadcast", _name("Broadcast", t, name))
 
     def run(x: np.ndarray) -> np.ndarray:
-        x = np.array(x, copy=True, order="C")
+        x, back = _movable(np.array(x, copy=True, order="C"))
+        x = np.ascontiguousarray(x)
         if eng is not None:
-            return _on_set(eng, full, (BROADCAST, x.dtype.str, x.shape, int(root_rank)), None,
-                           x, full or "broadcast")
+            return back(_on_set(eng, full, (BROADCAST, x.dtype.str, x.shape, int(root_rank)),
+                                None, x, full or "broadcast"))
         _waited(lambda: ddl_core.broadcast_async(x, root_rank, name=full, shape=x.shape))
-        return x
+        return back(x)
 
-    out = tf.numpy_function(run, [t], t.dtype, stateful=True, name=_op_label(name, "Broadcast"))
+    out = _collective(run, [t], t.dtype, name=_op_label(name, "Broadcast"))
     return tf.reshape(out, tf.shape(t))
 
 
@@ -274,6 +383,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     full_name = _name("Alltoall", t, name)
 
     def run(x: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x, back = _movable(np.ascontiguousarray(x))
         x = np.ascontiguousarray(x)
         s = [int(v) for v in np.asarray(s).reshape(-1)]
         if splits is None and x.shape[0] % n:
@@ -286,14 +396,14 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
             out, received = _on_set(eng, op_name("alltoall", full_name),
                                     (ALLTOALL, x.dtype.str, x.shape[1:]), s, x,
                                     op_name("alltoall", full_name) or "alltoall")
-            return np.ascontiguousarray(out), np.asarray(received, dtype=np.int32)
+            return (np.ascontiguousarray(back(out)), np.asarray(received, dtype=np.int32))
         sh, dh = _waited(lambda: list(submit_alltoall(x, s, full_name)))
         parts, received = alltoall_parts(sh.reshape(n, n), me)
         out = np.concatenate([dh[a:b] for a, b in parts]) if parts else dh[:0]
-        return out, np.asarray(received, dtype=np.int32)
+        return back(out), np.asarray(received, dtype=np.int32)
 
-    out, rsplits = tf.numpy_function(run, [t, sp], [t.dtype, tf.int32], stateful=True,
-                                     name=_op_label(name, "Alltoall"))
+    out, rsplits = _collective(run, [t, sp], [t.dtype, tf.int32],
+                               name=_op_label(name, "Alltoall"))
     if t.shape.rank:
         out.set_shape([None, *t.shape[1:]])
     rsplits.set_shape([n])
@@ -302,19 +412,66 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
 
 def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none,  # noqa: ARG001
                   op: Any = Average, name: str | None = None,
-                  process_set: ProcessSet = global_process_set, **unused: Any) -> Any:
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0, **unused: Any) -> Any:
     """`tensor` reduced over the process set's ranks, this rank's block of the first
     dimension (the first blocks one row larger when rows do not divide, as Horovod)."""
+    if tf.convert_to_tensor(tensor).shape.rank == 0:
+        raise ValueError("reducescatter: a scalar (0-dimensional tensor) cannot be scattered")
     eng = engine_of(process_set, "reducescatter")
     n, me = ((ddl_core.size(), ddl_core.rank()) if eng is None
              else (len(eng.members), eng.comm.rank))
     red = allreduce(tensor, op=op, compression=compression, process_set=process_set,
-                    name=None if name is None else f"reducescatter.{name}")
+                    name=None if name is None else f"reducescatter.{name}",
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
     rows = tf.shape(red)[0]
     base, extra = rows // n, rows % n
     start = me * base + tf.minimum(me, extra)
     count = base + tf.cast(me < extra, rows.dtype)
     return red[start:start + count]
+
+
+def grouped_reducescatter(tensors: list[Any], device_dense: str = "",  # noqa: ARG001
+                          compression: Any = Compression.none, op: Any = Average,
+                          name: str | None = None,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          **unused: Any) -> list[Any]:
+    """reducescatter of every tensor of the list (matched by list position)."""
+    if any(tf.convert_to_tensor(t).shape.rank == 0 for t in tensors):
+        raise ValueError("grouped_reducescatter: a scalar (0-dimensional tensor) cannot be "
+                         "scattered")
+    return [reducescatter(t, compression=compression, op=op,
+                          name=None if name is None else f"{name}.{i}",
+                          process_set=process_set, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor)
+            for i, t in enumerate(tensors)]
+
+
+def grouped_allgather(tensors: list[Any], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[Any]:
+    """allgather of every tensor of the list (matched by list position)."""
+    return [allgather(t, name=None if name is None else f"{name}.{i}",
+                      process_set=process_set) for i, t in enumerate(tensors)]
+
+
+def broadcast_(variables: list[Any], root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Overwrite every variable with root_rank's value, in place; returns the variables'
+    new values (in a graph, the assignments)."""
+    return [v.assign(broadcast(v, root_rank, name=None if name is None else f"{name}.{i}",
+                               process_set=process_set))
+            for i, v in enumerate(variables)]
+
+
+def broadcast_global_variables(root_rank: int) -> Any:
+    """TF1: an op assigning root_rank's values to every global variable. Eagerly there are
+    no global variables: RuntimeError, as Horovod's."""
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager "
+                           "execution. Please use `hvd.broadcast_variables(<model/optimizer "
+                           "variables>)` instead.")
+    return tf.group(*broadcast_(tf.compat.v1.global_variables(), root_rank))
 
 
 def broadcast_variables(variables: Any, root_rank: int) -> None:
@@ -404,11 +561,28 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
     """A Keras optimizer that averages gradients over ranks before applying them."""
     from ddl_core.keras import DistributedOptimizer as _DO
 
-    if engine_of(unused.get("process_set", global_process_set), "DistributedOptimizer") \
-            is not None:
-        raise NotImplementedError(
-            "horovod-ddl: DistributedOptimizer on a process set other than the global one is "
-            "not supported for Keras; use hvd.DistributedGradientTape(tape, process_set=...) "
-            "in a custom training loop")
-
+    process_set = unused.get("process_set", global_process_set)
+    if process_set is not global_process_set and process_set.process_set_id != 0:
+        process_set._check_registered()
+        return _set_optimizer(optimizer, op, process_set)
     return _DO(optimizer, op=_HOROVOD_OP[ddl_op(op)])
+
+
+def _set_optimizer(optimizer: Any, op: Any, process_set: ProcessSet) -> Any:
+    """A copy of the Keras `optimizer` (same class and config) whose apply() averages the
+    gradients over `process_set` first, one named request per gradient on the set's
+    engine (works eagerly and inside fit's tf.function); on a rank outside the set the
+    gradients are applied as they are (Horovod's optimizer averages nothing there)."""
+    base = type(optimizer)
+    member = process_set.included()
+
+    def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+        if member:
+            grads = [None if g is None else
+                     allreduce(g, op=op, process_set=process_set,
+                               name=f"DistributedOptimizer.{i}")
+                     for i, g in enumerate(list(grads))]
+        return base.apply(self, grads, trainable_variables)
+
+    cls = type(base.__name__, (base,), {"apply": apply})
+    return cls.from_config(optimizer.get_config())

@@ -16,12 +16,12 @@ import torch
 from ddl_core.torch._tensors import prepare
 from ddl_core.torch.optimizer import (
     Compression,
-    broadcast_optimizer_state,
     broadcast_parameters,
 )
 from ddl_core.torch.optimizer import DistributedOptimizer as _DistributedOptimizer
 from ddl_core.torch.optimizer import allgather_object as _allgather_object
 from ddl_core.torch.optimizer import broadcast_object as _broadcast_object
+from ddl_core.torch.optimizer import broadcast_optimizer_state as _broadcast_optimizer_state
 from ddl_core.torch.sync_bn import SyncBatchNorm
 
 import ddl_core
@@ -79,6 +79,34 @@ def _new_handle(ddl_handle: Any, finish: Any) -> int:
     h = next(_ids)
     _handles[h] = (ddl_handle, finish)
     return h
+
+
+class _Group:
+    """What poll() asks of a handle made of several requests (grouped collectives, an
+    alltoall's two requests, a reducescatter's allreduce): done once all of them are."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = [p for p in parts if p is not None]
+
+    def test(self) -> bool:
+        return all(p.test() for p in self.parts)
+
+    def wait(self) -> None:
+        for p in self.parts:
+            p.wait()
+
+
+def _pending(handle: int) -> Any:
+    """The pollable request behind one of this module's handles (None: nothing to wait)."""
+    return _handles[handle][0]
+
+
+def _combined(handles: list[int], finish: Any) -> int:
+    """One handle over several of this module's handles; finish() gets their outputs."""
+    group = _Group([_pending(h) for h in handles])
+    return _new_handle(group, lambda: finish([synchronize(h) for h in handles]))
 
 
 def _submitted(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -142,10 +170,11 @@ def _wire(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], Any]:
 
 def _bits(t: torch.Tensor) -> tuple[np.ndarray, Any]:
     """(numpy array holding t's bytes, array -> torch tensor of t's dtype): what a process
-    set moves without arithmetic (gathers, broadcasts); 16-bit floats as int16."""
-    if t.dtype in (torch.float16, torch.bfloat16):
-        dt = t.dtype
-        return t.view(torch.int16).numpy(), lambda a: torch.from_numpy(a).view(dt)
+    set moves without arithmetic (gathers, broadcasts, alltoall); bfloat16, which numpy
+    lacks, travels as float16 bits (libddl only copies them)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.float16).numpy(), \
+            lambda a: torch.from_numpy(a).view(torch.bfloat16)
     return t.numpy(), torch.from_numpy
 
 
@@ -180,6 +209,21 @@ def _allreduce_async_new(tensor: torch.Tensor, op: str, compression: Any, presca
                                     process_set=process_set)
 
 
+def _scale(t: torch.Tensor, factor: float) -> None:
+    """Multiply t by a pre/post-scale factor in place, in Horovod's arithmetic: integers
+    in float64 (the product truncated back), 16-bit floats in float32 on the CPU."""
+    if factor == 1.0:
+        return
+    if t.dtype.is_floating_point and t.dtype not in (torch.float16, torch.bfloat16):
+        t.mul_(factor)
+    elif t.dtype.is_floating_point:
+        t.copy_(t.float().mul_(factor))
+    elif t.dtype.is_complex:
+        t.mul_(factor)
+    else:
+        t.copy_(t.double().mul_(factor))
+
+
 def _set_label(prefix: str, name: str | None) -> str:
     return op_name(prefix, name) or f"{prefix}.noname"
 
@@ -199,8 +243,7 @@ def _allreduce_async_inplace(tensor: torch.Tensor, op: str, compression: Any,
         return _new_handle(h, lambda: tensor)
     eng = engine_of(process_set, prefix)
     wire, ctx = compression.compress(tensor)
-    if prescale != 1.0:
-        wire.mul_(prescale)
+    _scale(wire, prescale)
     work, wop, post = prepare(wire, op)
     full = op_name(prefix, name)
     if eng is None:
@@ -222,8 +265,7 @@ def _allreduce_async_inplace(tensor: torch.Tensor, op: str, compression: Any,
         out = compression.decompress(wire, ctx)
         if out is not tensor:
             tensor.copy_(out)
-        if postscale != 1.0:
-            tensor.mul_(postscale)
+        _scale(tensor, postscale)
         return tensor
 
     return _new_handle(h, finish)
@@ -249,6 +291,9 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
 
 
 class _Allreduce(torch.autograd.Function):
+    """allreduce as an autograd function: the gradient of the input is the allreduce of
+    the output's gradient, with the same op, scaling and process set (Horovod's)."""
+
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, op: str, compression: Any, pre: float,
                 post: float, name: str | None, process_set: ProcessSet) -> torch.Tensor:
@@ -270,9 +315,9 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """A new tensor: `tensor` reduced over the process set's ranks (all by default;
-    differentiable for Sum/Average)."""
+    differentiable: the gradient is the allreduce of the output's gradient)."""
     dop = ddl_op(op, average)
-    if tensor.requires_grad and dop in ("sum", "avg"):
+    if tensor.requires_grad and torch.is_grad_enabled():
         return _Allreduce.apply(tensor, dop, compression, prescale_factor, postscale_factor,
                                 name, process_set)
     return synchronize(_allreduce_async_new(tensor, dop, compression, prescale_factor,
@@ -283,36 +328,95 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce `tensor` in place over the process set's ranks."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    dop = ddl_op(op, average)
+    if _plain(tensor, Compression.none, prescale_factor, postscale_factor, process_set):
+        # The blocking common case skips the handle table (a handle, two closures and
+        # their lookups: about a quarter of what this layer adds to a small allreduce).
+        buf = tensor.detach().numpy()
+        h = _submitted(ddl_core.allreduce_async, buf, op=dop, out=buf, shape=buf.shape,
+                       name=None if name is None else f"allreduce.{name}")
+        try:  # as synchronize(): any failure of the collective is Horovod's error
+            h.wait()
+        except ddl_core.DDLError as exc:
+            raise HorovodInternalError(str(exc)) from exc
+        return tensor
+    return synchronize(_allreduce_async_inplace(tensor, dop, Compression.none,
+                                                prescale_factor, postscale_factor, name,
+                                                process_set=process_set))
+
+
+def _grouped_name(name: str | None, i: int) -> str | None:
+    return None if name is None else f"{name}.{i}"
 
 
 def grouped_allreduce_async_(tensors: list[torch.Tensor], average: bool | None = None,
                              name: str | None = None, op: Any = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> int:
+    """Start in-place allreduces of every tensor of the list (one request each, fused by
+    libddl); synchronize() returns the list."""
     dop = ddl_op(op, average)
     hs = [_allreduce_async_inplace(t, dop, Compression.none, prescale_factor,
-                                   postscale_factor, None if name is None else f"{name}.{i}",
+                                   postscale_factor, _grouped_name(name, i),
                                    "grouped_allreduce", process_set)
           for i, t in enumerate(tensors)]
-    return _new_handle(None, lambda: [synchronize(h) for h in hs])
+    return _combined(hs, list)
 
 
-def grouped_allreduce_async(tensors: list[torch.Tensor], *args: Any, **kwargs: Any) -> int:
+def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = None,
+                            name: str | None = None, op: Any = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """grouped_allreduce_async_ on copies: the input tensors are left unchanged."""
     return grouped_allreduce_async_([t.detach().clone().contiguous() for t in tensors],
-                                    *args, **kwargs)
+                                    average, name, op, prescale_factor, postscale_factor,
+                                    process_set)
 
 
-def grouped_allreduce(tensors: list[torch.Tensor], *args: Any,
-                      **kwargs: Any) -> list[torch.Tensor]:
-    kwargs.pop("compression", None)
-    return synchronize(grouped_allreduce_async(tensors, *args, **kwargs))
+class _GroupedAllreduce(torch.autograd.Function):
+    """grouped_allreduce as an autograd function: each input's gradient is the allreduce
+    of its output's gradient (one grouped allreduce)."""
+
+    @staticmethod
+    def forward(ctx: Any, op: str, pre: float, post: float, name: str | None,
+                process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.op, ctx.pre, ctx.post, ctx.process_set = op, pre, post, process_set
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, op, pre,
+                                                         post, process_set)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        out = synchronize(grouped_allreduce_async(list(grads), None, None, ctx.op, ctx.pre,
+                                                  ctx.post, ctx.process_set))
+        return (None, None, None, None, None, *out)
 
 
-def grouped_allreduce_(tensors: list[torch.Tensor], *args: Any,
-                       **kwargs: Any) -> list[torch.Tensor]:
-    return synchronize(grouped_allreduce_async_(tensors, *args, **kwargs))
+def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None,
+                      name: str | None = None, compression: Any = Compression.none,
+                      op: Any = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """New tensors: each of `tensors` reduced over the process set's ranks (matched by
+    list position; differentiable)."""
+    dop = ddl_op(op, average)
+    wired = [compression.compress(t) for t in tensors]
+    wires = [w for w, _ in wired]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in wires):
+        outs = list(_GroupedAllreduce.apply(dop, prescale_factor, postscale_factor, name,
+                                            process_set, *wires))
+    else:
+        outs = synchronize(grouped_allreduce_async(wires, None, name, dop, prescale_factor,
+                                                   postscale_factor, process_set))
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, wired, strict=True)]
+
+
+def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None,
+                       name: str | None = None, op: Any = None, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Reduce every tensor of the list in place."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
 
 
 # -- allgather / broadcast / alltoall / reducescatter ----------------------------------------
@@ -340,22 +444,82 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
     return _allgather_async(tensor, name, process_set=process_set)
 
 
+def _my_rows(rows: list[int], process_set: ProcessSet) -> tuple[int, int]:
+    """(offset, count) of this rank's rows in a concatenation of every set member's
+    `rows` rows, in the set's rank order."""
+    r = process_set.rank()
+    return sum(rows[:r]), rows[r]
+
+
+def _rows_of_all(counts: list[int], process_set: ProcessSet) -> list[list[int]]:
+    """Every set member's row counts (one list per tensor): what the backward of an
+    allgather needs to find this rank's rows in the gradient."""
+    gathered = allgather(torch.tensor([counts], dtype=torch.int64), process_set=process_set)
+    return gathered.t().tolist()
+
+
+class _Allgather(torch.autograd.Function):
+    """allgather as an autograd function: the input's gradient is this rank's rows of the
+    average (over the set) of the output's gradients, as Horovod defines it."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None,
+                process_set: ProcessSet) -> torch.Tensor:
+        ctx.rows = tensor.shape[0] if tensor.dim() else 1
+        ctx.process_set = process_set
+        return synchronize(_allgather_async(tensor, name, process_set=process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        avg = allreduce(grad.detach(), op=Average, process_set=ctx.process_set)
+        off, k = _my_rows(_rows_of_all([ctx.rows], ctx.process_set)[0], ctx.process_set)
+        return avg.narrow(0, off, k), None, None
+
+
 def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """Every rank's tensor concatenated along the first dimension (sizes may differ)."""
+    """Every rank's tensor concatenated along the first dimension (sizes may differ;
+    differentiable)."""
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _Allgather.apply(tensor, name, process_set)
     return synchronize(_allgather_async(tensor, name, process_set=process_set))
 
 
 def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None,
                             process_set: ProcessSet = global_process_set) -> int:
-    hs = [_allgather_async(t, None if name is None else f"{name}.{i}", "grouped_allgather",
-                           process_set)
+    """Start an allgather of every tensor of the list; synchronize() returns the list."""
+    hs = [_allgather_async(t, _grouped_name(name, i), "grouped_allgather", process_set)
           for i, t in enumerate(tensors)]
-    return _new_handle(None, lambda: [synchronize(h) for h in hs])
+    return _combined(hs, list)
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    """grouped_allgather as an autograd function (each tensor as _Allgather)."""
+
+    @staticmethod
+    def forward(ctx: Any, name: str | None, process_set: ProcessSet,
+                *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.rows = [t.shape[0] if t.dim() else 1 for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        ps = ctx.process_set
+        avg = grouped_allreduce([g.detach() for g in grads], op=Average, process_set=ps)
+        every = _rows_of_all(ctx.rows, ps)
+        out = []
+        for a, rows in zip(avg, every, strict=True):
+            off, k = _my_rows(rows, ps)
+            out.append(a.narrow(0, off, k))
+        return (None, None, *out)
 
 
 def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """allgather of every tensor of the list (matched by list position; differentiable)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return list(_GroupedAllgather.apply(name, process_set, *tensors))
     return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
@@ -393,9 +557,30 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
     return broadcast_async_(tensor.detach().clone().contiguous(), root_rank, name, process_set)
 
 
+class _Broadcast(torch.autograd.Function):
+    """broadcast as an autograd function: the root's input gets the average (over the
+    set) of the output's gradients, the other ranks' inputs zero (Horovod's)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None,
+                process_set: ProcessSet) -> torch.Tensor:
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        avg = allreduce(grad.detach(), op=Average, process_set=ctx.process_set)
+        if ddl_core.rank() != ctx.root_rank:
+            avg.zero_()
+        return avg, None, None, None
+
+
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """A new tensor holding root_rank's `tensor` (root_rank: a world rank)."""
+    """A new tensor holding root_rank's `tensor` (root_rank: a world rank;
+    differentiable)."""
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _Broadcast.apply(tensor, root_rank, name, process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
@@ -403,6 +588,13 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Overwrite `tensor` with root_rank's, in place."""
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+def _received(received: list[int], splits: Any) -> torch.Tensor:
+    """The received splits as Horovod returns them: the dtype of a splits tensor, else
+    int32."""
+    dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+    return torch.tensor(received, dtype=dtype)
 
 
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
@@ -413,6 +605,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     me = ddl_core.rank() if eng is None else eng.comm.rank
     wire, _, back = _wire(tensor)
     rows = wire.shape[0]
+    given = splits
     if splits is None:
         if rows % n:
             raise ValueError(f"alltoall: {rows} rows do not split evenly over {n} ranks; "
@@ -430,8 +623,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
         def finish_set() -> tuple[torch.Tensor, torch.Tensor]:
             out, received = req.result
             data = back(unbits(np.ascontiguousarray(out)))
-            return data.reshape(-1, *tensor.shape[1:]), torch.tensor(received,
-                                                                     dtype=torch.int32)
+            return data.reshape(-1, *tensor.shape[1:]), _received(received, given)
 
         return _new_handle(req, finish_set)
     sh, dh = _submitted(submit_alltoall, wire, splits, name)
@@ -441,41 +633,192 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
         data = dh.wait()
         parts, received = alltoall_parts(all_splits, me)
         out = torch.cat([data[a:b] for a, b in parts])
-        return back(out).reshape(-1, *tensor.shape[1:]), torch.tensor(received,
-                                                                      dtype=torch.int32)
+        return back(out).reshape(-1, *tensor.shape[1:]), _received(received, given)
 
-    return _new_handle(None, finish)
+    return _new_handle(_Group([sh, dh]), finish)
+
+
+class _Alltoall(torch.autograd.Function):
+    """alltoall as an autograd function: the gradient goes back the way the rows came
+    (an alltoall of the output's gradient with the received splits)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None,
+                process_set: ProcessSet) -> Any:
+        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received, ctx.process_set = received, process_set
+        if splits is None:
+            return out
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, *_unused: Any) -> tuple[Any, ...]:
+        back, _ = synchronize(alltoall_async(grad.detach().contiguous(), ctx.received,
+                                             process_set=ctx.process_set))
+        return back, None, None, None
 
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
-             process_set: ProcessSet = global_process_set) -> tuple[torch.Tensor, torch.Tensor]:
+             process_set: ProcessSet = global_process_set) -> Any:
     """Send splits[j] rows of `tensor` (dim 0, in order) to the set's j-th rank; returns
-    what was received, concatenated in rank order, and the received splits."""
-    return synchronize(alltoall_async(tensor, splits, name, process_set))
+    what was received, concatenated in rank order, and, when `splits` was given, the
+    received splits (Horovod's return values; differentiable)."""
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _Alltoall.apply(tensor, splits, name, process_set)
+    out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+    return out if splits is None else (out, received)
+
+
+def _check_scatterable(tensors: list[torch.Tensor], fn: str) -> None:
+    """Horovod refuses to reducescatter a scalar (no first dimension to scatter): checked
+    before anything is submitted, so no rank is left with a request the others lack."""
+    for t in tensors:
+        if t.dim() == 0:
+            raise ValueError(f"{fn}: a scalar (0-dimensional tensor) cannot be scattered; "
+                             "give it a first dimension (tensor.reshape(1, ...))")
+
+
+def _reducescatter_async(tensor: torch.Tensor, name: str | None, op: Any,
+                         process_set: ProcessSet, prescale: float, postscale: float,
+                         prefix: str = "reducescatter") -> int:
+    eng = engine_of(process_set, prefix)
+    n = ddl_core.size() if eng is None else len(eng.members)
+    me = ddl_core.rank() if eng is None else eng.comm.rank
+    reduced = tensor.detach().contiguous().clone()
+    h = _allreduce_async_inplace(reduced, ddl_op(op), Compression.none, prescale, postscale,
+                                 name, prefix, process_set)
+    rows = reduced.shape[0]
+    counts = [rows // n + (1 if i < rows % n else 0) for i in range(n)]
+    start = sum(counts[:me])
+    return _combined([h], lambda outs: outs[0][start: start + counts[me]].clone())
 
 
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any = Average,
-                        process_set: ProcessSet = global_process_set) -> int:
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     """Start a reducescatter; synchronize() returns this rank's block of dim 0 of the
     reduction (the first blocks one row larger when rows do not divide, as Horovod)."""
-    eng = engine_of(process_set, "reducescatter")
-    n = ddl_core.size() if eng is None else len(eng.members)
-    me = ddl_core.rank() if eng is None else eng.comm.rank
-    t = tensor.detach().contiguous()
-    reduced = t.clone()
-    h = _allreduce_async_inplace(reduced, ddl_op(op), Compression.none, 1.0, 1.0, name,
-                                 "reducescatter", process_set)
-    rows = t.shape[0] if t.dim() else 1
-    counts = [rows // n + (1 if i < rows % n else 0) for i in range(n)]
-    start = sum(counts[:me])
-    return _new_handle(None, lambda: synchronize(h)[start: start + counts[me]].clone())
+    _check_scatterable([tensor], "reducescatter")
+    return _reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                postscale_factor)
 
 
-def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: Any = None,  # noqa: ARG001
-                  op: Any = Average, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def _scatter_grad(grad: torch.Tensor, op: Any, process_set: ProcessSet, pre: float,
+                  post: float) -> torch.Tensor:
+    """The gradient a reducescatter's output gradient gives its input in Horovod: every
+    member's block gathered back, times the set's size for Sum and the scale factors."""
+    g = grad.detach().clone()
+    factor = (process_set.size() if ddl_op(op) == "sum" else 1) * pre * post
+    if factor != 1:
+        g.mul_(factor)
+    return g
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: Any,
+                process_set: ProcessSet, pre: float, post: float) -> torch.Tensor:
+        ctx.op, ctx.process_set, ctx.pre, ctx.post = op, process_set, pre, post
+        return synchronize(_reducescatter_async(tensor, name, op, process_set, pre, post))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        g = _scatter_grad(grad, ctx.op, ctx.process_set, ctx.pre, ctx.post)
+        return allgather(g, process_set=ctx.process_set), None, None, None, None, None
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None,
+                  compression: Any = Compression.none, op: Any = Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce over the set's ranks and keep this rank's block of dim 0 (the first blocks
-    one row larger when rows do not divide evenly, as Horovod does)."""
-    return synchronize(reducescatter_async(tensor, name, op, process_set))
+    one row larger when rows do not divide evenly, as Horovod does; differentiable)."""
+    _check_scatterable([tensor], "reducescatter")
+    wire, cctx = compression.compress(tensor)
+    if wire.requires_grad and torch.is_grad_enabled():
+        out = _Reducescatter.apply(wire, name, op, process_set, prescale_factor,
+                                   postscale_factor)
+    else:
+        out = synchronize(_reducescatter_async(wire, name, op, process_set, prescale_factor,
+                                               postscale_factor))
+    return compression.decompress(out, cctx)
+
+
+def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None,
+                                op: Any = Average,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter of every tensor of the list; synchronize() returns the list
+    of this rank's blocks."""
+    _check_scatterable(tensors, "grouped_reducescatter")
+    hs = [_reducescatter_async(t, _grouped_name(name, i), op, process_set, prescale_factor,
+                               postscale_factor, "grouped_reducescatter")
+          for i, t in enumerate(tensors)]
+    return _combined(hs, list)
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, name: str | None, op: Any, process_set: ProcessSet, pre: float,
+                post: float, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.op, ctx.process_set, ctx.pre, ctx.post = op, process_set, pre, post
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op,
+                                                             process_set, pre, post)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        gs = [_scatter_grad(g, ctx.op, ctx.process_set, ctx.pre, ctx.post) for g in grads]
+        return (None, None, None, None, None,
+                *grouped_allgather(gs, process_set=ctx.process_set))
+
+
+def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None,
+                          compression: Any = Compression.none, op: Any = Average,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """reducescatter of every tensor of the list (matched by list position;
+    differentiable)."""
+    _check_scatterable(tensors, "grouped_reducescatter")
+    wired = [compression.compress(t) for t in tensors]
+    wires = [w for w, _ in wired]
+    if torch.is_grad_enabled() and any(w.requires_grad for w in wires):
+        outs = list(_GroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                                postscale_factor, *wires))
+    else:
+        outs = synchronize(grouped_reducescatter_async(wires, name, op, process_set,
+                                                       prescale_factor, postscale_factor))
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, wired, strict=True)]
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: Any = Average,
+                           process_set: ProcessSet = global_process_set) -> Any:
+    """Horovod's allreduce of a sparse COO tensor: every member's indices and values are
+    allgathered (so the result holds every member's entries; duplicates add up when it
+    is coalesced or used), values divided by the set's size for Average. Returns a
+    function; calling it waits and returns the reduced sparse tensor."""
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async takes a sparse COO tensor; use "
+                         "allreduce_async for a dense one")
+    dop = ddl_op(op)
+    if dop not in ("sum", "avg"):
+        raise ValueError(f"sparse_allreduce_async: op {op!r}: only Sum and Average are "
+                         "defined for sparse tensors")
+    hi = allgather_async(tensor._indices().t().contiguous(), name=f"{name}.indices",
+                         process_set=process_set)
+    hv = allgather_async(tensor._values().contiguous(), name=f"{name}.values",
+                         process_set=process_set)
+
+    def wait() -> torch.Tensor:
+        values = synchronize(hv)
+        indices = synchronize(hi)
+        if dop == "avg":
+            values = values / process_set.size()
+        return torch.sparse_coo_tensor(indices.t(), values, tensor.shape, check_invariants=True)
+
+    return wait
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
@@ -526,11 +869,45 @@ def allgather_object(obj: Any, name: str | None = None,
     return out
 
 
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,
+                              model: torch.nn.Module | None = None) -> None:
+    """Give every rank root_rank's optimizer state and hyper-parameters (the whole
+    state_dict, pickled: any optimizer, L-BFGS included). A newly created optimizer's
+    state is first initialized as Horovod does: every parameter that requires a gradient
+    gets a zero gradient (except sparse embeddings of `model`) and the wrapped optimizer
+    takes one step without averaging, so every rank ends with the state tensors."""
+    if not optimizer.state_dict()["state"]:
+        sparse = set()
+        if model is not None:
+            sparse = {id(p) for m in model.modules()
+                      if isinstance(m, torch.nn.Embedding) and m.sparse
+                      for p in m.parameters()}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and id(p) not in sparse:
+                    p.grad = torch.zeros_like(p)
+        # The user's optimizer class's step: a DistributedOptimizer's would average, which
+        # needs every rank to step; the class it wraps is the first base of its class.
+        base = type(optimizer).__mro__[1] if hasattr(optimizer, "synchronize") \
+            else type(optimizer)
+        base.step(optimizer)
+    _broadcast_optimizer_state(optimizer, root_rank)
+
+
 def join(device: int = -1) -> int:  # noqa: ARG001
     """Horovod's join for uneven data: until every rank has joined, take part in the
     collectives the others still run (contributing zeros, no rows); returns the world
     rank that joined last."""
     return _join()
+
+
+def _parameter_names(optimizer: torch.optim.Optimizer, named_parameters: Any) -> dict:
+    """Horovod's `optimizer._parameter_names`: {parameter: name}, the name given in
+    named_parameters, else `allreduce.noname.<group>.<index>` (the same on every rank)."""
+    if named_parameters is not None:
+        return {p: n for n, p in named_parameters}
+    return {p: f"allreduce.noname.{i}.{j}" for i, group in enumerate(optimizer.param_groups)
+            for j, p in enumerate(group["params"])}
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,  # noqa: N802
@@ -539,19 +916,32 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,  # noqa: ARG001
                          process_set: ProcessSet = global_process_set) -> Any:
     """Horovod's DistributedOptimizer: step() applies gradients averaged over the ranks
-    of `process_set` (all by default)."""
+    of `process_set` (all by default); on a rank outside the set it steps on the local
+    gradients, as Horovod's. Sparse gradients stay sparse unless sparse_as_dense."""
     if op == Adasum:
         raise NotImplementedError("Adasum is not implemented by horovod-ddl; use op=hvd.Average")
-    if engine_of(process_set, "DistributedOptimizer") is not None:
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+        if any(not isinstance(item, tuple) for item in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, "
+                             "parameter), usually produced by model.named_parameters().")
+    names = _parameter_names(optimizer, named_parameters)
+    if process_set is not global_process_set and process_set.process_set_id != 0:
         from ._set_optimizer import set_optimizer
 
-        return set_optimizer(optimizer, named_parameters, compression, ddl_op(op),
-                             gradient_predivide_factor, process_set,
-                             _allreduce_async_inplace, synchronize, backward_passes_per_step)
-    return _DistributedOptimizer(optimizer, named_parameters=named_parameters,
-                                 compression=compression,
-                                 backward_passes_per_step=backward_passes_per_step, op=op,
-                                 gradient_predivide_factor=gradient_predivide_factor)
+        process_set._check_registered()
+        opt = set_optimizer(optimizer, named_parameters, compression, ddl_op(op),
+                            gradient_predivide_factor, process_set,
+                            _allreduce_async_inplace, synchronize, backward_passes_per_step)
+    else:
+        opt = _DistributedOptimizer(optimizer, named_parameters=named_parameters,
+                                    compression=compression,
+                                    backward_passes_per_step=backward_passes_per_step, op=op,
+                                    gradient_predivide_factor=gradient_predivide_factor,
+                                    sparse_as_dense=sparse_as_dense)
+        opt._ddl_warn_resync = True
+    opt._parameter_names = names
+    return opt
 
 
 __all__ = [
@@ -561,7 +951,9 @@ __all__ = [
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
     "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast",
     "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
-    "reducescatter", "reducescatter_async", "poll", "synchronize", "barrier", "join",
+    "reducescatter", "reducescatter_async", "grouped_reducescatter",
+    "grouped_reducescatter_async", "sparse_allreduce_async", "poll", "synchronize", "barrier",
+    "join",
     "DistributedOptimizer", "Compression", "broadcast_parameters", "broadcast_optimizer_state",
     "broadcast_object", "allgather_object", "SyncBatchNorm", "ProcessSet", "global_process_set",
     "add_process_set", "remove_process_set", "get_process_sets", "process_set_by_id",

@@ -9,6 +9,7 @@ accumulated it, and step() waits for all of them, as Horovod's optimizer does.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -42,12 +43,20 @@ def set_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any, compr
     base = type(optimizer)
     names = _names(optimizer, named_parameters)
     size = process_set.size()
+    # A rank outside the set averages nothing: it steps on its own gradients (Horovod's
+    # optimizer registers no hooks there and its synchronize() does nothing).
+    member = process_set.included()
     pre, post = (1.0 / predivide, predivide / size) if op == "avg" and predivide != 1.0 \
         else (1.0, 1.0)
     wire_op = "sum" if op == "avg" and predivide != 1.0 else op
 
     def _launch(self: Any, p: torch.Tensor) -> None:
-        if p.grad is None or id(p) in self._hvd_handles:
+        if not member or id(p) in self._hvd_handles:
+            return
+        if p.grad is None:  # not computed here; another member may have: send zeros
+            p.grad = torch.zeros_like(p)
+        if p.grad.is_sparse:
+            p.grad = p.grad.to_dense()
             return
         self._hvd_handles[id(p)] = (p, submit(p.grad, wire_op, compression, pre, post,
                                               f"DistributedOptimizer.{names[id(p)]}",
@@ -73,6 +82,12 @@ def set_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any, compr
             self._hvd_skip = False
 
     def step(self: Any, closure: Any = None) -> Any:
+        if not self._hvd_skip and self._hvd_synced and member:
+            warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                          "context after optimizer.synchronize(). This can cause training "
+                          "slowdown. You may want to consider using "
+                          "optimizer.skip_synchronize() context if you use "
+                          "optimizer.synchronize() in your code.", stacklevel=2)
         if not self._hvd_skip and not self._hvd_synced:
             self.synchronize()
         self._hvd_synced = False
@@ -93,7 +108,7 @@ def set_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any, compr
     opt._hvd_synced = False
     opt._hvd_skip = False
     # With several backward passes per step the gradients are complete only at step().
-    for group in opt.param_groups if passes == 1 else []:
+    for group in opt.param_groups if passes == 1 and member else []:
         for p in group["params"]:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda q, o=opt: _launch(o, q))
