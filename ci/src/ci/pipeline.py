@@ -91,6 +91,8 @@ class PipelineResult:
 
     def absorb(self, other: PipelineResult, platform: str) -> None:
         """Add a run for another platform (a cross build) to this one."""
+        if other.graph is not None:
+            self.graph = other.graph if self.graph is None else nx.compose(self.graph, other.graph)
         self.run.outcomes += other.run.outcomes
         self.run.published += other.run.published
         self.run.recipe_errors += [e for e in other.run.recipe_errors
@@ -281,10 +283,8 @@ def build_test_publish(
 
 
 def run(s: Settings, opts: Options, *, foreign_test: ForeignTest | None = None) -> PipelineResult:
-    """upstream -> (cross set-up) -> render -> graph -> build -> test -> publish, plus the
-    graph picture; no report (see :func:`write_report`)."""
-    from ci.report import draw_graph
-
+    """upstream -> (cross set-up) -> render -> graph -> build -> test -> publish; no report
+    (see :func:`write_report`)."""
     stages: dict[str, float] = {}
     with _Timer(stages, "upstream"):
         up = resolve_upstream(s, opts.upstream, opts.platforms)
@@ -302,12 +302,6 @@ def run(s: Settings, opts: Options, *, foreign_test: ForeignTest | None = None) 
     )
     res = build_test_publish(s, r, opts, foreign_test)
     stages.update(res.stages)
-    png = s.channel_dir / "build-graph.png"
-    with _Timer(stages, "report"):
-        try:
-            draw_graph(r.graph, png)
-        except Exception as exc:  # noqa: BLE001 - a missing picture must not fail the build
-            console.print(f"[yellow]graph picture not drawn: {exc}")
     return PipelineResult(
         run=res,
         graph=r.graph,
@@ -315,7 +309,6 @@ def run(s: Settings, opts: Options, *, foreign_test: ForeignTest | None = None) 
         upstream=up,
         dropped=r.dropped,
         unavailable=dict((up or {}).get("unavailable") or {}),
-        graph_png=png if png.exists() else None,
     )
 
 
@@ -384,10 +377,33 @@ def install(s: Settings, res: PipelineResult, prefix: Path) -> dict[str, str]:
 # ---- report ------------------------------------------------------------------------------
 
 
+def draw(s: Settings, res: PipelineResult) -> None:
+    """channel/build-graph.png of every platform's graph; redrawn only when the graph
+    changed (matplotlib alone costs seconds of a rerun's 20 s)."""
+    from ci.report import draw_graph, graph_key
+
+    if res.graph is None:
+        return
+    png = s.channel_dir / "build-graph.png"
+    key_file = s.work_dir / "build-graph.key"
+    key = graph_key(res.graph)
+    try:
+        if not (png.exists() and key_file.exists() and key_file.read_text() == key):
+            draw_graph(res.graph, png)
+            key_file.parent.mkdir(parents=True, exist_ok=True)
+            key_file.write_text(key)
+        res.graph_png = png
+    except Exception as exc:  # noqa: BLE001 - a missing picture must not fail the build
+        console.print(f"[yellow]graph picture not drawn: {exc}")
+
+
 def write_report(s: Settings, res: PipelineResult) -> Path:
-    """channel/REPORT.md for this run; sets and returns ``res.report``."""
+    """channel/build-graph.png and channel/REPORT.md for this run; sets and returns
+    ``res.report``."""
     from ci.report import write_report as _write
 
+    with _Timer(res.stages, "report"):
+        draw(s, res)
     res.report = _write(
         s.channel_dir,
         res.run,

@@ -57,6 +57,15 @@ def draw_graph(g: nx.DiGraph, out: Path) -> None:
     plt.close(fig)
 
 
+def graph_key(g: nx.DiGraph) -> str:
+    """What the picture shows (package names and their edges), as a digest."""
+    import hashlib
+
+    names = sorted({g.nodes[k]["node"].name for k in g.nodes})
+    edges = sorted({(g.nodes[a]["node"].name, g.nodes[b]["node"].name) for a, b in g.edges})
+    return hashlib.sha256(json.dumps([names, edges]).encode()).hexdigest()
+
+
 def _repodata(channel: Path) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for rd in sorted(channel.glob("*/repodata.json")):
