@@ -436,7 +436,8 @@ def test_env_with_libddl_and_ddl_holds_one_libddl(tmp_path):
     p = subprocess.run(
         [str(prefix / "bin" / "python"), "-c",
          "import ddl_core, os\n"
-         "maps = {l.split()[-1] for l in open('/proc/self/maps') if 'libddl' in l}\n"
+         "maps = {l.split()[-1] for l in open('/proc/self/maps')}\n"
+         "maps = {m for m in maps if os.path.basename(m).startswith('libddl')}\n"
          "print('\\n'.join(sorted(maps)))"],
         capture_output=True, text=True, env={"PATH": f"{prefix / 'bin'}:/usr/bin:/bin"},
     )
