@@ -58,6 +58,8 @@ struct ddl_request_s {
     struct ddl_comm_s *comm;       /* irecv: its communicator, whose list it waits in */
     struct ddl_request_s *pnext;   /* irecv: the next unmatched receive of that list */
     int listed;
+    unsigned live_gen;     /* point-to-point: the liveness counter last looked at, */
+    const char *peer_gone; /* and how the peer left once it has (ddl_liveness_departed) */
     int done; /* written under the queue's lock, read atomically */
     ddl_status_t status;
     char error[1024];

@@ -39,18 +39,30 @@ ddl_status_t ddl_comm_enter(ddl_comm_t c, const char *fn, double *saved) {
 
 void ddl_comm_leave(double saved) { ddl_set_thread_timeout(saved); }
 
+/* The world communicator's point-to-point MPI communicator is made by ddl_init, where
+ * every rank takes part anyway: made on first use, its MPI_Comm_dup would be a hidden
+ * collective that ranks doing no point-to-point never join (two ranks of three exchanging
+ * messages hung in it). */
+ddl_status_t ddl_comm_world_setup(void) {
+    world_comm.is_world = 1;
+    world_comm.ctx = &ddl_g.app;
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world_comm.p2p));
+    MPI_CHECK(MPI_Comm_set_errhandler(world_comm.p2p, MPI_ERRORS_RETURN));
+    world_comm.world_ranks = NULL;
+    pthread_mutex_init(&world_comm.recv_lock, NULL);
+    world_comm.magic = DDL_COMM_MAGIC;
+    return DDL_SUCCESS;
+}
+
+void ddl_comm_world_teardown(void) {
+    if (world_comm.magic != DDL_COMM_MAGIC) return;
+    world_comm.magic = 0;
+    MPI_Comm_free(&world_comm.p2p);
+}
+
 ddl_status_t ddl_comm_world(ddl_comm_t *out) {
     DDL_CHECK(ddl_require_init());
     if (!out) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_comm_world: NULL output pointer");
-    if (world_comm.magic != DDL_COMM_MAGIC) {
-        world_comm.is_world = 1;
-        world_comm.ctx = &ddl_g.app;
-        MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world_comm.p2p));
-        MPI_CHECK(MPI_Comm_set_errhandler(world_comm.p2p, MPI_ERRORS_RETURN));
-        world_comm.world_ranks = NULL;
-        pthread_mutex_init(&world_comm.recv_lock, NULL);
-        world_comm.magic = DDL_COMM_MAGIC;
-    }
     *out = &world_comm;
     return DDL_SUCCESS;
 }

@@ -216,6 +216,9 @@ static inline unsigned ddl_liveness_gen(void) {
 /* DDL_ERR_PEER_LOST naming the departed ranks when the current collective can no longer
  * complete, else DDL_SUCCESS (a peer that finalized after taking part in it is fine). */
 ddl_status_t ddl_liveness_verdict(void);
+/* NULL while world rank r is alive, else how it left ("finalized DDL", ...): a
+ * point-to-point request with it as the peer can then never complete. */
+const char *ddl_liveness_departed(int r);
 /* Why the current collective made no progress: asks every rank (through rank 0's watcher,
  * at most about a second) which collective it last began, and writes e.g. "rank 2 has not
  * reached it (...)" into out. 0 when no answer could be had. */
@@ -379,6 +382,9 @@ struct ddl_comm_s {
 };
 /* DDL_SUCCESS when `c` is a live communicator this rank belongs to (else one error naming
  * `fn`); then sets the calling thread's deadline to the communicator's timeout. */
+/* The world communicator: made by ddl_init (collective), released by ddl_finalize. */
+ddl_status_t ddl_comm_world_setup(void);
+void ddl_comm_world_teardown(void);
 ddl_status_t ddl_comm_enter(ddl_comm_t c, const char *fn, double *saved_timeout);
 void ddl_comm_leave(double saved_timeout);
 /* send/recv arguments: dtype, a peer of c, a tag in 0..32767, a buffer, <= 2 GiB. */

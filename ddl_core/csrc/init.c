@@ -137,6 +137,7 @@ ddl_status_t ddl_init(void) {
     DDL_CHECK(share_model());
     ddl_g.model.leader = ddl_g.node_leader;
     ddl_g.model.segment = (double)ddl_g.segment_bytes;
+    DDL_CHECK(ddl_comm_world_setup());
     DDL_CHECK(ddl_liveness_start()); /* liveness.c: a lost peer is reported at once */
     ddl_g.initialized = 1;
     if (provided >= MPI_THREAD_MULTIPLE) {
@@ -155,6 +156,7 @@ ddl_status_t ddl_finalize(void) {
     ddl_status_t rc = ddl_progress_stop();
     ddl_liveness_stop(); /* tells the others this rank finalized, not died */
     ddl_gpu_finalize();
+    ddl_comm_world_teardown();
     ddl_topo_free(&ddl_g.app);
     ddl_topo_free(&ddl_g.progress);
     MPI_Comm_free(&ddl_g.app.world.comm);

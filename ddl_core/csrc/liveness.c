@@ -254,6 +254,18 @@ ddl_status_t ddl_liveness_verdict(void) {
                     p, gone, nwait > 1 ? "s" : "", wl, tail);
 }
 
+/* How world rank r has left: 0 while alive (or unknown), else a phrase for messages. */
+const char *ddl_liveness_departed(int r) {
+    if (!L.gone || r < 0 || r >= L.size || !ddl_live_checks) return NULL;
+    pthread_mutex_lock(&L.lock);
+    int kind = L.gone[r];
+    uint32_t how = L.how[r];
+    pthread_mutex_unlock(&L.lock);
+    if (kind == DIED) return "exited or died without finalizing DDL";
+    if (kind != FINALIZED) return NULL;
+    return how & EXITED ? "exited after finalizing DDL" : "finalized DDL";
+}
+
 /* ---- frames ------------------------------------------------------------------------- */
 
 static int send_frame(int fd, uint16_t type, uint16_t kind, int rank, uint32_t id, uint64_t a,

@@ -90,6 +90,20 @@ static void match_in_order(struct ddl_request_s *r) {
     pthread_mutex_unlock(&c->recv_lock);
 }
 
+/* Give up on r: an unmatched receive leaves nothing behind; a send or a matched receive
+ * stays with MPI, which completes it if the peer ever takes part (its buffer must then stay
+ * valid: the job is usually beyond repair by then anyway). */
+static void abandon(struct ddl_request_s *r) {
+    if (r->kind == REQ_SEND || r->matched) {
+        MPI_Request_free(&r->mreq);
+        ddl_liveness_mark_broken(); /* MPI holds it: finalizing could wait for the peer */
+    } else {
+        pthread_mutex_lock(&r->comm->recv_lock);
+        unlist(r);
+        pthread_mutex_unlock(&r->comm->recv_lock);
+    }
+}
+
 void ddl_p2p_progress(struct ddl_request_s *r) {
     if (__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return;
     int rc;
@@ -119,18 +133,26 @@ void ddl_p2p_progress(struct ddl_request_s *r) {
             return;
         }
     }
+    /* The peer gone (the liveness watcher bumps its counter): the request can never
+     * complete, so it fails rather than waiting for its deadline, after one more probe and
+     * test (a message sent just before the peer left may still be on its way in). */
+    unsigned gen = ddl_liveness_gen();
+    if (gen != r->live_gen) {
+        r->live_gen = gen;
+        r->peer_gone = ddl_liveness_departed(r->comm->is_world ? r->peer
+                                                                : r->comm->world_ranks[r->peer]);
+        if (r->peer_gone) return;
+    } else if (r->peer_gone) {
+        abandon(r);
+        finish(r,
+               ddl_fail(DDL_ERR_PEER_LOST, "%s: %s rank %d (tag %d) cannot complete: that rank %s",
+                        r->kind == REQ_SEND ? "isend" : "irecv",
+                        r->kind == REQ_SEND ? "to" : "from", r->peer, r->tag, r->peer_gone),
+               NULL);
+        return;
+    }
     if (ddl_now() > r->deadline) {
-        /* An unmatched receive leaves nothing behind; a send or a matched receive stays
-         * with MPI, which completes it if the peer ever takes part (its buffer must then
-         * stay valid: the job is usually beyond repair after a timeout anyway). */
-        if (r->kind == REQ_SEND || r->matched) {
-            MPI_Request_free(&r->mreq);
-            ddl_liveness_mark_broken(); /* MPI holds it: finalizing could wait for the peer */
-        } else {
-            pthread_mutex_lock(&r->comm->recv_lock);
-            unlist(r);
-            pthread_mutex_unlock(&r->comm->recv_lock);
-        }
+        abandon(r);
         finish(r,
                ddl_fail(DDL_ERR_TIMEOUT,
                         "%s: %s rank %d (tag %d) did not complete within %g s: it has not %s "

@@ -237,12 +237,30 @@ def test_matrix_native_aarch64_and_ppc64le_beside_cross(tmp_path):
 def test_filter_variants_drops_what_upstream_lacks():
     s = load_settings(ROOT)
     v, reasons = filter_variants(
-        s, lambda spec: not spec.startswith("python 3.12") and spec != "mpich"
+        s, lambda spec, build=None: not spec.startswith("python 3.12") and spec != "mpich"
+        and build is None
     )
     assert v["python"] == ["3.11"] and v["mpi"] == ["openmpi", "external"]
     assert any("python=3.12" in r for r in reasons) and any("mpi=mpich" in r for r in reasons)
     # zip_keys move together
     assert len(v["build_type"]) == len(v["cuda_compiler_version"])
+
+
+def test_cuda_variants_need_nvcc_or_an_upstream_cuda_pytorch(monkeypatch):
+    """powerai's CUDA build only packages CUDA builds made upstream: without nvcc it is
+    kept when the upstream has a CUDA pytorch, and dropped with the reason otherwise."""
+    import ci.render
+
+    monkeypatch.setattr(ci.render, "have_cuda_compiler", lambda: False)
+    s = load_settings(ROOT)
+    with_cuda = lambda spec, build=None: spec == "pytorch" and build == "cuda*"  # noqa: E731
+    v, reasons = filter_variants(s, with_cuda)
+    assert v["build_type"] == ["cpu", "cuda"] and v["cuda_compiler_version"][1] == "13.0"
+    assert not any("build_type" in r for r in reasons)
+    v, reasons = filter_variants(s, lambda spec, build=None: False)
+    assert v["build_type"] == ["cpu"] and v["cuda_compiler_version"] == ["None"]
+    assert any("build_type=cuda" in r and "no CUDA pytorch build upstream" in r
+               for r in reasons), reasons
 
 
 def test_publish_upstream_is_a_standard_channel_kept_in_step(tmp_path):
@@ -268,3 +286,90 @@ def test_publish_upstream_is_a_standard_channel_kept_in_step(tmp_path):
     assert not (pub / "noarch" / other.name).exists()
     repodata = json.loads((pub / "noarch" / "repodata.json").read_text())
     assert list(repodata["packages.conda"]) == [pkg.path.name]
+
+
+def _wheel(tmp: Path, name: str, version: str, requires: list[str],
+           files: dict[str, bytes], tag: str = "py3-none-manylinux_2_17_x86_64") -> Path:
+    """A small wheel of a CUDA-set shape (a made-up library where NVIDIA's would be)."""
+    dist = name.replace("-", "_")
+    whl = tmp / f"{dist}-{version}-{tag}.whl"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nLicense: Other\n"
+    meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(whl, "w") as z:
+        for path, data in files.items():
+            z.writestr(path, data)
+        z.writestr(f"{dist}-{version}.dist-info/METADATA", meta)
+        z.writestr(f"{dist}-{version}.dist-info/WHEEL", f"Wheel-Version: 1.0\nTag: {tag}\n")
+        z.writestr(f"{dist}-{version}.dist-info/RECORD", "")
+    return whl
+
+
+def test_cuda_set_conversion_names_links_and_pins(tmp_path):
+    """The CUDA set as wheel2conda makes it: NVIDIA's wheels under conda-forge's names with
+    their libraries linked into lib/, extras requested by another wheel become plain
+    dependencies, and the framework's CUDA build needs __cuda and outranks the CPU one;
+    then a real solve picks it with a driver and the CPU build without."""
+    import asyncio
+    import os
+
+    import rattler
+    from ci.index import index_channel
+    from ci.wheel2conda import requested_extras
+
+    src = tmp_path / "whl"
+    src.mkdir()
+    nccl = _wheel(src, "nvidia-nccl-cu13", "2.29.7", [],
+                  {"nvidia/nccl/lib/libnccl.so.2": b"\x7fELF fake nccl"})
+    rt = _wheel(src, "nvidia-cuda-runtime", "13.0.96", [],
+                {"nvidia/cu13/lib/libcudart.so.13": b"\x7fELF fake cudart"})
+    kit = _wheel(src, "cuda-toolkit", "13.0.3", [
+        "nvidia-cuda-runtime==13.0.96.*; extra == 'cudart'",
+        "nvidia-cublas==13.1.*; extra == 'cublas'"], {}, tag="py3-none-any")
+    fw_tag = "cp311-cp311-manylinux_2_28_x86_64"
+    fw = _wheel(src, "demo-fw", "1.0", [
+        "cuda-toolkit[cudart]==13.0.3; platform_system == 'Linux'",
+        "nvidia-nccl-cu13==2.29.7"], {"demo_fw/__init__.py": b""}, tag=fw_tag)
+    cpu = _wheel(src, "demo-fw", "1.0+cpu", [], {"demo_fw/__init__.py": b""}, tag=fw_tag)
+    extras = requested_extras([nccl, rt, kit, fw, cpu])
+    assert extras == {"cuda-toolkit": frozenset({"cudart"})}
+    ch = tmp_path / "channel"
+    pk = convert_wheel(kit, ch, subdir="linux-64", extras=extras["cuda-toolkit"])
+    assert pk.depends == ["python", "cuda-cudart >=13.0.96,<13.0.97"]  # only the asked extra
+    pn = convert_wheel(nccl, ch, subdir="linux-64")
+    assert pn.name == "nccl" and pn.version == "2.29.7"
+    pr = convert_wheel(rt, ch, subdir="linux-64")
+    assert pr.name == "cuda-cudart"
+    paths = {p["_path"]: p for p in read_conda(pn.path)["paths.json"]["paths"]}
+    assert paths["lib/libnccl.so.2"]["path_type"] == "softlink"
+    assert "lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2" in paths
+    pf = convert_wheel(fw, ch, subdir="linux-64", cuda="13.0")
+    assert pf.depends[-1] == "__cuda >=13.0" and "nccl ==2.29.7" in pf.depends
+    assert pf.path.name == "demo-fw-1.0-cuda130_py311_1.conda"
+    assert read_conda(pf.path)["index.json"]["build_number"] == 1
+    pc = convert_wheel(cpu, ch, subdir="linux-64")
+    assert pc.path.name == "demo-fw-1.0-cpu_py311_0.conda"
+    # a python for the solve (the binary builds pin python 3.11.*)
+    import rattler_build
+
+    (tmp_path / "pyfiles").mkdir()
+    (tmp_path / "pyfiles" / "README").write_text("stand-in\n")
+    rattler_build.assemble_package(name="python", version="3.11.2", target_platform="linux-64",
+                                   build_string="h0_0", output_dir=ch / "linux-64",
+                                   files_dir=tmp_path / "pyfiles")
+    index_channel(ch, ["linux-64"])
+    os.chmod(ch, 0o755)
+
+    def solve(cuda: str | None) -> dict[str, str]:
+        virt = [rattler.GenericVirtualPackage(rattler.PackageName("__cuda"),
+                                              rattler.Version(cuda), rattler.BuildString("0"))
+                ] if cuda else []
+        recs = asyncio.run(rattler.solve(
+            sources=[rattler.Channel(str(ch))], specs=["demo-fw"],
+            platforms=["linux-64", "noarch"], virtual_packages=virt))
+        return {r.name.normalized: json.loads(r.to_json())["build"] for r in recs}
+
+    with_driver = solve("13.0")
+    assert with_driver["demo-fw"] == "cuda130_py311_1" and "nccl" in with_driver
+    assert "cuda-cudart" in with_driver  # through cuda-toolkit's requested extra
+    assert solve(None)["demo-fw"] == "cpu_py311_0"
+    assert solve("12.4")["demo-fw"] == "cpu_py311_0"  # a driver too old for it

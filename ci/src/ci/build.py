@@ -11,6 +11,7 @@ nothing is published, so a failed build leaves ``channel/`` exactly as it was.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -161,6 +162,26 @@ def _local_sources(node: Node, mirror: SourceMirror, work: Path, variants: dict)
             n.recipe_path = node.recipe_path
             return n
     raise RuntimeError(f"{node.key}: re-rendering with local sources changed the build hash")
+
+
+@contextlib.contextmanager
+def _cuda_override(node: Node):
+    """A CUDA build's test environment is solved as on a node with a driver for its CUDA
+    (rattler reads CONDA_OVERRIDE_CUDA), so it can be tested on a build host without a
+    GPU: imports and CPU-side checks run, device code is left to a GPU node."""
+    cuda = node.variant.get("cuda_compiler_version", "")
+    if node.variant.get("build_type") != "cuda" or not cuda or cuda == "None":
+        yield
+        return
+    old = os.environ.get("CONDA_OVERRIDE_CUDA")
+    os.environ["CONDA_OVERRIDE_CUDA"] = cuda
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CONDA_OVERRIDE_CUDA", None)
+        else:
+            os.environ["CONDA_OVERRIDE_CUDA"] = old
 
 
 #: runs a cross-built package's emulated test: (status, output)
@@ -335,7 +356,7 @@ def test_step(b: Batch, *, run_tests: bool = True, foreign_test: ForeignTest | N
             _report_test(o, head, " under emulation")
         else:
             try:
-                with console.status(f"{head}: fresh environment"):
+                with console.status(f"{head}: fresh environment"), _cuda_override(o.node):
                     pkg = rb.Package.from_file(str(o.path))
                     results = pkg.run_tests(channel=b.chans) if pkg.test_count else []
                 outputs = "\n".join(_lines(getattr(r, "output", "")) for r in results)

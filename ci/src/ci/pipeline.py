@@ -12,9 +12,11 @@ Nothing here prints an error and exits: the command line (ci.cli) does that, onc
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import networkx as nx
@@ -120,8 +122,8 @@ class _Timer:
 
 def has_package_factory(
     channels: list[str], platforms: list[str]
-) -> Callable[[str], bool] | None:
-    """has_package(spec) over local channel folders, for ``platforms`` (+ noarch).
+) -> Callable[..., bool] | None:
+    """has_package(spec, build=None) over local channel folders, for ``platforms`` (+ noarch).
 
     Remote channels are assumed to have everything (conda-forge does), so None is
     returned when any channel is remote, or when none is known yet (nothing to filter by).
@@ -139,14 +141,17 @@ def has_package_factory(
                 continue
             data = json.loads(rd.read_text())
             for section in ("packages", "packages.conda"):
-                records += [(r["name"], r["version"]) for r in (data.get(section) or {}).values()]
+                records += [(r["name"], r["version"], r.get("build", ""))
+                            for r in (data.get(section) or {}).values()]
 
-    def has(spec: str) -> bool:
+    def has(spec: str, build: str | None = None) -> bool:
+        """Whether some package matches ``spec`` (and the build-string glob ``build``)."""
         ms = MatchSpec(spec)
         return any(
             n == ms.name.normalized
             and (ms.version is None or VersionSpec(str(ms.version)).matches(Version(v)))
-            for n, v in records
+            and (build is None or fnmatchcase(b, build))
+            for n, v, b in records
         )
 
     return has
@@ -363,6 +368,28 @@ def install(s: Settings, res: PipelineResult, prefix: Path) -> dict[str, str]:
         checks = smoke_check(prefix, POWERAI_IMPORTS, POWERAI_COMMANDS)
         checks["one libddl"] = one_libddl(prefix)
         checks.update(envtools_post(prefix, f"powerai/{version}", s.root / "modulefiles"))
+    cuda_builds = [o for o in res.run.outcomes
+                   if o.node.name == "powerai" and o.node.variant.get("build_type") == "cuda"]
+    if cuda_builds and os.environ.get("DDLCE_CUDA_ENV", "1") != "0":
+        # the CUDA build, installed as on a login node without a GPU: the solver takes
+        # it because a driver is described, then the same checks (torch imports fine
+        # without a GPU; validate says no driver is here, as a note)
+        cuda = cuda_builds[0].node.variant.get("cuda_compiler_version", "")
+        cprefix = prefix.with_name(prefix.name + "-cuda")
+        with _Timer(res.stages, "install powerai (CUDA build)"):
+            cinst = install_powerai([str(s.channel_dir.resolve()), *upstream_chans], cprefix,
+                                    here, cuda=cuda)
+        with _Timer(res.stages, "check powerai (CUDA build)"):
+            cchecks = smoke_check(cprefix, ["ddl_core", "torch", "tensorflow", "horovod"],
+                                  [["ddlrun", "--help"]])
+            cchecks["one libddl"] = one_libddl(cprefix)
+            cchecks.update(envtools_post(cprefix, f"powerai/{version}-cuda",
+                                         s.root / "modulefiles"))
+        checks.update({f"cuda: {k}": v for k, v in cchecks.items()})
+        checks["cuda: prefix"] = (
+            f"{cprefix} ({cinst.packages} packages, --virtual __cuda={cuda}, "
+            + ("up to date" if cinst.skipped else f"installed in {cinst.install_seconds:.1f} s")
+            + ")")
     return {
         "prefix": str(prefix),
         "installed with": inst.tool,

@@ -98,7 +98,7 @@ def recipe_digest(recipe_dir: Path, extra_paths: list[Path]) -> str:
 
 
 def filter_variants(
-    settings: Settings, has_package: Callable[[str], bool] | None = None
+    settings: Settings, has_package: Callable[..., bool] | None = None
 ) -> tuple[dict, list[str]]:
     """Drop variant values that cannot be built here; return (variants, reasons)."""
     v = copy.deepcopy(settings.variants)
@@ -119,8 +119,13 @@ def filter_variants(
                 v[k] = [v[k][i] for i in idx]
         reasons.extend(f"{key}={g}: {why}" for g in gone)
 
-    if not have_cuda_compiler():
-        drop("build_type", lambda t: t != "cuda", "no CUDA compiler (nvcc) on this build host")
+    # CUDA variants: recipes that compile CUDA code need nvcc; the ones that only package
+    # CUDA builds made upstream (powerai pins pytorch's CUDA build) need those builds. A
+    # remote upstream (has_package None: conda-forge) has them.
+    if not have_cuda_compiler() and has_package is not None and not has_package(
+            "pytorch", build="cuda*"):
+        drop("build_type", lambda t: t != "cuda", "no CUDA compiler (nvcc) on this build host "
+             "and no CUDA pytorch build upstream (the stand-ins make one unless DDLCE_CUDA=0)")
     if has_package is not None:
         drop(
             "python",

@@ -76,6 +76,30 @@ def _repodata(channel: Path) -> dict[str, dict]:
     return out
 
 
+def variant_sizes(channel: Path, recs: dict[str, dict],
+                  meta: str = "powerai") -> list[tuple[str, str, str, int, float]]:
+    """Each ``meta`` build's solved closure from the (self-contained) channel: build,
+    subdir, what it needs of the machine, package count, MB of archives. A CUDA build is
+    solved as on a node with its driver. Builds that do not solve are left out."""
+    from ci.install import cuda_need, solve
+
+    out = []
+    for key, rec in sorted(recs.items()):
+        if rec.get("name") != meta:
+            continue
+        sub = key.split("/")[0]
+        cuda = cuda_need(rec.get("depends") or [])
+        try:
+            records, _ = solve([str(channel.resolve())],
+                               [f"{meta} =={rec['version']} {rec['build']}"], sub, cuda)
+        except Exception:  # noqa: BLE001 - a report line, not a failure
+            continue
+        total = sum(int(getattr(r, "size", 0) or 0) for r in records)
+        out.append((rec["build"], sub, f"__cuda >={cuda}" if cuda else "-", len(records),
+                    total / 1e6))
+    return out
+
+
 def write_report(
     channel: Path,
     run: RunResult,
@@ -178,6 +202,12 @@ def write_report(
             lines.append(f"- {len(upstream['wheels'])} stand-ins converted from PyPI wheels")
         for k, v in (upstream.get("stages") or {}).items():
             lines.append(f"- {k}: {v:.1f} s")
+    sizes = variant_sizes(channel, recs)
+    if sizes:
+        lines += ["", "## Sizes per variant (what installing each powerai build downloads)", "",
+                  "| powerai build | subdir | needs | packages | MB |",
+                  "| --- | --- | --- | ---: | ---: |"]
+        lines += [f"| {b} | {sub} | {need} | {n} | {mb:.0f} |" for b, sub, need, n, mb in sizes]
     if install:
         lines += ["", "## powerai environment", ""]
         lines += [f"- {k}: {v}" for k, v in install.items()]

@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+from packaging.utils import canonicalize_name, parse_wheel_filename
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -79,6 +80,22 @@ def load_wheel_spec(recipes_dir: Path, pins: dict[str, str]) -> dict:
                 "define; add the key there or write the version out."
             ) from None
     spec["requirements"] = reqs
+    cuda = spec.get("cuda") or {}
+    if cuda:
+        creqs = []
+        for r in cuda.get("requirements") or []:
+            try:
+                creqs.append(str(r).format(**pins))
+            except KeyError as exc:
+                raise KeyError(
+                    f"{path}: cuda requirement {r!r} names {exc}, which conda_build_config.yaml "
+                    "does not define; add the key there or write the version out."
+                ) from None
+        if not cuda.get("version"):
+            raise KeyError(f"{path}: the cuda section needs version: (the release's CUDA, "
+                           "e.g. \"13.0\"), which its builds require of the driver")
+        spec["cuda"] = {"version": str(cuda["version"]), "requirements": creqs,
+                        "builds": [str(b) for b in cuda.get("builds") or []]}
     return spec
 
 
@@ -92,7 +109,7 @@ def _pip_platform_args(arch: str, glibc: str) -> list[str]:
     return [a for t in tags for a in ("--platform", t)]
 
 
-def download_wheels(spec: dict, subdir: str, dest: Path) -> list[Path]:
+def download_wheels(spec: dict, subdir: str, dest: Path, *, what: str = "") -> list[Path]:
     """pip-download the requirements' closure for ``subdir`` (skipped when unchanged)."""
     plat = (spec.get("platforms") or {}).get(subdir)
     if not plat:
@@ -130,7 +147,7 @@ def download_wheels(spec: dict, subdir: str, dest: Path) -> list[Path]:
         *spec["requirements"],
     ]
     console.print(
-        f"[bold]stand-ins[/]: pip download {len(spec['requirements'])} requirements "
+        f"[bold]stand-ins[/]: pip download {len(spec['requirements'])} {what}requirements "
         f"and their closure for {subdir} (python {python})"
     )
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -156,8 +173,22 @@ def download_wheels(spec: dict, subdir: str, dest: Path) -> list[Path]:
     return files
 
 
-def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str) -> list[dict]:
-    """Convert wheels not yet in the stand-in channel; staging then atomic move + index."""
+#: wheels above this size are compressed at zstd level 1 instead of 3: the CUDA set is
+#: ~3 GB of wheels, and level 1 converts it in about half the time for ~10% more bytes
+HUGE = 100 << 20
+
+
+def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str,
+                cuda: dict | None = None, extras_from: list[Path] | None = None) -> list[dict]:
+    """Convert wheels not yet in the stand-in channel; staging then atomic move + index.
+
+    ``cuda`` (wheels.yaml's cuda section): the distributions in its ``builds`` become CUDA
+    builds (see wheel2conda.convert_wheel). ``extras_from``: the wheels whose
+    ``X[extra]`` requirements count (default: ``wheels``)."""
+    from ci.wheel2conda import marker_env, requested_extras
+
+    cuda_builds = {str(canonicalize_name(b)) for b in (cuda or {}).get("builds", [])}
+    extras = requested_extras(extras_from or wheels, marker_env(python, subdir))
     state_path = channel / WHEEL_STATE
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
     have = packages_in(channel)
@@ -183,8 +214,13 @@ def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str) -> 
             task = prog.add_task("", total=len(todo))
             for w in sorted(todo, key=lambda p: -p.stat().st_size):
                 prog.update(task, description=w.name[:60])
+                dist = str(canonicalize_name(str(parse_wheel_filename(w.name)[0])))
                 try:
-                    pkg = convert_wheel(w, staging, subdir=subdir, python=python)
+                    pkg = convert_wheel(
+                        w, staging, subdir=subdir, python=python,
+                        compression_level=1 if w.stat().st_size > HUGE else 3,
+                        extras=extras.get(dist, frozenset()),
+                        cuda=cuda["version"] if cuda and dist in cuda_builds else None)
                 except WheelError:
                     raise
                 except Exception as exc:  # noqa: BLE001
@@ -216,9 +252,17 @@ def check_closure(converted: list[dict], channel: Path) -> list[str]:
     missing = []
     for c in converted:
         for d in c["depends"]:
+            if d.startswith("__"):
+                continue  # virtual packages (__cuda): the machine provides them
             if d.split()[0] not in names:
                 missing.append(f"{c['name']} needs {d}")
     return missing
+
+
+def cuda_wanted() -> bool:
+    """Whether the CUDA stand-ins are made: yes, unless DDLCE_CUDA=0 (a CPU-only site, or a
+    quick local run; the CUDA builds of powerai then drop out of the render with a reason)."""
+    return os.environ.get("DDLCE_CUDA", "1").strip() not in ("0", "no", "off", "false")
 
 
 def build_standins(settings: Settings, *, platforms: list[str] | None = None) -> dict:
@@ -273,6 +317,28 @@ def build_standins(settings: Settings, *, platforms: list[str] | None = None) ->
         summary["wheels"] += converted
         summary.setdefault("stages", {})[f"download ({subdir})"] = t2 - t1
         summary["stages"][f"convert ({subdir})"] = time.monotonic() - t2
+        cuda = spec.get("cuda")
+        if cuda and cuda_wanted():
+            t1 = time.monotonic()
+            cwheels = download_wheels({**spec, "requirements": cuda["requirements"]}, subdir,
+                                      settings.wheels_dir / subdir, what="CUDA ")
+            local = [w for w in cwheels if str(canonicalize_name(
+                str(parse_wheel_filename(w.name)[0]))) in cuda["builds"] and
+                parse_wheel_filename(w.name)[1].local]
+            if local:
+                raise RuntimeError(
+                    f"the CUDA set got {local[0].name}, a local-version (+cpu) build: pin the "
+                    "framework with === in wheels.yaml's cuda requirements (torch==={pytorch}"
+                    "), since pip ranks 2.13.0+cpu above 2.13.0 and == matches both")
+            t2 = time.monotonic()
+            cconv = convert_all(cwheels, subdir, up, python, cuda=cuda,
+                                extras_from=wheels + cwheels)
+            summary["wheels"] += [c for c in cconv if c not in summary["wheels"]]
+            summary["stages"][f"download CUDA set ({subdir})"] = t2 - t1
+            summary["stages"][f"convert CUDA set ({subdir})"] = time.monotonic() - t2
+            summary["cuda"] = {"version": cuda["version"],
+                               "packages": sorted({c["name"] for c in cconv})}
+            converted = converted + cconv
         missing = check_closure(converted, up)
         if missing:
             raise RuntimeError("stand-in closure incomplete: " + "; ".join(missing[:20]))

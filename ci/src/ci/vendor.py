@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from ci.index import index_channel
-from ci.install import solve
+from ci.install import cuda_need, solve
 from ci.state import load_state, save_state
 
 
@@ -34,16 +34,18 @@ def vendor_closure(channel: Path, upstream: list[str], platform: str, meta: str 
     if not rd.exists():
         return 0
     data = json.loads(rd.read_text())
+    # each build with the CUDA it asks of the driver (its CUDA build solves as on a node
+    # with one; the CPU build as on this host)
     builds = [
-        f"{r['name']} =={r['version']} {r['build']}"
+        (f"{r['name']} =={r['version']} {r['build']}", cuda_need(r.get("depends") or []))
         for r in {**data.get("packages", {}), **data.get("packages.conda", {})}.values()
         if r["name"] == meta
     ]
     state = load_state(channel)
     added = 0
     chan = str(channel.resolve())
-    for spec in builds:
-        records, _ = solve([chan, *upstream], [spec], platform)
+    for spec, cuda in builds:
+        records, _ = solve([chan, *upstream], [spec], platform, cuda)
         for rec in records:
             src = _local_path(str(rec.url))
             if src is None or str(src).startswith(chan) or not src.exists():

@@ -41,6 +41,30 @@ CONDA_NAMES: dict[str, str] = {
     "xgboost-cpu": "xgboost",
 }
 
+# NVIDIA's CUDA wheels -> conda-forge's names for the same libraries. The CUDA 13 wheels
+# dropped the -cuXX suffix (nvidia-cublas); cuDNN, NCCL, cuSPARSELt and NVSHMEM keep it.
+CUDA_NAMES: dict[str, str] = {
+    "nvidia-nccl-cu13": "nccl",
+    "nvidia-nccl-cu12": "nccl",
+    "nvidia-cuda-runtime": "cuda-cudart",
+    "nvidia-cuda-runtime-cu12": "cuda-cudart",
+    "nvidia-cublas": "libcublas",
+    "nvidia-cublas-cu12": "libcublas",
+    "nvidia-cufft": "libcufft",
+    "nvidia-curand": "libcurand",
+    "nvidia-cusolver": "libcusolver",
+    "nvidia-cusparse": "libcusparse",
+    "nvidia-nvjitlink": "libnvjitlink",
+    "nvidia-cuda-nvrtc": "cuda-nvrtc",
+    "nvidia-cuda-cupti": "cuda-cupti",
+    "nvidia-nvtx": "cuda-nvtx",
+    "nvidia-cufile": "libcufile",
+    "nvidia-cudnn-cu13": "cudnn",
+    "nvidia-cusparselt-cu13": "libcusparselt",
+    "nvidia-nvshmem-cu13": "libnvshmem3",
+}
+CONDA_NAMES.update(CUDA_NAMES)
+
 SUBDIR_MACHINE = {"linux-64": "x86_64", "linux-ppc64le": "ppc64le", "linux-aarch64": "aarch64"}
 
 TRAMPOLINE = "#!/bin/sh\n'''exec' \"$(dirname -- \"$0\")/python\" \"$0\" \"$@\"\n' '''\n"
@@ -128,17 +152,22 @@ def _valid_spec(spec: str) -> bool:
         return False
 
 
-def requirement_to_conda(req_text: str, env: dict[str, str]) -> str | None:
+def requirement_to_conda(req_text: str, env: dict[str, str],
+                         extras: frozenset[str] = frozenset()) -> str | None:
     """A conda dependency for one ``Requires-Dist`` line, or None if its marker is false.
 
-    Extras are never installed, so ``extra == ...`` markers evaluate false.
+    conda has no extras: a line under ``extra == X`` counts only when some wheel of the
+    set asked for this one with ``[X]`` (``extras``), and then it becomes a plain
+    dependency of this package (torch asks for ``cuda-toolkit[cublas,...]``: the
+    cuda-toolkit package then depends on libcublas ...).
     """
     try:
         req = Requirement(req_text)
     except InvalidRequirement:
         return None
     if req.marker is not None:
-        if not Marker(str(req.marker)).evaluate({**env, "extra": ""}):
+        marker = Marker(str(req.marker))
+        if not any(marker.evaluate({**env, "extra": x}) for x in ("", *sorted(extras))):
             return None
     name = conda_name(req.name)
     spec = _pep440_to_conda(str(req.specifier))
@@ -213,6 +242,50 @@ def _precompile(site: Path, root: Path, python: str) -> None:
     )
 
 
+def requested_extras(wheels: list[Path],
+                     env: dict[str, str] | None = None) -> dict[str, frozenset[str]]:
+    """For each distribution, the extras other wheels of the set ask for (``X[a,b]``), in
+    requirements that apply to the target (``env``: its marker environment; lines that
+    are themselves under an extra do not count)."""
+    out: dict[str, set[str]] = {}
+    for w in wheels:
+        try:
+            with zipfile.ZipFile(w) as zf:
+                name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+                meta = email.parser.Parser().parsestr(zf.read(name).decode("utf-8", "replace"))
+        except (zipfile.BadZipFile, StopIteration, OSError):
+            continue
+        for line in meta.get_all("Requires-Dist") or []:
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if req.marker is not None and env is not None and not req.marker.evaluate(
+                    {**env, "extra": ""}):
+                continue
+            if req.extras:
+                out.setdefault(str(canonicalize_name(req.name)), set()).update(req.extras)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def _link_cuda_libs(root: Path, site: Path) -> None:
+    """conda-forge keeps CUDA libraries in $PREFIX/lib; NVIDIA's wheels keep them under
+    site-packages/nvidia/*/lib, where torch's RUNPATH looks. Both hold: the files stay
+    where the wheel put them and lib/ gets a relative link to each, so libddl (which
+    looks in its own lib/ directory) finds the env's NCCL and CUDA runtime."""
+    nv = site / "nvidia"
+    if not nv.is_dir():
+        return
+    libdir = root / "lib"
+    for so in sorted(nv.glob("*/lib/lib*.so*")):
+        if not so.is_file() or so.is_symlink():
+            continue
+        libdir.mkdir(parents=True, exist_ok=True)
+        link = libdir / so.name
+        if not link.exists():
+            link.symlink_to(Path("..") / so.relative_to(root))
+
+
 def convert_wheel(
     wheel: Path,
     out_dir: Path,
@@ -220,8 +293,17 @@ def convert_wheel(
     subdir: str,
     python: str = "3.11",
     compression_level: int = 3,
+    extras: frozenset[str] = frozenset(),
+    cuda: str | None = None,
 ) -> ConvertedPackage:
-    """Convert ``wheel`` into ``out_dir/<subdir>/<name>-<version>-<build>.conda``."""
+    """Convert ``wheel`` into ``out_dir/<subdir>/<name>-<version>-<build>.conda``.
+
+    ``cuda`` ("13.0") marks the CUDA build of a framework (pytorch's default wheel): as
+    conda-forge's, its build string says so (``cuda130_py311_0``), it depends on
+    ``__cuda >=13.0`` so only machines with a driver for it (or ``--virtual __cuda=``)
+    get it, and its build number is one above the CPU build's so that the solver
+    prefers it wherever it can be installed.
+    """
     import rattler_build
 
     try:
@@ -305,11 +387,13 @@ def convert_wheel(
 
         if not pure:
             _precompile(site, root, python)
+        if canonicalize_name(str(dist)) in CUDA_NAMES:
+            _link_cuda_libs(root, site)
 
         env = marker_env(python, subdir)
         depends: list[str] = []
         for line in meta.get_all("Requires-Dist") or []:
-            dep = requirement_to_conda(line, env)
+            dep = requirement_to_conda(line, env, extras)
             if (
                 dep
                 and dep.split()[0] not in [d.split()[0] for d in depends]
@@ -327,6 +411,11 @@ def convert_wheel(
             depends.insert(0, f"python {python}.*")
             target = subdir
             build = f"{local + '_' if local else ''}py{pyver_nodot}_0"
+        build_number = 0
+        if cuda:
+            depends.append(f"__cuda >={cuda}")
+            build = f"cuda{cuda.replace('.', '')}_{build.replace('_0', '_1')}"
+            build_number = 1
 
         lic = _license(meta)
         out = rattler_build.assemble_package(
@@ -341,7 +430,9 @@ def convert_wheel(
             summary=(meta.get("Summary") or "")[:200],
             homepage=meta.get("Home-page") or None,
             noarch="python" if pure else None,
+            build_number=build_number,
             compression_level=compression_level,
+            compression_threads=2,
             detect_prefix=False,
         )
         return ConvertedPackage(name, version, target, Path(out.path), depends, lic)

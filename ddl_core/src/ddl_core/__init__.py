@@ -72,9 +72,9 @@ local_size = _ddl.local_size
 is_initialized = _ddl.initialized
 
 
-def barrier(*, comm: Comm | None = None) -> None:
+def barrier(comm: Comm | None = None) -> None:
     """Wait until every rank of `comm` (default: the world) has called barrier."""
-    if _sub(comm):
+    if comm is not None and _sub(comm):
         comm.barrier()
         return
     _ddl.barrier()
@@ -101,11 +101,11 @@ def _sub(comm: Comm | None) -> bool:
 
 def _queue(comm: Comm | None) -> dict[str, int]:
     """The submit keyword of a request's queue: a communicator's own, or the world's."""
-    return {"comm": comm.handle} if _sub(comm) else {}
+    return {"comm": comm.handle} if comm is not None and _sub(comm) else {}
 
 
 def _gpu_on_world(comm: Comm | None, fn: str) -> None:
-    if _sub(comm):
+    if comm is not None and _sub(comm):
         raise InvalidArgumentError(
             f"{fn}: GPU arrays run on the world communicator only (libddl 2.0); give "
             "host memory for a communicator's queue")
@@ -242,10 +242,10 @@ def _dev_out(x: Any, d: _cuda.DeviceArray, out: Any,
     return out, r
 
 
-def allreduce(x: Any, op: str = "sum", out: Any = None, *, comm: Comm | None = None) -> Any:
+def allreduce(x: Any, op: str = "sum", out: Any = None, comm: Comm | None = None) -> Any:
     """Reduce x over all ranks; the result goes to `out` (a new array if None; `out=x`
     works in place) and is returned. op: sum, avg, min, max, prod."""
-    if _sub(comm):
+    if comm is not None and _sub(comm):
         return _comm.comm_allreduce(comm, x, op, out)
     o = _OP_CODE.get(op)
     if o is None:
@@ -272,9 +272,9 @@ def allreduce(x: Any, op: str = "sum", out: Any = None, *, comm: Comm | None = N
     return res
 
 
-def broadcast(x: Any, root: int = 0, *, comm: Comm | None = None) -> Any:
+def broadcast(x: Any, root: int = 0, comm: Comm | None = None) -> Any:
     """Overwrite x on every rank with root's x (in place); returns x."""
-    if _sub(comm):
+    if comm is not None and _sub(comm):
         return _comm.comm_broadcast(comm, x, root)
     d = _cuda.device_array(x)
     if d is not None:
@@ -291,9 +291,9 @@ def _gather_shape(x: Any, n: int | None = None) -> tuple[int, ...]:
     return (n * shape[0], *shape[1:]) if shape else (n,)
 
 
-def allgather(x: Any, out: Any = None, *, comm: Comm | None = None) -> Any:
+def allgather(x: Any, out: Any = None, comm: Comm | None = None) -> Any:
     """Concatenate every rank's x along the first axis, in rank order."""
-    if _sub(comm):
+    if comm is not None and _sub(comm):
         return _comm.comm_allgather(comm, x, out)
     d = _cuda.device_array(x)
     if d is not None:
@@ -308,7 +308,7 @@ def allgather(x: Any, out: Any = None, *, comm: Comm | None = None) -> Any:
     return res
 
 
-def alltoall(x: Any, out: Any = None, *, comm: Any = None) -> Any:
+def alltoall(x: Any, out: Any = None, comm: Any = None) -> Any:
     """Block i of x (split evenly along the first axis, or flat) goes to rank i; returns
     the blocks that arrived, block j from rank j, shaped like x. Host buffers. comm=: on
     that communicator (ddl_core.comm.alltoall)."""
@@ -372,10 +372,10 @@ def _scatter_shape(x: Any, n: int | None = None) -> tuple[int, ...]:
     return (total // n,)
 
 
-def reduce_scatter(x: Any, op: str = "sum", out: Any = None, *, comm: Comm | None = None) -> Any:
+def reduce_scatter(x: Any, op: str = "sum", out: Any = None, comm: Comm | None = None) -> Any:
     """Reduce x over ranks and give rank i the i-th of `size()` equal blocks."""
     o = op_code(op)
-    if _sub(comm):
+    if comm is not None and _sub(comm):
         return _comm.comm_reduce_scatter(comm, x, op, out)
     d = _cuda.device_array(x)
     if d is not None:

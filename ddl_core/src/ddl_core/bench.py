@@ -7,6 +7,10 @@
     ddlrun -n 2 python -m ddl_core.bench hvd -b 1M -e 64M  # what horovod-ddl's layer costs
     python -m ddl_core.bench compare --baseline DIR   (this build against another: see
                                                        ddl_core.bench_compare)
+    ddlrun -n 1 python -m ddl_core.bench gpu         # CUDA tensors: ddl vs torch NCCL
+                                                     # (ddl_core.bench_gpu; its own options)
+    python -m ddl_core.bench lms                     # Large Model Support: largest batch and
+                                                     # throughput cost (ddl_core.bench_lms)
 
 For every size, DDL and MPI run on the same buffers, interleaved repetition by
 repetition so machine noise hits both alike; the table shows the median of the
@@ -325,10 +329,20 @@ def liveness_cost(reps: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # the GPU benchmarks have options of their own: hand them the rest of the line
+    if argv[:1] == ["gpu"]:
+        from .bench_gpu import main as gpu_main
+
+        return gpu_main(argv[1:])
+    if argv[:1] == ["lms"]:
+        from .bench_lms import main as lms_main
+
+        return lms_main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m ddl_core.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("collective",
-                    choices=(*COLLECTIVES, "check", "liveness", "hvd", "compare"))
+                    choices=(*COLLECTIVES, "check", "liveness", "hvd", "compare", "gpu", "lms"))
     ap.add_argument("-b", "--min-bytes", default="8")
     ap.add_argument("-e", "--max-bytes", default="256M")
     ap.add_argument("-f", "--factor", type=int, default=2, help="size multiplier per step")

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 FAULTS = ("kill", "segv", "exit3", "exit0", "_exit0", "hang", "forkkill", "none")
-COLLS = ("allreduce", "large", "async", "broadcast", "allgather", "barrier")
+COLLS = ("allreduce", "large", "async", "broadcast", "allgather", "barrier", "irecv")
 LINE = re.compile(r"^FAULT rank=(\d+) error=(\w+) waited=([\d.]+) after_death=([\d.-]+) "
                   r"msg=(.*)$")
 
@@ -53,6 +53,12 @@ def _collective(coll: str, n: int) -> None:
         ddl.broadcast(x, root=0)
     elif coll == "allgather":
         ddl.allgather(x)
+    elif coll == "irecv":  # a point-to-point request: rank 1 sends to every other rank
+        if ddl.rank() == 1:
+            for h in [ddl.isend(x, r) for r in range(ddl.size()) if r != 1]:
+                h.wait()
+        else:
+            ddl.irecv(x, 1).wait()
     else:
         ddl.barrier()
 

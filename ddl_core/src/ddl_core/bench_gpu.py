@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -57,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     if not torch.cuda.is_available():
-        print("bench_gpu needs a CUDA device (torch.cuda.is_available() is False)")
+        print("python -m ddl_core.bench gpu needs a CUDA device: torch.cuda.is_available() is "
+              f"False here (torch {torch.__version__}, built for CUDA {torch.version.cuda})",
+              file=sys.stderr)
         return 2
     ddl.init()
     rank, size = ddl.rank(), ddl.size()

@@ -288,7 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _subcommand(sub, "module", _cmd_module)
     p.add_argument("prefix", type=Path, help="the environment to publish")
-    p.add_argument("--name", required=True, help="module name/version, e.g. powerai/1.0")
+    p.add_argument("--name", help="module name/version, e.g. powerai/1.0 [default: the "
+                   "package the env was installed for and its major.minor version, with "
+                   "-cuda for a CUDA build: powerai/1.0 or powerai/1.0-cuda]")
     p.add_argument("--out", type=Path, required=True,
                    help="modulefile root (what goes on MODULEPATH)")
     p.add_argument("--format", choices=("lmod", "tcl", "both"), default="both",

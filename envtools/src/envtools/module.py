@@ -36,6 +36,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from envtools import cudaenv
 from envtools.errors import EnvtoolsError
 from envtools.prefix_records import Prefix
 from envtools.readonly import read_marker, refuse_readonly
@@ -313,10 +314,41 @@ def render_tcl(prefix: Path, name: str, pkgs, changes, readonly: bool, desc: str
     return "\n".join(T) + "\n"
 
 
-def write_modulefiles(prefix: Path, name: str, out: Path, fmt: str = "both") -> list[Path]:
-    """Write ``out/<name>.lua`` (Lmod) and/or ``out/<name>`` (Tcl); returns the paths."""
+def default_name(prefix: Path) -> str:
+    """``powerai/1.0`` for the CPU build of an env installed for ``powerai 1.0.x``, and
+    ``powerai/1.0-cuda`` for its CUDA build, so both can sit side by side on one MODULEPATH.
+
+    The package is the first spec the env was installed for (its read-only marker);
+    the CUDA build is told by its packages' ``__cuda`` requirements (see cudaenv).
+    """
+    from envtools.readonly import read_marker
+
+    pre = Prefix.load(prefix)
+    marker = read_marker(pre.root) or {}
+    specs = marker.get("specs") if isinstance(marker.get("specs"), list) else []
+    top = None
+    if specs:
+        first = re.split(r"[\s=<>!~\[]", str(specs[0]).strip(), maxsplit=1)[0]
+        top = pre.by_name().get(first)
+    if top is None:
+        raise EnvtoolsError(
+            f"cannot tell a module name for {pre.root}: it records no package it was installed "
+            "for", "give one: envtools module PREFIX --name NAME/VERSION (e.g. powerai/1.0)")
+    version = ".".join(top.version.split(".")[:2])
+    cuda = "-cuda" if cudaenv.env_cuda(pre.records) is not None else ""
+    return f"{top.name}/{version}{cuda}"
+
+
+def write_modulefiles(prefix: Path, name: str | None, out: Path,
+                      fmt: str = "both") -> list[Path]:
+    """Write ``out/<name>.lua`` (Lmod) and/or ``out/<name>`` (Tcl); returns the paths.
+
+    Without a name, ``default_name`` picks one (``powerai/1.0`` or ``powerai/1.0-cuda``).
+    """
     if fmt not in ("lmod", "tcl", "both"):
         raise EnvtoolsError(f"unknown --format {fmt!r}", "use lmod, tcl or both")
+    if name is None:
+        name = default_name(prefix)
     parts = name.split("/")
     if not name or len(parts) > 4 or any(p in ("", ".", "..") for p in parts):
         raise EnvtoolsError(f"bad module name {name!r}", "use NAME/VERSION, e.g. powerai/1.0")
@@ -354,6 +386,10 @@ def write_modulefiles(prefix: Path, name: str, out: Path, fmt: str = "both") -> 
     top = next((r for r in pre.records if r.name == name.partition("/")[0]), None)
     desc = (f"{top.name} {top.version}: " if top else "") + (
         "DDL-CE curated distributed deep-learning environment")
+    need = cudaenv.env_cuda(pre.records)
+    if need is not None:
+        desc += (f" (CUDA {need.version} build: needs an NVIDIA driver for CUDA "
+                 f"{need.version} or newer)")
     written = []
     target = out / name
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import rattler
 
-from envtools import cachelinks, confine, elf, loader, virtual
+from envtools import cachelinks, confine, cudaenv, elf, loader, virtual
 from envtools.errors import EnvtoolsError
 from envtools.hashing import hash_many, load_stat_cache, stat_key
 from envtools.prefix_records import Prefix, Record
@@ -156,6 +156,8 @@ def check_depends(ctx: Context) -> None:
                         [r.name], hint="report it to the package's maintainers")
                 continue
             name = ms.name.normalized
+            if name == "__cuda":
+                continue  # the driver against the env's CUDA: check_cuda, one finding
             got = have(name)
             if got is None:
                 if name.startswith("__"):
@@ -181,40 +183,44 @@ def check_depends(ctx: Context) -> None:
             if ms is None:
                 continue
             name = ms.name.normalized
+            if name == "__cuda":
+                continue  # check_cuda
             got = have(name)
             if got is not None and not ms.matches(got):
-                if name == "__cuda":
-                    ctx.add("cuda-driver", "error",
-                            f"{r.name} {r.version} needs a CUDA driver for {con!r}, but the "
-                            f"driver supports CUDA {got.version}", [r.name],
-                            hint="update the NVIDIA driver on this node, or use an env built for "
-                            f"CUDA {got.version} (a lower cuda-version)")
-                else:
-                    ctx.add("constrains", "error",
-                            f"{r.name} {r.version} constrains {con!r} but {name} {got.version} "
-                            "is installed", [r.name, name],
-                            hint=f"change {name} to satisfy {con!r}, or remove one of them")
+                ctx.add("constrains", "error",
+                        f"{r.name} {r.version} constrains {con!r} but {name} {got.version} "
+                        "is installed", [r.name, name],
+                        hint=f"change {name} to satisfy {con!r}, or remove one of them")
     ctx.checked["packages"] = len(ctx.prefix.records)
 
 
 def check_cuda(ctx: Context) -> None:
-    """A CUDA driver older than the env's cuda-version (or none at all, for GPU envs)."""
-    cv = ctx.prefix.by_name().get("cuda-version")
-    if cv is None or any(f.check == "cuda-driver" for f in ctx.findings):
+    """The CUDA driver (the __cuda virtual package) against the CUDA the env is built for.
+
+    The env's CUDA is the highest ``__cuda`` lower bound its packages state (pytorch's CUDA
+    build depends on ``__cuda >=13.0``, cuda-version constrains it): one finding naming
+    both versions and the packages, never one per package. No driver at all is a note:
+    login nodes have none, and the env is still fine for compute nodes that do.
+    """
+    need = cudaenv.env_cuda(ctx.prefix.records)
+    if need is None:
         return
+    who = ", ".join(need.packages)
     cuda = next((v for v in ctx.virtuals if v.name == "__cuda"), None)
     if cuda is None:
         ctx.add("cuda-driver", "info",
-                f"the env is built for CUDA {cv.version} but no CUDA driver was found here; "
-                "GPU code will not run on this node", ["cuda-version"],
+                f"the env is built for CUDA {need.version} ({who}) but no CUDA driver was "
+                "found here; GPU code will not run on this node", list(need.packages),
                 hint="normal on login nodes; validate on a GPU node, or pass --virtual "
                 "__cuda=VERSION to check against a node's driver")
         return
-    if rattler.Version(cuda.version) < rattler.Version(cv.version):
+    if not cudaenv.supports(cuda.version, need):
         ctx.add("cuda-driver", "error",
-                f"the CUDA driver supports CUDA {cuda.version}, older than the env's "
-                f"cuda-version {cv.version}", ["cuda-version"],
-                hint="update the NVIDIA driver, or use an env built for an older CUDA")
+                f"the CUDA driver here supports CUDA {cuda.version}, but the env is built for "
+                f"CUDA {need.version} ({who} need __cuda >={need.version})",
+                list(need.packages),
+                hint=f"update the NVIDIA driver to one for CUDA {need.version} or newer, or "
+                "use the CPU build of the env (e.g. envtools install ... 'powerai=*=cpu*')")
 
 
 # ---------------------------------------------------------------- files
