@@ -256,3 +256,190 @@ def test_bad_yaml_with_continue_on_failure_and_world_readable_channel(tmp_path):
     wrong = {k: m for k, m in modes.items()
              if m != ("0o755" if (chan / k).is_dir() else "0o644")}
     assert not wrong, wrong
+
+
+# ---- the pipeline's parts, called alone (ci.pipeline, ci.build's three steps) ------------
+
+
+def settings_for(recipes: Path, channel: Path, upstream: Path):
+    """ci's settings for a recipe folder, a channel and an upstream, as `ci build` makes
+    them from --recipes/--channel/--upstream."""
+    from ci.config import load_settings
+
+    s = load_settings(ROOT, recipes_dir=recipes, channel_dir=channel)
+    s.work_dir = channel.parent / ".ci-work"
+    s.channels = [str(upstream)]
+    return s
+
+
+def test_render_graph_orders_selects_and_names_bad_input(tmp_path, upstream):
+    from ci.errors import CiError
+    from ci.graph import CycleError, build_order
+    from ci.pipeline import render_graph
+
+    s = settings_for(DATA / "good", tmp_path / "channel", upstream)
+    r = render_graph(s, ["linux-64"])
+    names = [n.name for n in build_order(r.graph)]
+    assert sorted(names) == ["bundle", "fooapp", "libfoo", "purepkg"]
+    assert names.index("libfoo") < names.index("fooapp") < names.index("bundle")
+    assert not r.errors
+    # --packages: the named output and what it needs, nothing else
+    r = render_graph(s, ["linux-64"], packages=["fooapp"])
+    assert sorted(n.name for n in build_order(r.graph)) == ["fooapp", "libfoo"]
+    with pytest.raises(CiError) as e:
+        render_graph(s, ["linux-64"], packages=["nosuch"])
+    assert "nosuch" in e.value.msg and "libfoo" in e.value.hint and e.value.code == 2
+    # a cycle is a CiError naming it, with the fix as its hint
+    with pytest.raises(CycleError) as e:
+        render_graph(settings_for(DATA / "cycle", tmp_path / "c2", upstream), ["linux-64"])
+    assert isinstance(e.value, CiError) and "cyc-a" in e.value.msg and "Break it" in e.value.hint
+    # a recipe that does not render: an error, or with continue_on_failure a listed one
+    bad = settings_for(DATA / "badyaml", tmp_path / "c3", upstream)
+    with pytest.raises(CiError, match="bad/recipe.yaml"):
+        render_graph(bad, ["linux-64"])
+    r = render_graph(bad, ["linux-64"], continue_on_failure=True)
+    assert [n.name for n in build_order(r.graph)] == ["okpkg"]
+    assert len(r.errors) == 1 and "bad/recipe.yaml" in r.errors[0]
+
+
+def test_build_test_publish_steps_one_at_a_time(tmp_path, upstream):
+    """Each step alone: build leaves the channel untouched, test marks failures, publish
+    moves only what passed (nothing at all after a failure), and a rerun skips."""
+    from ci.build import build_step, open_batch, publish_step, test_step
+    from ci.mirror import SourceMirror
+    from ci.pipeline import render_graph
+
+    recipes = tmp_path / "recipes"
+    shutil.copytree(DATA / "good" / "libfoo", recipes / "libfoo")
+    shutil.copytree(DATA / "failing" / "broken", recipes / "broken")
+    chan = tmp_path / "channel"
+    s = settings_for(recipes, chan, upstream)
+    r = render_graph(s, ["linux-64"])
+
+    def batch():
+        return open_batch(r.graph, channel_dir=chan, work_dir=s.work_dir, channels=s.channels)
+
+    b = batch()
+    build_step(b, variants=r.variants, mirror=SourceMirror(tmp_path / "mirror"))
+    assert {o.node.name: o.status for o in b.by_key.values()} == {
+        "libfoo": "built", "broken": "built"}
+    assert all(o.path.resolve().parent.parent == b.staging.resolve() for o in b.built)
+    assert not list(chan.glob("*/*.conda")), "building must not touch the channel"
+    test_step(b)
+    status = {o.node.name: o.test_status for o in b.built}
+    assert status == {"libfoo": "passed", "broken": "failed"}
+    assert {k.split("/")[1].split("-")[0] for k in b.bad} == {"broken"}
+    res = publish_step(b)
+    assert not res.ok and res.published == [] and not list(chan.glob("*/*.conda"))
+    # the same batch with continue_on_failure: libfoo goes in, broken does not
+    b = batch()
+    build_step(b, variants=r.variants, mirror=SourceMirror(tmp_path / "mirror"),
+               continue_on_failure=True)
+    test_step(b)
+    res = publish_step(b, continue_on_failure=True)
+    assert [k.split("/")[1].split("-")[0] for k in res.published] == ["libfoo"]
+    assert set(repodata(chan)) == {"libfoo"}
+    state = json.loads((chan / ".ci-state.json").read_text())
+    assert [v["test"] for v in state.values()] == ["passed"]
+    # a rerun: libfoo is up to date (same digest), only broken is built again
+    b = batch()
+    build_step(b, variants=r.variants, mirror=SourceMirror(tmp_path / "mirror"),
+               continue_on_failure=True)
+    assert {o.node.name: o.status for o in b.by_key.values()} == {
+        "libfoo": "skipped", "broken": "built"}
+
+
+def test_pipeline_result_ok_and_cross_runs_absorbed():
+    """The result object: ok needs every package and every install check to pass; a cross
+    run's outcomes, published files and stage times join the native run's."""
+    from ci.build import Outcome, RunResult
+    from ci.pipeline import PipelineResult
+    from ci.render import Node
+
+    def node(name: str, subdir: str) -> Node:
+        return Node(name=name, version="1", build_string="0", subdir=subdir,
+                    target_platform=subdir, recipe_path=Path("r.yaml"), variant={})
+
+    res = PipelineResult(run=RunResult(outcomes=[Outcome(node("a", "linux-64"), "built")],
+                                       published=["linux-64/a"]), stages={"build": 2.0})
+    assert res.ok
+    cross = PipelineResult(
+        run=RunResult(outcomes=[Outcome(node("a", "linux-ppc64le"), "failed")]),
+        stages={"build": 1.0, "sysroot (linux-ppc64le)": 3.0, "upstream": 9.0},
+    )
+    res.absorb(cross, "linux-ppc64le")
+    assert [o.node.subdir for o in res.run.outcomes] == ["linux-64", "linux-ppc64le"]
+    assert res.stages == {"build": 2.0, "build (linux-ppc64le)": 1.0,
+                          "sysroot (linux-ppc64le)": 3.0}
+    assert not res.ok and len(res.run.failed) == 1
+    ok = PipelineResult(run=RunResult(), install={"import numpy": "ok", "one libddl": "ok"})
+    assert ok.ok
+    ok.install["one libddl"] = "FAILED: 2 copies of libddl"
+    assert not ok.ok
+
+
+def test_one_libddl_counts_files_not_links(tmp_path):
+    from ci.install import libddl_copies, one_libddl
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libddl.so.2.0.0").write_bytes(b"\x7fELF")
+    (lib / "libddl.so.1").symlink_to("libddl.so.2.0.0")
+    (lib / "libddl.so").symlink_to("libddl.so.1")
+    assert libddl_copies(tmp_path) == [Path("lib/libddl.so.2.0.0")]
+    assert one_libddl(tmp_path).startswith("ok")
+    site = lib / "python3.11" / "site-packages" / "ddl_core"
+    site.mkdir(parents=True)
+    (site / "libddl.so.2.0.0").write_bytes(b"\x7fELF")
+    msg = one_libddl(tmp_path)
+    assert msg.startswith("FAILED: 2 copies") and "site-packages/ddl_core/libddl.so.2.0.0" in msg
+
+
+def test_ci_error_is_printed_once_with_its_hint(tmp_path, upstream):
+    """A CiError from any stage: one `error:` line, one `hint:` line, its exit code, no
+    traceback (the command line catches it in one place)."""
+    r = build(DATA / "cycle", tmp_path / "channel", upstream)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.count("error:") == 1 and "hint: Break it" in " ".join(r.stderr.split())
+    r = build(DATA / "good", tmp_path / "channel", upstream, "--platform", "linux-s390x")
+    assert r.returncode == 2 and "no cross toolchain known for linux-s390x" in r.stderr
+    assert "hint:" in r.stderr and "Traceback" not in r.stderr
+
+
+def _standins() -> Path:
+    from ci.config import cache_root
+
+    return cache_root() / "upstream-channel"
+
+
+@pytest.mark.skipif(
+    not (_standins() / "linux-64" / "repodata.json").exists(),
+    reason="needs the stand-in upstream channel that `make channel` builds once",
+)
+def test_env_with_libddl_and_ddl_holds_one_libddl(tmp_path):
+    """The real libddl and ddl recipes (openmpi, python 3.11) built by ci, installed into
+    a fresh env: one libddl file in it (lib/), and the one `import ddl_core` maps."""
+    from ci.install import install_with_rattler, libddl_copies
+
+    cbc = yaml.safe_load((ROOT / "conda_build_config.yaml").read_text())
+    cbc.update(mpi=["openmpi"], python=["3.11"], target_platforms=["linux-64"])
+    (tmp_path / "cbc.yaml").write_text(yaml.safe_dump(cbc))
+    chan = tmp_path / "channel"
+    r = ci("build", "--recipes", str(ROOT / "recipes"), "--config", str(tmp_path / "cbc.yaml"),
+           "--channel", str(chan), "--upstream", str(_standins()), "--packages", "ddl",
+           "--no-test")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert set(repodata(chan)) == {"libddl", "ddl"}
+    prefix = tmp_path / "env"
+    install_with_rattler([str(chan), str(_standins())], "ddl", prefix, "linux-64")
+    assert libddl_copies(prefix) == [Path("lib/libddl.so.2.0.0")]
+    p = subprocess.run(
+        [str(prefix / "bin" / "python"), "-c",
+         "import ddl_core, os\n"
+         "maps = {l.split()[-1] for l in open('/proc/self/maps')}\n"
+         "maps = {m for m in maps if os.path.basename(m).startswith('libddl')}\n"
+         "print('\\n'.join(sorted(maps)))"],
+        capture_output=True, text=True, env={"PATH": f"{prefix / 'bin'}:/usr/bin:/bin"},
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == [str((prefix / "lib" / "libddl.so.2.0.0").resolve())], p.stdout

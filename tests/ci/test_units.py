@@ -169,7 +169,8 @@ def test_matrix_files_and_workflow(tmp_path):
     s = load_settings(ROOT)
     files = write_matrix(s, tmp_path, "native")
     support = sorted((tmp_path / ".ci_support").glob("*.yaml"))
-    n = len(s.target_platforms) * len(s.variants["mpi"]) * len(s.variants["python"])
+    per_platform = len(s.variants["mpi"]) * len(s.variants["python"])
+    n = len(s.target_platforms) * per_platform
     assert len(support) == n
     one = yaml.safe_load(
         (tmp_path / ".ci_support" / "linux_64_mpiopenmpi_python3.11.yaml").read_text()
@@ -182,11 +183,19 @@ def test_matrix_files_and_workflow(tmp_path):
     assert one["zip_keys"] == s.variants["zip_keys"]
     wf = yaml.safe_load(files[-1].read_text())
     include = wf["jobs"]["build"]["strategy"]["matrix"]["include"]
-    assert len(include) == n
+    foreign = [p for p in s.target_platforms if p != "linux-64"]
+    # a foreign platform's variant file runs twice: cross on x86_64 and on a native runner
+    assert len(include) == n + len(foreign) * per_platform
     for job in include:
         assert (tmp_path / job["config"]).exists()
+    assert len({j["job"] for j in include}) == len(include)  # artifact names stay unique
     ppc = [j for j in include if j["platform"] == "linux-ppc64le"]
-    assert ppc and all(j["runner"] == ["self-hosted", "linux", "ppc64le"] for j in ppc)
+    native = [j for j in ppc if not j["cross"]]
+    cross = [j for j in ppc if j["cross"]]
+    assert len(native) == len(cross) == per_platform
+    assert all(j["runner"] == ["self-hosted", "linux", "ppc64le"] for j in native)
+    assert all(j["runner"] == "ubuntu-24.04" and "gcc-powerpc64le-linux-gnu" in j["apt"]
+               for j in cross)
     write_matrix(s, tmp_path, "cross")
     wf = yaml.safe_load((tmp_path / ".github/workflows/ddlce-channel.yml").read_text())
     assert all(
@@ -194,6 +203,35 @@ def test_matrix_files_and_workflow(tmp_path):
         for j in wf["jobs"]["build"]["strategy"]["matrix"]["include"]
         if j["platform"] == "linux-ppc64le"
     )
+
+
+def test_matrix_native_aarch64_and_ppc64le_beside_cross(tmp_path):
+    """With linux-aarch64 among the targets, each foreign variant file gets a cross job
+    (x86_64, its own cross gcc) and a native one (Arm: GitHub's hosted arm runner)."""
+    s = load_settings(ROOT)
+    s.target_platforms = ["linux-64", "linux-ppc64le", "linux-aarch64"]
+    s.variants["mpi"], s.variants["python"] = ["openmpi"], ["3.11"]
+    wf_path = tmp_path / ".github/workflows/ddlce-channel.yml"
+    write_matrix(s, tmp_path)
+    wf = yaml.safe_load(wf_path.read_text())
+    include = wf["jobs"]["build"]["strategy"]["matrix"]["include"]
+    got = {(j["platform"], j["cross"]): j for j in include}
+    assert set(got) == {("linux-64", False), ("linux-ppc64le", True), ("linux-ppc64le", False),
+                        ("linux-aarch64", True), ("linux-aarch64", False)}
+    assert got[("linux-aarch64", False)]["runner"] == "ubuntu-24.04-arm"
+    assert "gcc-aarch64-linux-gnu" in got[("linux-aarch64", True)]["apt"]
+    assert got[("linux-aarch64", True)]["runner"] == "ubuntu-24.04"
+    step = next(st for st in wf["jobs"]["build"]["steps"] if st.get("if") == "${{ matrix.cross }}")
+    assert "${{ matrix.apt }}" in step["run"]
+    # a site without an Arm runner: cross only for aarch64, Power unchanged
+    write_matrix(s, tmp_path, "native", aarch64="cross")
+    include = yaml.safe_load(wf_path.read_text())["jobs"]["build"]["strategy"]["matrix"]["include"]
+    kinds = {(j["platform"], j["cross"]) for j in include}
+    assert ("linux-aarch64", False) not in kinds and ("linux-ppc64le", False) in kinds
+    r = subprocess.run([sys.executable, "-m", "ci", "matrix", "--out", str(tmp_path),
+                        "--ppc64le", "sometimes"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "--ppc64le 'sometimes'" in r.stderr and "hint:" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_filter_variants_drops_what_upstream_lacks():

@@ -1,7 +1,9 @@
 """Build nodes in topological order into a staging channel, test them, then publish.
 
-The published channel only changes at the very end, and only with packages that built
-*and* passed their tests (and whose in-run dependencies did too): every build writes into
+Three steps over one :class:`Batch` (the graph, its staging channel and what has failed
+so far), each callable alone: :func:`build_step`, :func:`test_step`, :func:`publish_step`.
+The published channel only changes in the last, and only with packages that built *and*
+passed their tests (and whose in-run dependencies did too): every build writes into
 ``<work>/staging-<id>/``, which is indexed after each package so later packages in the
 same run can use it. Without ``--continue-on-failure`` the first failure stops the run and
 nothing is published, so a failed build leaves ``channel/`` exactly as it was.
@@ -13,6 +15,7 @@ import contextlib
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,9 +25,10 @@ import yaml
 from rich.console import Console
 
 from ci.config import host_subdir
+from ci.errors import CiError
 from ci.graph import build_order
 from ci.index import index_channel
-from ci.mirror import ChecksumError, MirrorMiss, SourceMirror
+from ci.mirror import ChecksumError, SourceMirror
 from ci.render import Node, render_recipe
 from ci.state import load_state, save_state
 
@@ -180,6 +184,239 @@ def _cuda_override(node: Node):
             os.environ["CONDA_OVERRIDE_CUDA"] = old
 
 
+#: runs a cross-built package's emulated test: (status, output)
+ForeignTest = Callable[[Outcome], tuple[str, str]]
+
+
+@dataclass
+class Batch:
+    """One run's packages on their way to the channel: the graph in build order, the
+    staging channel they are built into, and what has failed so far (``bad``: node keys).
+    """
+
+    graph: nx.DiGraph
+    order: list[Node]
+    channel_dir: Path
+    staging: Path
+    logs: Path
+    chans: list[str]
+    subdirs: list[str]
+    state: dict[str, dict]
+    by_key: dict[str, Outcome] = field(default_factory=dict)
+    bad: set[str] = field(default_factory=set)
+    #: the first failure stopped the run (no --continue-on-failure)
+    stopped: bool = False
+    result: RunResult = field(default_factory=RunResult)
+
+    @property
+    def built(self) -> list[Outcome]:
+        """Outcomes built in this run, in build order."""
+        return [self.by_key[n.key] for n in self.order
+                if n.key in self.by_key and self.by_key[n.key].status == "built"]
+
+
+def open_batch(g: nx.DiGraph, *, channel_dir: Path, work_dir: Path, channels: list[str]) -> Batch:
+    """A fresh, indexed staging channel for ``g``; builds solve against staging, the
+    channel and ``channels`` (the upstream), in that order."""
+    order = build_order(g)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    staging = work_dir / f"staging-{stamp}-{os.getpid()}"
+    logs = work_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    subdirs = sorted({n.subdir for n in order} | {"noarch"})
+    index_channel(staging, subdirs)
+    if not (channel_dir / "noarch" / "repodata.json").exists():
+        index_channel(channel_dir, subdirs)
+    return Batch(
+        graph=g,
+        order=order,
+        channel_dir=channel_dir,
+        staging=staging,
+        logs=logs,
+        chans=[str(staging.resolve()), str(channel_dir.resolve()), *channels],
+        subdirs=subdirs,
+        state=load_state(channel_dir),
+    )
+
+
+def _build_one(b: Batch, node: Node, head: str, variants: dict, mirror: SourceMirror) -> Outcome:
+    """rattler-build one node into staging; a failure is an outcome, not an exception."""
+    log = b.logs / f"{node.name}-{node.version}-{node.build_string}.log"
+    t0 = time.monotonic()
+    cb = None
+    try:
+        with console.status(f"{head}: building") as st:
+            cb = _LogCallback(log, lambda step, st=st, head=head: st.update(f"{head}: {step}"))
+            ready = _local_sources(node, mirror, b.staging.parent, variants)
+            res = ready.rendered.run_build(  # type: ignore[union-attr]
+                tool_config=rb.ToolConfiguration(
+                    test_strategy="skip", compression_threads=2, skip_existing="none"
+                ),
+                output_dir=str(b.staging),
+                channels=b.chans,
+                progress_callback=cb,
+                no_build_id=False,
+                package_format="conda:3",
+                env_isolation=rb.EnvironmentIsolation.CONDA_BUILD,
+            )
+        pkg = (
+            next((p for p in res.packages if Path(p).name == node.filename), None)
+            if res.packages
+            else None
+        )
+        if pkg is None:
+            raise RuntimeError(f"rattler-build produced {res.packages}, expected {node.filename}")
+        index_channel(b.staging, b.subdirs)
+        size = Path(pkg).stat().st_size / 1e6
+        console.print(f"[green]{head}: built in {time.monotonic() - t0:.1f} s ({size:.1f} MB)")
+        return Outcome(node, "built", time.monotonic() - t0, path=Path(pkg), log=log)
+    except CiError as exc:  # a source's checksum, a mirror miss: the message says it all
+        console.print(f"[red]{head}: FAILED: {exc}")
+        return Outcome(node, "failed", time.monotonic() - t0, error=str(exc), log=log)
+    except Exception as exc:  # noqa: BLE001 - any build error is reported, not raised
+        msg = str(exc).strip().splitlines()
+        console.print(f"[red]{head}: FAILED after {time.monotonic() - t0:.1f} s, log: {log}")
+        for line in _log_tail(log) or msg[-15:]:
+            console.print(f"    {line}", markup=False, highlight=False)
+        return Outcome(
+            node, "failed", time.monotonic() - t0, error=" ".join(msg[-3:])[:600], log=log
+        )
+    finally:
+        if cb is not None:
+            cb.close()
+
+
+def build_step(
+    b: Batch,
+    *,
+    variants: dict,
+    mirror: SourceMirror,
+    force: bool = False,
+    continue_on_failure: bool = False,
+) -> None:
+    """Build every node of the batch into staging in topological order.
+
+    A node whose file is in the channel with an unchanged recipe digest is skipped (unless
+    ``force``); one needing a failed node is blocked; the first failure blocks everything
+    after it unless ``continue_on_failure``. The channel itself is not touched.
+    """
+    t_build = time.monotonic()
+    for i, node in enumerate(b.order, 1):
+        head = f"[{i}/{len(b.order)}] {node.key}"
+        if b.stopped:
+            b.by_key[node.key] = Outcome(node, "blocked", error="run stopped at an earlier failure")
+            continue
+        blockers = [a for a in nx.ancestors(b.graph, node.key) if a in b.bad]
+        if blockers:
+            b.by_key[node.key] = Outcome(
+                node, "blocked", error="needs failed " + ", ".join(sorted(blockers))
+            )
+            b.bad.add(node.key)
+            console.print(f"[yellow]{head}: blocked (needs {', '.join(sorted(blockers))})")
+            continue
+        published = b.channel_dir / node.subdir / node.filename
+        prev = b.state.get(node.key, {})
+        if not force and published.exists() and prev.get("digest") == node.digest:
+            b.by_key[node.key] = Outcome(
+                node, "skipped", path=published, test_status=prev.get("test", "")
+            )
+            console.print(f"[dim]{head}: up to date, skipped")
+            continue
+        o = _build_one(b, node, head, variants, mirror)
+        b.by_key[node.key] = o
+        if o.status == "failed":
+            b.bad.add(node.key)
+            b.stopped = not continue_on_failure
+    b.result.stages["build"] = time.monotonic() - t_build
+
+
+def _report_test(o: Outcome, head: str, how: str = "") -> None:
+    colour = {"passed": "green", "none": "yellow"}.get(o.test_status, "red")
+    console.print(f"[{colour}]{head}: {o.test_status}{how} ({o.test_seconds:.1f} s)")
+    if o.test_status == "failed":
+        for line in _before_epilogue(o.test_output.strip().splitlines())[-15:]:
+            console.print(f"    {line}", markup=False, highlight=False)
+
+
+def test_step(b: Batch, *, run_tests: bool = True, foreign_test: ForeignTest | None = None) -> None:
+    """Test every package built in this run, each in a fresh environment against staging +
+    channel + upstream; a cross-built one runs its recipe's ``cross_test.sh`` through
+    ``foreign_test`` (emulation) instead. A failure marks the package bad."""
+    t_test = time.monotonic()
+    built = b.built
+    for i, o in enumerate(built, 1):
+        if not run_tests or b.stopped:
+            o.test_status = "skipped"
+            continue
+        head = f"[{i}/{len(built)}] test {o.node.key}"
+        t0 = time.monotonic()
+        if o.node.subdir not in ("noarch", host_subdir()):
+            o.test_status, o.test_output = foreign_test(o) if foreign_test else ("none", "")
+            o.test_seconds = time.monotonic() - t0
+            _report_test(o, head, " under emulation")
+        else:
+            try:
+                with console.status(f"{head}: fresh environment"), _cuda_override(o.node):
+                    pkg = rb.Package.from_file(str(o.path))
+                    results = pkg.run_tests(channel=b.chans) if pkg.test_count else []
+                outputs = "\n".join(_lines(getattr(r, "output", "")) for r in results)
+                ok = all(r.success for r in results)
+                o.test_status = ("passed" if ok else "failed") if results else "none"
+                o.test_output = outputs[-4000:]
+            except Exception as exc:  # noqa: BLE001 - a crashing test is a failing test
+                o.test_status, o.test_output = "failed", str(exc)[-4000:]
+            o.test_seconds = time.monotonic() - t0
+            _report_test(o, head)
+        if o.test_status == "failed":
+            b.bad.add(o.node.key)
+    b.result.stages["test"] = time.monotonic() - t_test
+
+
+def publish_step(b: Batch, *, continue_on_failure: bool = False) -> RunResult:
+    """Move what built and passed into the channel (atomically per file), re-index it and
+    record the digests; with any failure and no ``continue_on_failure`` nothing moves.
+    Returns the batch's :class:`RunResult` (all outcomes, in build order)."""
+    built = b.built
+    # packages needing something that failed its tests are not published either
+    for o in built:
+        if o.node.key not in b.bad and any(a in b.bad for a in nx.ancestors(b.graph, o.node.key)):
+            o.status, o.error = "blocked", "needs a package that failed its tests"
+            b.bad.add(o.node.key)
+    t_pub = time.monotonic()
+    chosen = [] if (b.bad and not continue_on_failure) else [
+        o for o in built if o.node.key not in b.bad
+    ]
+    replaced = False
+    for o in chosen:
+        dest = b.channel_dir / o.node.subdir / o.node.filename
+        replaced |= dest.exists()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(o.path), dest.with_suffix(".conda.part"))
+        os.chmod(dest.with_suffix(".conda.part"), 0o644)  # (rattler-build may write 0600)
+        os.replace(dest.with_suffix(".conda.part"), dest)
+        o.path = dest
+        b.state[o.node.key] = {
+            "digest": o.node.digest,
+            "build_seconds": round(o.seconds, 1),
+            "test": o.test_status,
+            "test_seconds": round(o.test_seconds, 1),
+            "recipe": str(o.node.recipe_path.parent.name),
+            "variant": o.node.variant,
+            "license": o.node.license,
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        b.result.published.append(o.node.key)
+    if chosen:
+        # a rebuilt package keeps its file name: only a full re-index sees its new hash
+        index_channel(b.channel_dir, b.subdirs, force=replaced)
+        save_state(b.channel_dir, b.state)
+    b.result.stages["publish"] = time.monotonic() - t_pub
+    if not b.bad:
+        shutil.rmtree(b.staging, ignore_errors=True)
+    b.result.outcomes = [b.by_key[n.key] for n in b.order]
+    return b.result
+
+
 def run_builds(
     g: nx.DiGraph,
     *,
@@ -191,178 +428,11 @@ def run_builds(
     continue_on_failure: bool = False,
     run_tests: bool = True,
     force: bool = False,
-    foreign_test=None,
+    foreign_test: ForeignTest | None = None,
 ) -> RunResult:
-    """Build, test and publish every node of ``g``; see the module docstring."""
-    result = RunResult()
-    order = build_order(g)
-    state = load_state(channel_dir)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    staging = work_dir / f"staging-{stamp}-{os.getpid()}"
-    logs = work_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    subdirs = sorted({n.subdir for n in order} | {"noarch"})
-    index_channel(staging, subdirs)
-    chans = [str(staging.resolve()), str(channel_dir.resolve())] + channels
-    if not (channel_dir / "noarch" / "repodata.json").exists():
-        index_channel(channel_dir, subdirs)
-    bad: set[str] = set()
-    by_key: dict[str, Outcome] = {}
-    t_build = time.monotonic()
-    stop = False
-    for i, node in enumerate(order, 1):
-        head = f"[{i}/{len(order)}] {node.key}"
-        if stop:
-            by_key[node.key] = Outcome(node, "blocked", error="run stopped at an earlier failure")
-            continue
-        blockers = [a for a in nx.ancestors(g, node.key) if a in bad]
-        if blockers:
-            by_key[node.key] = Outcome(
-                node, "blocked", error="needs failed " + ", ".join(sorted(blockers))
-            )
-            bad.add(node.key)
-            console.print(f"[yellow]{head}: blocked (needs {', '.join(sorted(blockers))})")
-            continue
-        published = channel_dir / node.subdir / node.filename
-        prev = state.get(node.key, {})
-        if not force and published.exists() and prev.get("digest") == node.digest:
-            by_key[node.key] = Outcome(
-                node, "skipped", path=published, test_status=prev.get("test", "")
-            )
-            console.print(f"[dim]{head}: up to date, skipped")
-            continue
-        log = logs / f"{node.name}-{node.version}-{node.build_string}.log"
-        t0 = time.monotonic()
-        cb = None
-        try:
-            with console.status(f"{head}: building") as st:
-                cb = _LogCallback(log, lambda step, st=st, head=head: st.update(f"{head}: {step}"))
-                ready = _local_sources(node, mirror, work_dir, variants)
-                res = ready.rendered.run_build(  # type: ignore[union-attr]
-                    tool_config=rb.ToolConfiguration(
-                        test_strategy="skip", compression_threads=2, skip_existing="none"
-                    ),
-                    output_dir=str(staging),
-                    channels=chans,
-                    progress_callback=cb,
-                    no_build_id=False,
-                    package_format="conda:3",
-                    env_isolation=rb.EnvironmentIsolation.CONDA_BUILD,
-                )
-            pkg = (
-                next(p for p in res.packages if Path(p).name == node.filename)
-                if res.packages
-                else None
-            )
-            if pkg is None:
-                raise RuntimeError(
-                    f"rattler-build produced {res.packages}, expected {node.filename}"
-                )
-            index_channel(staging, subdirs)
-            by_key[node.key] = Outcome(
-                node, "built", time.monotonic() - t0, path=Path(pkg), log=log
-            )
-            size = Path(pkg).stat().st_size / 1e6
-            console.print(f"[green]{head}: built in {time.monotonic() - t0:.1f} s ({size:.1f} MB)")
-        except (ChecksumError, MirrorMiss) as exc:
-            by_key[node.key] = Outcome(
-                node, "failed", time.monotonic() - t0, error=str(exc), log=log
-            )
-            bad.add(node.key)
-            console.print(f"[red]{head}: FAILED: {exc}")
-        except Exception as exc:  # noqa: BLE001 - any build error is reported, not raised
-            msg = str(exc).strip().splitlines()
-            by_key[node.key] = Outcome(
-                node, "failed", time.monotonic() - t0, error=" ".join(msg[-3:])[:600], log=log
-            )
-            bad.add(node.key)
-            console.print(f"[red]{head}: FAILED after {time.monotonic() - t0:.1f} s, log: {log}")
-            for line in _log_tail(log) or msg[-15:]:
-                console.print(f"    {line}", markup=False, highlight=False)
-        finally:
-            if cb is not None:
-                cb.close()
-        if node.key in bad and not continue_on_failure:
-            stop = True
-    result.stages["build"] = time.monotonic() - t_build
-
-    t_test = time.monotonic()
-    built = [by_key[n.key] for n in order if by_key[n.key].status == "built"]
-    for i, o in enumerate(built, 1):
-        if not run_tests or stop:
-            o.test_status = "skipped"
-            continue
-        head = f"[{i}/{len(built)}] test {o.node.key}"
-        t0 = time.monotonic()
-        if o.node.subdir not in ("noarch", host_subdir()):
-            # a cross-built package cannot run here; its recipe's cross_test.sh (if any)
-            # runs it under emulation instead
-            o.test_status, o.test_output = foreign_test(o) if foreign_test else ("none", "")
-            o.test_seconds = time.monotonic() - t0
-            colour = {"passed": "green", "none": "yellow"}.get(o.test_status, "red")
-            console.print(
-                f"[{colour}]{head}: {o.test_status} under emulation ({o.test_seconds:.1f} s)"
-            )
-            if o.test_status == "failed":
-                bad.add(o.node.key)
-                for line in o.test_output.strip().splitlines()[-15:]:
-                    console.print(f"    {line}", markup=False, highlight=False)
-            continue
-        try:
-            with console.status(f"{head}: fresh environment"), _cuda_override(o.node):
-                pkg = rb.Package.from_file(str(o.path))
-                results = pkg.run_tests(channel=chans) if pkg.test_count else []
-            outputs = "\n".join(_lines(getattr(r, "output", "")) for r in results)
-            ok = all(r.success for r in results)
-            o.test_status = ("passed" if ok else "failed") if results else "none"
-            o.test_output = outputs[-4000:]
-        except Exception as exc:  # noqa: BLE001 - a crashing test is a failing test
-            o.test_status, o.test_output = "failed", str(exc)[-4000:]
-        o.test_seconds = time.monotonic() - t0
-        colour = {"passed": "green", "none": "yellow"}.get(o.test_status, "red")
-        console.print(f"[{colour}]{head}: {o.test_status} ({o.test_seconds:.1f} s)")
-        if o.test_status == "failed":
-            bad.add(o.node.key)
-            for line in _before_epilogue(o.test_output.strip().splitlines())[-15:]:
-                console.print(f"    {line}", markup=False, highlight=False)
-    result.stages["test"] = time.monotonic() - t_test
-
-    # packages needing something that failed its tests are not published either
-    for o in built:
-        if o.node.key not in bad and any(a in bad for a in nx.ancestors(g, o.node.key)):
-            o.status, o.error = "blocked", "needs a package that failed its tests"
-            bad.add(o.node.key)
-
-    t_pub = time.monotonic()
-    publish = (
-        [] if (bad and not continue_on_failure) else [o for o in built if o.node.key not in bad]
-    )
-    replaced = False
-    for o in publish:
-        dest = channel_dir / o.node.subdir / o.node.filename
-        replaced |= dest.exists()
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(o.path), dest.with_suffix(".conda.part"))
-        os.chmod(dest.with_suffix(".conda.part"), 0o644)  # (rattler-build may write 0600)
-        os.replace(dest.with_suffix(".conda.part"), dest)
-        o.path = dest
-        state[o.node.key] = {
-            "digest": o.node.digest,
-            "build_seconds": round(o.seconds, 1),
-            "test": o.test_status,
-            "test_seconds": round(o.test_seconds, 1),
-            "recipe": str(o.node.recipe_path.parent.name),
-            "variant": o.node.variant,
-            "license": o.node.license,
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }
-        result.published.append(o.node.key)
-    if publish:
-        # a rebuilt package keeps its file name: only a full re-index sees its new hash
-        index_channel(channel_dir, subdirs, force=replaced)
-        save_state(channel_dir, state)
-    result.stages["publish"] = time.monotonic() - t_pub
-    if not bad:
-        shutil.rmtree(staging, ignore_errors=True)
-    result.outcomes = [by_key[n.key] for n in order]
-    return result
+    """Build, test and publish every node of ``g``: the three steps in a row."""
+    b = open_batch(g, channel_dir=channel_dir, work_dir=work_dir, channels=channels)
+    build_step(b, variants=variants, mirror=mirror, force=force,
+                continue_on_failure=continue_on_failure)
+    test_step(b, run_tests=run_tests, foreign_test=foreign_test)
+    return publish_step(b, continue_on_failure=continue_on_failure)

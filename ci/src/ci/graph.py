@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import networkx as nx
 
+from ci.errors import CiError
 from ci.render import Node
 
 
-class CycleError(Exception):
+class CycleError(CiError):
     """The recipes depend on each other in a loop (the message names it)."""
 
 
@@ -53,9 +54,8 @@ def build_graph(nodes: list[Node]) -> nx.DiGraph:
         return g
     names = [g.nodes[a]["node"].name for a, _ in cycle] + [g.nodes[cycle[0][0]]["node"].name]
     raise CycleError(
-        "dependency cycle between recipes: "
-        + " -> ".join(names)
-        + ". Break it by removing one of these requirements (or by splitting an output)."
+        "dependency cycle between recipes: " + " -> ".join(names) + ".",
+        "Break it by removing one of these requirements (or by splitting an output).",
     )
 
 
@@ -70,7 +70,10 @@ def select(g: nx.DiGraph, packages: list[str]) -> nx.DiGraph:
     missing = set(packages) - {g.nodes[k]["node"].name for k in wanted}
     if missing:
         known = sorted({g.nodes[k]["node"].name for k in g.nodes})
-        raise KeyError(f"unknown package(s) {sorted(missing)}; recipes provide: {', '.join(known)}")
+        raise CiError(
+            f"unknown package(s) {', '.join(sorted(missing))}",
+            f"--packages takes recipe outputs; the recipes provide: {', '.join(known)}",
+        )
     keep = set(wanted)
     for k in wanted:
         keep |= nx.ancestors(g, k)

@@ -331,3 +331,28 @@ def _envtools_post(envtools: str, prefix: Path, name: str, modulefiles: Path) ->
     except json.JSONDecodeError:
         out["envtools validate"] = "FAILED: " + (p.stdout + p.stderr).strip()[-300:]
     return out
+
+
+def libddl_copies(prefix: Path) -> list[Path]:
+    """Every libddl shared object file in ``prefix`` (symbolic links not counted).
+
+    Two copies of libddl in one process each hold their own MPI state and init flag, so
+    an env must hold exactly one: lib/libddl.so.* from the `libddl` package, which the
+    `ddl` package's extension links (RUNPATH $ORIGIN/../../..) instead of carrying its own.
+    """
+    return sorted(
+        p.relative_to(prefix)
+        for p in prefix.rglob("libddl.so*")
+        if p.is_file() and not p.is_symlink()
+    )
+
+
+def one_libddl(prefix: Path) -> str:
+    """The "one libddl" check of an installed env: "ok" or FAILED naming the copies."""
+    copies = libddl_copies(prefix)
+    if len(copies) == 1:
+        return f"ok ({copies[0]})"
+    return (
+        f"FAILED: {len(copies)} copies of libddl ({', '.join(map(str, copies)) or 'none'}); "
+        "an env must hold exactly lib/libddl.so from the libddl package"
+    )

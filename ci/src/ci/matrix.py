@@ -1,10 +1,13 @@
 """CI matrix: one variant file per CI job (as conda-smithy's ``.ci_support/``) and a
 GitHub Actions workflow that runs each with ``python -m ci build --config <file>``.
 
-A job is one (platform, mpi, python) combination. linux-64 runs on a hosted x86_64
-runner; linux-ppc64le either on a native runner label (the default, since python,
-pytorch and tensorflow cannot be had for ppc64le without a native build) or, with
-``--ppc64le cross``, on x86_64 with the cross compiler and qemu-user for the tests.
+A variant file is one (platform, mpi, python) combination. linux-64 runs on a hosted
+x86_64 runner. linux-ppc64le and linux-aarch64 each get a *cross* job (x86_64 with
+Debian's cross gcc, the target sysroot and qemu-user for the tests) and, for sites with
+such machines, a *native* job beside it on a runner of that architecture: a self-hosted
+``[self-hosted, linux, ppc64le]`` for Power, GitHub's hosted ``ubuntu-24.04-arm`` for Arm.
+A native job builds everything (python, numpy and the frameworks included), which cross
+builds cannot offline. ``--ppc64le cross`` / ``--aarch64 cross`` leave the native jobs out.
 """
 
 from __future__ import annotations
@@ -15,8 +18,17 @@ from pathlib import Path
 import yaml
 
 from ci.config import Settings
+from ci.errors import CiError
 
 JOB_KEYS = ("mpi", "python")
+
+#: foreign platform -> (native runner, Debian packages a cross job installs)
+FOREIGN = {
+    "linux-ppc64le": (["self-hosted", "linux", "ppc64le"], "gcc-powerpc64le-linux-gnu qemu-user"),
+    "linux-aarch64": ("ubuntu-24.04-arm", "gcc-aarch64-linux-gnu qemu-user"),
+}
+X86_RUNNER = "ubuntu-24.04"
+MODES = ("native", "cross")
 
 
 def jobs(settings: Settings) -> list[dict]:
@@ -38,30 +50,39 @@ def jobs(settings: Settings) -> list[dict]:
     return out
 
 
-def workflow(job_list: list[dict], support_dir: str, ppc64le: str) -> dict:
-    """A GitHub Actions workflow with one matrix entry per job file."""
-    include = []
-    for j in job_list:
-        native = j["platform"] == "linux-64" or ppc64le == "native"
-        runner: object = "ubuntu-24.04"
-        if j["platform"] == "linux-ppc64le" and ppc64le == "native":
-            runner = ["self-hosted", "linux", "ppc64le"]
-        include.append(
-            {
-                "job": j["name"],
-                "config": f"{support_dir}/{j['name']}.yaml",
-                "platform": j["platform"],
-                "runner": runner,
-                "cross": not native,
-            }
-        )
+def runs(job: dict, native: dict[str, bool]) -> list[dict]:
+    """The workflow entries of one variant file: one on x86_64 for linux-64; for a foreign
+    platform a cross entry, plus a native one when ``native[platform]``."""
+    base = {"config": job["config_path"], "platform": job["platform"]}
+    if job["platform"] not in FOREIGN:
+        return [{"job": job["name"], **base, "runner": X86_RUNNER, "cross": False,
+                 "apt": ""}]
+    runner, apt = FOREIGN[job["platform"]]
+    out = [{"job": f"{job['name']}_cross", **base, "runner": X86_RUNNER, "cross": True,
+            "apt": apt}]
+    if native.get(job["platform"], True):
+        out.append({"job": f"{job['name']}_native", **base, "runner": runner, "cross": False,
+                    "apt": ""})
+    return out
+
+
+def workflow(
+    job_list: list[dict], support_dir: str, ppc64le: str = "native", aarch64: str = "native"
+) -> dict:
+    """A GitHub Actions workflow with one matrix entry per job file and runner kind."""
+    native = {"linux-ppc64le": ppc64le == "native", "linux-aarch64": aarch64 == "native"}
+    include = [
+        run
+        for j in job_list
+        for run in runs({**j, "config_path": f"{support_dir}/{j['name']}.yaml"}, native)
+    ]
     steps = [
         {"uses": "actions/checkout@v4"},
         {"name": "System packages", "run": "sudo make .venv/.stamps/apt || make .venv/.stamps/apt"},
         {
             "name": "Cross toolchain and emulator",
             "if": "${{ matrix.cross }}",
-            "run": "sudo apt-get install -y gcc-powerpc64le-linux-gnu qemu-user",
+            "run": "sudo apt-get install -y ${{ matrix.apt }}",
         },
         {"name": "Python tools", "run": "make .venv/.stamps/venv .venv/.stamps/ci"},
         {
@@ -89,8 +110,16 @@ def workflow(job_list: list[dict], support_dir: str, ppc64le: str) -> dict:
     }
 
 
-def write_matrix(settings: Settings, out: Path, ppc64le: str = "native") -> list[Path]:
+def write_matrix(
+    settings: Settings, out: Path, ppc64le: str = "native", *, aarch64: str = "native"
+) -> list[Path]:
     """Write ``out/.ci_support/*.yaml`` and ``out/.github/workflows/ddlce-channel.yml``."""
+    for flag, value in (("--ppc64le", ppc64le), ("--aarch64", aarch64)):
+        if value not in MODES:
+            raise CiError(
+                f"{flag} {value!r} is not a runner kind",
+                f"{flag} native (native runner jobs beside the cross ones) or {flag} cross",
+            )
     support = out / ".ci_support"
     support.mkdir(parents=True, exist_ok=True)
     for old in support.glob("*.yaml"):
@@ -108,7 +137,8 @@ def write_matrix(settings: Settings, out: Path, ppc64le: str = "native") -> list
     wf.parent.mkdir(parents=True, exist_ok=True)
     wf.write_text(
         "# Generated by `python -m ci matrix`; regenerate instead of editing.\n"
-        + yaml.safe_dump(workflow(job_list, ".ci_support", ppc64le), sort_keys=False, width=120)
+        + yaml.safe_dump(workflow(job_list, ".ci_support", ppc64le, aarch64), sort_keys=False,
+                       width=120)
     )
     written.append(wf)
     return written

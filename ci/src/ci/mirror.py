@@ -17,26 +17,31 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from ci.errors import CiError
+
 # Upstream file name -> (Debian source package, upstream version). Extend as recipes grow.
 DEBIAN_ORIG: dict[str, tuple[str, str]] = {
     "Python-3.11.2.tgz": ("python3.11", "3.11.2"),
 }
 
 
-class ChecksumError(Exception):
+class ChecksumError(CiError):
     """A source whose sha256 does not match the recipe's pin."""
 
     def __init__(self, path: Path, expected: str, actual: str) -> None:
         super().__init__(
-            f"sha256 mismatch for {path}: expected {expected}, got {actual}. "
+            f"sha256 mismatch for {path}: expected {expected}, got {actual}.",
             "The file is corrupt or not the one the recipe pins: delete it and let ci fetch "
-            "it again, or fix the recipe's sha256 if the new file is the intended one."
+            "it again, or fix the recipe's sha256 if the new file is the intended one.",
+            code=1,
         )
         self.path, self.expected, self.actual = path, expected, actual
 
 
-class MirrorMiss(Exception):
+class MirrorMiss(CiError):
     """The mirror does not hold a source and it could not be fetched."""
+
+    code = 1
 
 
 def sha256_of(path: Path) -> str:

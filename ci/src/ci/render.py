@@ -17,9 +17,10 @@ from pathlib import Path
 import rattler_build as rb
 
 from ci.config import Settings, have_cuda_compiler
+from ci.errors import CiError
 
 
-class RecipeError(Exception):
+class RecipeError(CiError):
     """A recipe that does not render (the message names the file)."""
 
 

@@ -57,6 +57,15 @@ def draw_graph(g: nx.DiGraph, out: Path) -> None:
     plt.close(fig)
 
 
+def graph_key(g: nx.DiGraph) -> str:
+    """What the picture shows (package names and their edges), as a digest."""
+    import hashlib
+
+    names = sorted({g.nodes[k]["node"].name for k in g.nodes})
+    edges = sorted({(g.nodes[a]["node"].name, g.nodes[b]["node"].name) for a, b in g.edges})
+    return hashlib.sha256(json.dumps([names, edges]).encode()).hexdigest()
+
+
 def _repodata(channel: Path) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for rd in sorted(channel.glob("*/repodata.json")):
@@ -208,3 +217,40 @@ def write_report(
     out.write_text("\n".join(lines) + "\n")
     world_readable(channel)
     return out
+
+
+def summary_table(run: RunResult):
+    """The console's view of a run: one row per recipe that failed to render and per
+    package, with its status, build time and test result."""
+    from rich.table import Table
+
+    t = Table(title="channel build")
+    for c in ("package", "subdir", "status", "build s", "test"):
+        t.add_column(c)
+    for err in run.recipe_errors:
+        t.add_row(err.split(":", 1)[0], "-", "[red]failed to render", "-", "-")
+    colours = {"built": "green", "skipped": "dim", "failed": "red", "blocked": "yellow"}
+    for o in run.outcomes:
+        t.add_row(
+            f"{o.node.name} {o.node.version} {o.node.build_string}",
+            o.node.subdir,
+            f"[{colours[o.status]}]{o.status}",
+            f"{o.seconds:.1f}",
+            o.test_status or "-",
+        )
+    return t
+
+
+VARIANT_AXES = ("python", "mpi", "build_type", "cuda_compiler_version")
+
+
+def plan_lines(g: nx.DiGraph) -> list[str]:
+    """`ci render`'s listing: each output in build order, its variant axes and what it needs."""
+    from ci.graph import build_order
+
+    lines = [f"{g.number_of_nodes()} outputs, build order:"]
+    for n in build_order(g):
+        needs = sorted({g.nodes[a]["node"].name for a in g.predecessors(n.key)})
+        shown = {k: v for k, v in n.variant.items() if k in VARIANT_AXES}
+        lines.append(f"  {n.key:70s} {json.dumps(shown):45s} needs: {', '.join(needs) or '-'}")
+    return lines

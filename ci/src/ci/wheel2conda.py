@@ -32,6 +32,8 @@ from packaging.markers import Marker
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from ci.errors import CiError
+
 # PyPI distribution -> conda package name, where the conda ecosystem uses another name.
 CONDA_NAMES: dict[str, str] = {
     "torch": "pytorch",
@@ -72,8 +74,10 @@ TRAMPOLINE = "#!/bin/sh\n'''exec' \"$(dirname -- \"$0\")/python\" \"$0\" \"$@\"\
 CONVERTER_VERSION = 5
 
 
-class WheelError(Exception):
+class WheelError(CiError):
     """A wheel that cannot be converted (the message names the file and the reason)."""
+
+    code = 1
 
 
 @dataclass
