@@ -126,4 +126,4 @@ def test_bench_gpu_says_it_needs_a_gpu(no_gpu: None) -> None:
     pytest.importorskip("torch")
     out = subprocess.run([sys.executable, "-m", "ddl_core.bench_gpu"], capture_output=True,
                          text=True, timeout=120)
-    assert out.returncode == 2 and "needs a CUDA device" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 2 and "needs a CUDA device" in out.stderr, out.stdout + out.stderr

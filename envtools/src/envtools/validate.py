@@ -223,12 +223,6 @@ def check_cuda(ctx: Context) -> None:
                 "use the CPU build of the env (e.g. envtools install ... 'powerai=*=cpu*')")
 
 
-def _cuda_env_without_driver(ctx: Context) -> bool:
-    """An env built for CUDA checked where no CUDA driver is (a login node)."""
-    return (cudaenv.env_cuda(ctx.prefix.records) is not None
-            and not any(v.name == "__cuda" for v in ctx.virtuals))
-
-
 # ---------------------------------------------------------------- files
 def check_files(ctx: Context) -> None:
     """Missing and altered files (sha256 against the records), clobbered paths."""
@@ -1160,18 +1154,9 @@ def check_imports(ctx: Context) -> None:
                     f"{pkg} that is not installed", [pkg],
                     hint=f"install {o.missing.replace('_', '-')} if you use {mod} that way")
         elif o.kind == "crash":
-            last = o.stderr.strip().splitlines()[-1] if o.stderr.strip() else "(none)"
-            if _cuda_env_without_driver(ctx):
-                # (triton's import segfaults on a node without a CUDA driver): whether the
-                # missing driver is the cause cannot be told here, so it is not an error
-                ctx.add("import-crash", "warning",
-                        f"import {mod} ({pkg}): {o.error}, in an env built for CUDA on a node "
-                        "without a CUDA driver", [pkg],
-                        hint=f"validate on a GPU node; if it crashes there too: {fix(pkg)}; "
-                        f"the interpreter's last words: {last}")
-            else:
-                ctx.add("import-crash", "error", f"import {mod} ({pkg}): {o.error}",
-                        [pkg], hint=f"{fix(pkg)}; the interpreter's last words: {last}")
+            ctx.add("import-crash", "error", f"import {mod} ({pkg}): {o.error}",
+                    [pkg], hint=f"{fix(pkg)}; the interpreter's last words: "
+                    f"{o.stderr.strip().splitlines()[-1] if o.stderr.strip() else '(none)'}")
         else:
             who = culprit if culprit == pkg else f"{culprit} (where it failed)"
             ctx.add("import-error", "error", f"import {mod} ({pkg}) fails: {text[:400]}",
