@@ -17,33 +17,14 @@ import time
 
 import horovod.torch as hvd
 import torch
+from checks import bad, expect, raises
 
 hvd.init()
 r, n = hvd.rank(), hvd.size()
 assert n == 3, "this worker runs on 3 ranks"
 tot = sum(k + 1 for k in range(n))   # sum over ranks of (rank + 1)
-bad: list[str] = []
-
-
-def expect(cond: bool, what: str) -> None:
-    if not cond:
-        bad.append(what)
-
-
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.allclose(a.double(), b.double(), atol=1e-6)
-
-
-def raises(exc: type[BaseException], fn, what: str, text: str = "") -> None:  # noqa: ANN001
-    try:
-        fn()
-    except exc as e:
-        expect(text in str(e), f"{what}: message {e!s:.300}")
-        return
-    except BaseException as e:  # noqa: BLE001
-        bad.append(f"{what}: raised {type(e).__name__}: {e!s:.300}")
-        return
-    bad.append(f"{what}: did not raise")
 
 
 def grads_of(members: list[int], ps: hvd.ProcessSet) -> None:  # noqa: C901

@@ -12,18 +12,11 @@ import sys
 
 import horovod.torch as hvd
 import torch
+from checks import bad, expect
 from torch import nn
 
 hvd.init()
 r, n = hvd.rank(), hvd.size()
-bad: list[str] = []
-
-
-def expect(cond: bool, what: str) -> None:
-    if not cond:
-        bad.append(what)
-
-
 # Round 1: rank q runs q + 1 steps, then joins; rank n-1 joins last.
 for step in range(r + 1):
     active = [q for q in range(n) if step < q + 1]

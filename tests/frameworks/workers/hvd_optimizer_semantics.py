@@ -13,19 +13,12 @@ import warnings
 
 import horovod.torch as hvd
 import torch
+from checks import bad, expect
 from torch import nn
 
 hvd.init()
 r, n = hvd.rank(), hvd.size()
 assert n == 3, "this worker runs on 3 ranks"
-bad: list[str] = []
-
-
-def expect(cond: bool, what: str) -> None:
-    if not cond:
-        bad.append(what)
-
-
 def same_everywhere(t: torch.Tensor) -> bool:
     every = hvd.allgather(t.detach().reshape(1, -1))
     return bool((every == every[0]).all())

@@ -10,32 +10,13 @@ import sys
 
 import horovod.torch as hvd
 import torch
+from checks import bad, expect, raises
 from torch import nn
 
 even = hvd.ProcessSet([2, 0])          # given unsorted: Horovod sorts
 hvd.init(process_sets=[even])
 r, n = hvd.rank(), hvd.size()
 assert n == 3, "this worker runs on 3 ranks"
-bad: list[str] = []
-
-
-def expect(cond: bool, what: str) -> None:
-    if not cond:
-        bad.append(what)
-
-
-def raises(exc: type[BaseException], fn, what: str, text: str = "") -> None:  # noqa: ANN001
-    try:
-        fn()
-    except exc as e:
-        expect(text in str(e), f"{what}: message {e!s:.300}")
-        return
-    except BaseException as e:  # noqa: BLE001
-        bad.append(f"{what}: raised {type(e).__name__}: {e!s:.300}")
-        return
-    bad.append(f"{what}: did not raise")
-
-
 expect(even.ranks == [0, 2] and even.process_set_id == 1, f"static set {even}")
 expect(hvd.global_process_set.process_set_id == 0 and hvd.global_process_set.size() == n,
        "global set")

@@ -11,19 +11,12 @@ import horovod.tensorflow as hvd
 import horovod.tensorflow.keras as hvdk
 import numpy as np
 import tensorflow as tf
+from checks import bad, expect
 
 ps = hvd.ProcessSet([0, 2])
 hvd.init(process_sets=[ps])
 r, n = hvd.rank(), hvd.size()
 assert n == 3, "this worker runs on 3 ranks"
-bad: list[str] = []
-
-
-def expect(cond: bool, what: str) -> None:
-    if not cond:
-        bad.append(what)
-
-
 m = [0, 2]
 expect(ps.process_set_id == 1 and ps.size() == 2 and ps.included() == (r in m), "set")
 if r in m:
