@@ -168,6 +168,19 @@ static ddl_status_t leader_pipeline(level_state_t *st, const ddl_mpicomm_t *l0) 
     return DDL_SUCCESS;
 }
 
+/* The cost model's plan for `bytes` on ctx, remembered for the next call of the same size. */
+static void plan_for(ddl_ctx_t *ctx, size_t bytes, ddl_algo_t plan[DDL_MAX_LEVELS], int *flat) {
+    unsigned gen = __atomic_load_n(&ddl_g.plan_gen, __ATOMIC_RELAXED);
+    if (ctx->plan.gen != gen || ctx->plan.bytes != bytes) {
+        ddl_model_plan(&ddl_g.model, ctx->topo.dims, ctx->topo.nlevels, bytes, ddl_g.forced_algo,
+                       ctx->plan.algo, &ctx->plan.flat);
+        ctx->plan.bytes = bytes;
+        ctx->plan.gen = gen;
+    }
+    memcpy(plan, ctx->plan.algo, sizeof ctx->plan.algo);
+    *flat = ctx->plan.flat;
+}
+
 ddl_status_t ddl_allreduce_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *buf, size_t count,
                                ddl_dtype_t dtype, ddl_op_t op, uint64_t sig) {
     ddl_coll_begin(ctx, "allreduce", 1);
@@ -183,7 +196,7 @@ ddl_status_t ddl_allreduce_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *buf, s
     }
     ddl_algo_t plan[DDL_MAX_LEVELS];
     int flat;
-    ddl_model_plan(&ddl_g.model, t->dims, t->nlevels, count * es, ddl_g.forced_algo, plan, &flat);
+    plan_for(ctx, count * es, plan, &flat);
     /* Paths that work in place on buf start with a copy of an out-of-place input; the
      * node-leader pipeline and a reduce-scatter first level read the input directly. */
     int leader = !flat && ddl_g.node_leader && t->nlevels > 1 && t->level[0].size > 1;

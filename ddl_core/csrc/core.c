@@ -59,6 +59,7 @@ ddl_status_t ddl_set_level_cost(int level, double alpha, double beta) {
                         ddl_g.app.topo.nlevels, alpha, beta);
     ddl_g.model.alpha[level] = alpha;
     ddl_g.model.beta[level] = beta;
+    ddl_plans_changed();
     return DDL_SUCCESS;
 }
 

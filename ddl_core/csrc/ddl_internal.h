@@ -116,6 +116,8 @@ enum { DDL_COLL_ALLREDUCE = 1, DDL_COLL_BROADCAST, DDL_COLL_ALLGATHER,
 uint64_t ddl_signature(int coll, uint64_t count, int dtype, int op, int root);
 /* Recompute the run-time settings every signature carries (after they change). */
 void ddl_settings_changed(void);
+/* The cost model changed (ddl_set_level_cost, init): cached plans are stale. */
+void ddl_plans_changed(void);
 void ddl_header_init(ddl_header_t *h, uint64_t sig, uint64_t count);
 void ddl_header_merge(ddl_header_t *into, const ddl_header_t *from);
 /* DDL_ERR_MISMATCH with a message naming what differs, or DDL_SUCCESS. */
@@ -180,6 +182,15 @@ typedef struct {
     uint64_t reached; /* the collective this context waits in or for (a timeout's diagnosis) */
     const int *members; /* a communicator's: the world ranks of its members; NULL: world */
     int nmembers;
+    /* The allreduce plan of the last size (collectives.c): a loop of same-size calls, the
+     * training step's case, costs one compare instead of the cost model. Valid while gen
+     * equals ddl_g.plan_gen (0: never). */
+    struct {
+        unsigned gen;
+        int flat;
+        size_t bytes;
+        ddl_algo_t algo[DDL_MAX_LEVELS];
+    } plan;
 } ddl_ctx_t;
 
 /* ---- liveness: peers that exit, die or finalize (liveness.c) ------------------------ */
@@ -324,6 +335,7 @@ typedef struct {
     int node_leader;    /* DDL_NODE_LEADER: one rank per node runs the outer levels */
     size_t segment_bytes; /* DDL_SEGMENT: pipeline segment of the node-leader allreduce */
     uint64_t settings_sig; /* forced_algo and fusion_threshold, hashed into signatures */
+    unsigned plan_gen;     /* bumped when the model or forced_algo changes: the plan caches */
 } ddl_state_t;
 
 extern ddl_state_t ddl_g;

@@ -137,6 +137,7 @@ ddl_status_t ddl_init(void) {
     DDL_CHECK(share_model());
     ddl_g.model.leader = ddl_g.node_leader;
     ddl_g.model.segment = (double)ddl_g.segment_bytes;
+    ddl_plans_changed();
     DDL_CHECK(ddl_comm_world_setup());
     DDL_CHECK(ddl_liveness_start()); /* liveness.c: a lost peer is reported at once */
     ddl_g.initialized = 1;

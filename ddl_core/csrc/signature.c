@@ -22,6 +22,12 @@ static uint64_t mix(uint64_t x) { /* splitmix64 finaliser */
 void ddl_settings_changed(void) {
     uint64_t s = mix(((uint64_t)ddl_g.forced_algo << 56) ^ (uint64_t)ddl_g.fusion_threshold);
     __atomic_store_n(&ddl_g.settings_sig, s, __ATOMIC_RELAXED);
+    ddl_plans_changed();
+}
+
+void ddl_plans_changed(void) {
+    unsigned g = __atomic_load_n(&ddl_g.plan_gen, __ATOMIC_RELAXED) + 1;
+    __atomic_store_n(&ddl_g.plan_gen, g ? g : 1, __ATOMIC_RELAXED);
 }
 
 uint64_t ddl_signature(int coll, uint64_t count, int dtype, int op, int root) {
