@@ -292,7 +292,11 @@ def clone(
             src_links={k: (r.extracted_package_dir, r.noarch_python)
                        for k, r in enumerate(prefix.records)},
         )
-        groups = _plan(prefix.records, cache, srcp, old_prefix)
+        # --link-mode dirs: the bytecode install compiled into a noarch: python package's
+        # cache entry comes along (its directories are then complete: linked whole)
+        kept_pycs: set[int] = set()
+        groups = _plan(prefix.records, cache, srcp, old_prefix,
+                       kept_pycs if link_mode == "dirs" and not add else None)
         report.timings["load"] = load_s
         report.timings["plan"] = time.monotonic() - t0
         if cache and link_mode in ("auto", "dirs"):
@@ -331,7 +335,7 @@ def clone(
             link = {"source": str(cdir) if cdir else str(srcp),
                     "type": (cachelinks.LINK_COPY if not cdir else cachelinks.LINK_SOFTLINK
                              if soft and key in soft else cachelinks.LINK_HARDLINK)}
-            compiled = bytecode.has_compiled(rec.plan_fields())
+            compiled = key not in kept_pycs and bytecode.has_compiled(rec.plan_fields())
             if not rewritten and not compiled and rec.extracted_package_dir == epd:
                 if rec.link == link:
                     # unchanged (linked from the same cache): copy its bytes, unparsed
@@ -418,14 +422,19 @@ def clone(
 
 
 def _plan(
-    records: list[Record], cache: dict[str, Path], srcp: Path, old_prefix: str
+    records: list[Record], cache: dict[str, Path], srcp: Path, old_prefix: str,
+    kept_pycs: set[int] | None = None,
 ) -> list[tuple[int, list[Item]]]:
     """Per package (its index in ``records``), every file with where it comes from.
 
     A file the installer made (an entry point: any path type a package archive does not
     have) exists only in SRC, and holds SRC's prefix without a recorded placeholder (an
     entry point's shebang): it is relocated from ``old_prefix`` as text, as installing at
-    DEST would have written it. Compiled bytecode is left out (envtools.bytecode).
+    DEST would have written it. Compiled bytecode is left out (envtools.bytecode), unless
+    ``kept_pycs`` is given and install compiled it into the package's cache entry (a
+    noarch: python package's: the same bytes for every prefix): then it is placed from
+    the cache as the package's own files are, and the package's key added to
+    ``kept_pycs`` (its record keeps the ``pyc_file`` entries).
     """
     groups: list[tuple[int, list[Item]]] = []
     src_base = str(srcp) + "/"
@@ -434,7 +443,13 @@ def _plan(
         base, from_cache = (src_base, False) if cdir is None else (str(cdir) + "/", True)
         fields = r.plan_fields()
         if bytecode.has_compiled(fields):
-            fields = [f for f in fields if f[1] != bytecode.PYC_FILE]
+            if (kept_pycs is not None and cdir is not None and r.noarch_python
+                    and _cached_pycs(r, cdir, fields)):
+                kept_pycs.add(key)
+                fields = [(f[0], "hardlink", *f[2:]) if f[1] == bytecode.PYC_FILE else f
+                          for f in fields]
+            else:
+                fields = [f for f in fields if f[1] != bytecode.PYC_FILE]
         if not r.noarch_python:
             items = [(rel, base + rel, path_type, placeholder, file_mode, from_cache, sha, size)
                      for rel, path_type, placeholder, file_mode, sha, size in fields]
@@ -447,6 +462,17 @@ def _plan(
                 for rel, path_type, placeholder, file_mode, sha, size in fields]
         groups.append((key, items))
     return groups
+
+
+def _cached_pycs(r: Record, cdir: Path, fields: list[tuple]) -> bool:
+    """Did install compile this noarch: python package's bytecode into its cache entry
+    (bytecode.compile_installed)? Told from its first pyc (one lstat); each is still
+    vouched for when placed, and one missing is taken from SRC (the same bytes)."""
+    first = next(f[0] for f in fields if f[1] == bytecode.PYC_FILE)
+    try:
+        return stat.S_ISREG(os.lstat(f"{cdir}/{_cache_rel(r, first)}").st_mode)
+    except OSError:
+        return False
 
 
 #: path types of the files in a package archive; files of other types are made by the

@@ -236,7 +236,9 @@ def _install_into(records: list, prepared: archives.Prepared, prefix: Path, cach
         )
         archives.check_linked(tmp, prepared)
         timings["link"] = time.monotonic() - t0
-        bytecode.compile_installed(tmp, prefix)  # (as conda does; records list the pycs)
+        # (as conda does; records list the pycs; a noarch: python package's go into its cache
+        # entry too, so that clones can link its directories whole)
+        bytecode.compile_installed(tmp, prefix, cache)
         timings["compile"] = time.monotonic() - t0
         write_explicit(tmp, records)
         write_prefix_info(tmp, prefix, cache, srcs)

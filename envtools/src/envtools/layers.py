@@ -17,7 +17,8 @@ What a directory link costs the user, and so where there is none:
   top level, ``lib/pythonX.Y``, ``site-packages`` and its namespace packages,
   ``include/pythonX.Y``, ``share/man``, ``etc``, ...) are never links;
 * python cannot write ``__pycache__`` there: a directory is linked only if every ``.py``
-  in it comes with its compiled ``.pyc`` (a noarch: python package does not);
+  in it comes with its compiled ``.pyc`` (a noarch: python package ships none, but
+  install compiles them into its cache entry: bytecode.py; the clone takes them along);
 * everything in it is read from the cache: so no file in it may need to be the clone's
   own (relocated, made by the installer, an ELF program that would not run the same from
   the cache, a ``.pth``), no other package and no untracked file may live in it, and its
