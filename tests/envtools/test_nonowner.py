@@ -560,6 +560,37 @@ def test_which_directories_become_links():
                       "share/tool": 3, "include/lib6": 6}
 
 
+def test_install_plans_the_directory_links_a_clone_would(shared):
+    """install stores the plan of directory links for its own records (planning walks
+    every path, before a clone can place anything): the same plan a clone makes, used
+    only for the record index it was made for, with no untracked files in SRC."""
+    from envtools.placement import Ctx
+
+    from envtools import clone, layers, record_index
+
+    prefix = record_index.load_prefix(shared.env)
+    assert prefix.index_key is not None
+    stored = layers.read_plan(shared.env, prefix.index_key)
+    assert stored is not None and stored[0]
+    records = prefix.records
+    cache = clone._find_cache(shared.env, records)
+    kept: set[int] = set()
+    groups = clone._plan(records, cache, shared.env, str(shared.env), kept)
+    planned = layers.plan(groups, range(len(records)), [], clone._IN_ARCHIVE)
+    assert stored == ({d: records[k].dist for d, k in planned.items()},
+                      {records[k].dist for k in kept})
+    ctx = Ctx(dest_tmp=Path("/nonexistent"), new_prefix="/x", old_prefix=str(shared.env),
+              src_root=str(shared.env), euid=shared.user.uid, link_mode="dirs",
+              symlink_roots={k: str(cache[r.name]) for k, r in enumerate(records)},
+              index_key=prefix.index_key)
+    assert clone._planned_at_install(ctx, records, kept, []) == planned
+    assert clone._planned_at_install(ctx, records, kept, ["share/x"]) is None  # untracked
+    assert clone._planned_at_install(ctx, records, set(), []) is None  # no bytecode then
+    ctx.index_key = (0, 0, 0)  # (records that are not the index's: planned anew)
+    assert clone._planned_at_install(ctx, records, kept, []) is None
+    assert layers.read_plan(shared.env, (0, 0, 0)) is None
+
+
 def test_a_library_that_climbs_out_of_its_directory_is_not_behind_a_link(tmp_path):
     """The kernel resolves `..` after following a directory link: a library whose RUNPATH
     is $ORIGIN/.. would search the cache, not the clone, so its directory stays real."""

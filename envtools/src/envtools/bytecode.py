@@ -257,11 +257,14 @@ def _compile(python: Path, staging: Path, final: Path, rels: list[str],
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     env.pop("PYTHONPATH", None)
     procs = []
+    # (-S: no site-packages, whose .pth files run code at start-up: setuptools'
+    # distutils-precedence.pth imports _distutils_hack, and python would write its
+    # bytecode into the env; -B: the compiler's own imports write none either)
     for w in range(n):
         chunk = range(w, len(rels), n)
-        p = subprocess.Popen([str(python), "-I", "-c", _COMPILER], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=env)
+        p = subprocess.Popen([str(python), "-I", "-S", "-B", "-c", _COMPILER],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
         feed = "".join(json.dumps([str(staging / rels[i]),
                                    rels[i] if where[rels[i]] in in_cache
                                    else str(final / rels[i]),

@@ -291,6 +291,7 @@ def clone(
             names={k: f"package {r.name} {r.version}" for k, r in enumerate(prefix.records)},
             src_links={k: (r.extracted_package_dir, r.noarch_python)
                        for k, r in enumerate(prefix.records)},
+            index_key=prefix.index_key,
         )
         # --link-mode dirs: the bytecode install compiled into a noarch: python package's
         # cache entry comes along (its directories are then complete: linked whole)
@@ -318,7 +319,7 @@ def clone(
                 or not cachelinks.probe_hardlink(next(iter(cache.values())), tmp)):
             _plan_symlinks(ctx, link_mode, prefix.records, cache, groups)
             if link_mode == "dirs" and not add:  # (--add: rattler may remove any file)
-                groups = _plan_layers(ctx, prefix.records, cache, groups, files)
+                groups = _plan_layers(ctx, prefix.records, cache, groups, files, kept_pycs)
             report.timings["links planned"] = time.monotonic() - t0
         meta = tmp / "conda-meta"
         (tmp / STAT_CACHE).mkdir(parents=True)  # (placement writes its parts there)
@@ -508,17 +509,61 @@ def _plan_symlinks(ctx: Ctx, link_mode: str, records: list[Record], cache: dict[
                                if records[key].name in cache and any(it[3] for it in items))
 
 
+def write_layer_plan(prefix: Path, records: list[Record], index_key: tuple) -> None:
+    """At install: which directories a ``--link-mode dirs`` clone of this env links
+    (layers.plan over every package, with the bytecode install compiled into the cache,
+    no untracked file), for the records of the index whose stat key is ``index_key``.
+    Planning walks every path of every package (0.1-0.5 s on powerai, before the clone
+    can place anything); the env's records and cache do not change after install."""
+    cache = _find_cache(prefix, records)
+    kept: set[int] = set()
+    groups = _plan(records, cache, prefix, str(prefix), kept)
+    linkable = [k for k, r in enumerate(records) if r.name in cache]
+    chosen = layers.plan(groups, linkable, [], _IN_ARCHIVE)
+    layers.write_plan(prefix, index_key, {d: records[k].dist for d, k in chosen.items()},
+                      {records[k].dist for k in kept})
+
+
+def _planned_at_install(ctx: Ctx, records: list[Record], kept_pycs: set[int],
+                        untracked_files: list[str]) -> dict[str, int] | None:
+    """The plan install wrote (write_layer_plan), when it holds for this clone: the
+    records came from the index it was made for, SRC has no untracked file, the same
+    packages' bytecode comes from the cache, and every package it links may be linked
+    here. Its directories pass the path rule and are not shared ones; every layer is
+    still checked against the cache when placed (layers.verify), and a plan naming a
+    directory that is not one package's only gets files placed one by one."""
+    if untracked_files or ctx.index_key is None:
+        return None
+    got = layers.read_plan(Path(ctx.src_root), ctx.index_key)
+    if got is None:
+        return None
+    dirs, kept = got
+    key_of = {r.dist: k for k, r in enumerate(records)}
+    if kept != {records[k].dist for k in kept_pycs}:
+        return None
+    roots = ctx.symlink_roots or {}
+    chosen = {d: key_of.get(dist, -1) for d, dist in dirs.items()}
+    if any(k not in roots for k in chosen.values()):
+        return None
+    if confine.first_unsafe(list(chosen)) or any(layers.shared(d) for d in chosen):
+        return None
+    return chosen
+
+
 def _plan_layers(ctx: Ctx, records: list[Record], cache: dict[str, Path],
                  groups: list[tuple[int, list[Item]]],
-                 untracked_files: list[str]) -> list[tuple[int, list[Item]]]:
+                 untracked_files: list[str],
+                 kept_pycs: set[int] = frozenset()) -> list[tuple[int, list[Item]]]:
     """Directories that one package owns wholly become one link each (layers.py): each
     is one item, its files kept in ``ctx.layers`` in case it must be placed file by file.
     The plan is made from the records' paths, so they are checked first (as placement
     checks each chunk's): a directory link is never made from a path that is refused."""
-    for key, items in groups:
-        confine.check_paths([it[0] for it in items],
-                            f"package {records[key].name} {records[key].version}")
-    chosen = layers.plan(groups, ctx.symlink_roots or {}, untracked_files, _IN_ARCHIVE)
+    chosen = _planned_at_install(ctx, records, kept_pycs, untracked_files)
+    if chosen is None:
+        for key, items in groups:
+            confine.check_paths([it[0] for it in items],
+                                f"package {records[key].name} {records[key].version}")
+        chosen = layers.plan(groups, ctx.symlink_roots or {}, untracked_files, _IN_ARCHIVE)
     if not chosen:
         return groups
     under: dict[str, str | None] = {}  # dir -> the chosen directory holding it, if any

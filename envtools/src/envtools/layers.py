@@ -38,6 +38,7 @@ clone's stat cache entries for its files.
 
 from __future__ import annotations
 
+import marshal
 import os
 import posixpath
 import re
@@ -158,6 +159,33 @@ def plan(groups: list[tuple[int, list[tuple]]], linkable: Iterable[int],
         if not parent:  # (no link above it already)
             chosen[d] = next(iter(keys[d]))
     return chosen
+
+
+#: the plan install made for the env (clone.write_layer_plan)
+PLAN = Path("conda-meta") / "envtools" / "layers.marshal"
+PLAN_VERSION = 1
+
+
+def write_plan(prefix: Path, index_key: tuple, dirs: dict[str, str], kept: set[str]) -> None:
+    """Store a plan (``{dir: package dist}``, and the packages whose compiled bytecode it
+    counted on) for the records of the index with stat key ``index_key``."""
+    fp = prefix / PLAN
+    fp.parent.mkdir(parents=True, exist_ok=True)
+    fp.write_bytes(marshal.dumps((PLAN_VERSION, tuple(index_key), dirs, sorted(kept))))
+
+
+def read_plan(prefix: Path, index_key: tuple) -> tuple[dict[str, str], set[str]] | None:
+    """The stored plan, if it was made for the records of that index; else None."""
+    try:
+        with open(prefix / PLAN, "rb") as fh:
+            version, key, dirs, kept = marshal.loads(fh.read())
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+    if version != PLAN_VERSION or tuple(key) != tuple(index_key) or not isinstance(dirs, dict):
+        return None
+    if not all(isinstance(d, str) and isinstance(v, str) for d, v in dirs.items()):
+        return None
+    return dirs, {k for k in kept if isinstance(k, str)}
 
 
 def _namespace(d: str, dirs: dict[str, _Dir]) -> bool:

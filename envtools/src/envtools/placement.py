@@ -90,6 +90,8 @@ class Ctx:
     unit_symlinks: bool = False
     #: directories placed as one link (layers.py): dir -> the items under it
     layers: dict[str, list] | None = None
+    #: the stat key of SRC's record index, when its records came from it
+    index_key: tuple | None = None
     _vouch: dict | None = None
     _vouch_all: dict | None = None
     _dirs_ok: dict | None = None  # (cache directories checked by cachelinks.safe_subdir)
