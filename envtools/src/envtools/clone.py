@@ -520,7 +520,38 @@ def write_layer_plan(prefix: Path, records: list[Record], index_key: tuple) -> N
     groups = _plan(records, cache, prefix, str(prefix), kept)
     linkable = [k for k, r in enumerate(records) if r.name in cache]
     chosen = layers.plan(groups, linkable, [], _IN_ARCHIVE)
-    layers.write_plan(prefix, index_key, {d: records[k].dist for d, k in chosen.items()},
+    # each directory is checked against the cache as a clone checks it (layers.verify:
+    # the files and their modes, programs that must be real, libraries that climb out
+    # through $ORIGIN/..), and one that fails is split into its subdirectories as
+    # placement would split it: a clone then reads no ELF file of a planned directory
+    # again, and a tree that failed whole (tensorflow/) arrives as many links that the
+    # placing processes share, not one that one process splits alone
+    relocating = frozenset(str(cache[records[k].name]) for k, items in groups
+                           if records[k].name in cache and any(it[3] for it in items))
+    under: dict[str, list[Item]] = {d: [] for d in chosen}
+    for _key, items in groups:
+        for it in items:
+            d = it[0]
+            while d:
+                d = d.rpartition("/")[0]
+                if d in under:
+                    under[d].append(it)
+                    break
+    final: dict[str, int] = {}
+    stack = [(d, f"{cache[records[k].name]}/{_cache_rel(records[k], d)}", under[d], k)
+             for d, k in chosen.items()]
+    while stack:
+        d, src, items, k = stack.pop()
+        if layers.verify(src, items, d, str(prefix), relocating) is not None:
+            final[d] = k
+            continue
+        children: dict[str, list[Item]] = {}
+        for it in items:
+            head, sep, _ = it[0][len(d) + 1:].partition("/")
+            if sep:
+                children.setdefault(head, []).append(it)
+        stack.extend((f"{d}/{h}", f"{src}/{h}", c, k) for h, c in children.items())
+    layers.write_plan(prefix, index_key, {d: records[k].dist for d, k in final.items()},
                       {records[k].dist for k in kept})
 
 
@@ -547,6 +578,7 @@ def _planned_at_install(ctx: Ctx, records: list[Record], kept_pycs: set[int],
         return None
     if confine.first_unsafe(list(chosen)) or any(layers.shared(d) for d in chosen):
         return None
+    ctx.elf_checked = True
     return chosen
 
 

@@ -199,7 +199,7 @@ def _namespace(d: str, dirs: dict[str, _Dir]) -> bool:
 
 def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
            relocating: frozenset[str], euid: int | None = None,
-           owner: int | None = 0) -> dict[str, tuple] | None:
+           owner: int | None = 0, elf_checked: bool = False) -> dict[str, tuple] | None:
     """Check a layer before linking it: ``cache_dir`` (the package's cache copy of
     ``rel_dir``) holds exactly ``items`` (its files and links, by path), every
     directory there is a real one that nobody but its owner can change, no file there
@@ -207,7 +207,11 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
     ``euid`` is given: owned by ``owner``, None for anyone but us), no program there
     would run differently from the cache, and every link stays inside. Returns each
     file's stat cache entry (size, mtime_ns, inode), or None when the directory must be
-    placed file by file. (Whether SRC vouches for the files' contents is the caller's.)"""
+    placed file by file. (Whether SRC vouches for the files' contents is the caller's.)
+
+    ``elf_checked``: install checked its programs and libraries already (the plan it
+    stored: clone.write_layer_plan), and their contents are vouched for by the caller,
+    so what they load cannot have changed: they are not read again."""
     want = {it[0][len(rel_dir) + 1:]: it for it in items if it[2] != "directory"}
     found: dict[str, tuple] = {}
     found_links: set[str] = set()
@@ -251,11 +255,13 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
                         return None
                     if euid is not None and not cachelinks.symlink_is_safe(st, euid, owner):
                         return None
-                    if st.st_mode & cachelinks.EXEC_BITS and cachelinks.stays_real(
+                    if elf_checked:
+                        pass
+                    elif st.st_mode & cachelinks.EXEC_BITS and cachelinks.stays_real(
                             f"{rel_dir}/{name}", os.path.join(cache_dir, name), st,
                             src_root, relocating):
                         return None
-                    if (".so" in entry.name or st.st_mode & cachelinks.EXEC_BITS) and \
+                    elif (".so" in entry.name or st.st_mode & cachelinks.EXEC_BITS) and \
                             _origin_escapes(os.path.join(cache_dir, name), name):
                         return None
                     found[name] = (st.st_size, st.st_mtime_ns, st.st_ino)

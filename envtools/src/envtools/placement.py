@@ -92,6 +92,8 @@ class Ctx:
     layers: dict[str, list] | None = None
     #: the stat key of SRC's record index, when its records came from it
     index_key: tuple | None = None
+    #: the layers are install's plan, whose ELF files install checked (layers.verify)
+    elf_checked: bool = False
     _vouch: dict | None = None
     _vouch_all: dict | None = None
     _dirs_ok: dict | None = None  # (cache directories checked by cachelinks.safe_subdir)
@@ -420,7 +422,8 @@ def place_layer(ctx: Ctx, item: Item) -> tuple[dict[str, tuple], list[Item], int
         entries = None
         if ctx.unit_symlinks and _dirs_trusted(ctx, src):
             entries = layers.verify(src, items, d, ctx.src_root, ctx.relocating,
-                                    euid=ctx.euid, owner=ctx.link_owner)
+                                    euid=ctx.euid, owner=ctx.link_owner,
+                                    elf_checked=ctx.elf_checked)
         if entries is not None and all(
                 s[6] and _vouched_key(ctx, s[0], s[1], entries[s[0]], s[6]) for s in items
                 if s[0] in entries):
