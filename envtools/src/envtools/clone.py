@@ -551,8 +551,28 @@ def write_layer_plan(prefix: Path, records: list[Record], index_key: tuple) -> N
             if sep:
                 children.setdefault(head, []).append(it)
         stack.extend((f"{d}/{h}", f"{src}/{h}", c, k) for h, c in children.items())
+    # and which of the files placed one by one must be real (programs that would not
+    # run the same from the cache): what a clone would otherwise find out by reading
+    # every program's ELF headers and the libraries it finds through $ORIGIN
+    real: set[str] = set()
+    for _key, items in groups:
+        for rel, source, path_type, placeholder, _fm, from_cache, _sha, _size in items:
+            if not from_cache or placeholder or path_type != "hardlink":
+                continue
+            d = rel
+            while d and d not in final:
+                d = d.rpartition("/")[0]
+            if d:
+                continue  # (in a linked directory: verify found none that must be real)
+            try:
+                st = os.lstat(source)
+            except OSError:
+                continue
+            if st.st_mode & cachelinks.EXEC_BITS and cachelinks.stays_real(
+                    rel, source, st, str(prefix), relocating):
+                real.add(rel)
     layers.write_plan(prefix, index_key, {d: records[k].dist for d, k in final.items()},
-                      {records[k].dist for k in kept})
+                      {records[k].dist for k in kept}, real)
 
 
 def _planned_at_install(ctx: Ctx, records: list[Record], kept_pycs: set[int],
@@ -568,7 +588,7 @@ def _planned_at_install(ctx: Ctx, records: list[Record], kept_pycs: set[int],
     got = layers.read_plan(Path(ctx.src_root), ctx.index_key)
     if got is None:
         return None
-    dirs, kept = got
+    dirs, kept, real = got
     key_of = {r.dist: k for k, r in enumerate(records)}
     if kept != {records[k].dist for k in kept_pycs}:
         return None
@@ -578,7 +598,7 @@ def _planned_at_install(ctx: Ctx, records: list[Record], kept_pycs: set[int],
         return None
     if confine.first_unsafe(list(chosen)) or any(layers.shared(d) for d in chosen):
         return None
-    ctx.elf_checked = True
+    ctx.elf_checked, ctx.real_programs = True, real
     return chosen
 
 

@@ -166,26 +166,32 @@ PLAN = Path("conda-meta") / "envtools" / "layers.marshal"
 PLAN_VERSION = 1
 
 
-def write_plan(prefix: Path, index_key: tuple, dirs: dict[str, str], kept: set[str]) -> None:
-    """Store a plan (``{dir: package dist}``, and the packages whose compiled bytecode it
-    counted on) for the records of the index with stat key ``index_key``."""
+def write_plan(prefix: Path, index_key: tuple, dirs: dict[str, str], kept: set[str],
+               real: set[str]) -> None:
+    """Store a plan (``{dir: package dist}``, the packages whose compiled bytecode it
+    counted on, and the package files outside those directories that must be real
+    files: cachelinks.stays_real) for the records of the index with stat key
+    ``index_key``."""
     fp = prefix / PLAN
     fp.parent.mkdir(parents=True, exist_ok=True)
-    fp.write_bytes(marshal.dumps((PLAN_VERSION, tuple(index_key), dirs, sorted(kept))))
+    fp.write_bytes(marshal.dumps((PLAN_VERSION, tuple(index_key), dirs, sorted(kept),
+                                  sorted(real))))
 
 
-def read_plan(prefix: Path, index_key: tuple) -> tuple[dict[str, str], set[str]] | None:
+def read_plan(prefix: Path, index_key: tuple
+              ) -> tuple[dict[str, str], set[str], frozenset[str]] | None:
     """The stored plan, if it was made for the records of that index; else None."""
     try:
         with open(prefix / PLAN, "rb") as fh:
-            version, key, dirs, kept = marshal.loads(fh.read())
+            version, key, dirs, kept, real = marshal.loads(fh.read())
     except (OSError, EOFError, ValueError, TypeError):
         return None
     if version != PLAN_VERSION or tuple(key) != tuple(index_key) or not isinstance(dirs, dict):
         return None
     if not all(isinstance(d, str) and isinstance(v, str) for d, v in dirs.items()):
         return None
-    return dirs, {k for k in kept if isinstance(k, str)}
+    return (dirs, {k for k in kept if isinstance(k, str)},
+            frozenset(r for r in real if isinstance(r, str)))
 
 
 def _namespace(d: str, dirs: dict[str, _Dir]) -> bool:
@@ -199,7 +205,8 @@ def _namespace(d: str, dirs: dict[str, _Dir]) -> bool:
 
 def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
            relocating: frozenset[str], euid: int | None = None,
-           owner: int | None = 0, elf_checked: bool = False) -> dict[str, tuple] | None:
+           owner: int | None = 0, elf_checked: bool = False,
+           vouch: dict | None = None) -> dict[str, tuple] | None:
     """Check a layer before linking it: ``cache_dir`` (the package's cache copy of
     ``rel_dir``) holds exactly ``items`` (its files and links, by path), every
     directory there is a real one that nobody but its owner can change, no file there
@@ -211,7 +218,12 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
 
     ``elf_checked``: install checked its programs and libraries already (the plan it
     stored: clone.write_layer_plan), and their contents are vouched for by the caller,
-    so what they load cannot have changed: they are not read again."""
+    so what they load cannot have changed: they are not read again.
+
+    ``vouch``: SRC's stat cache entries for the package (placement._vouch_table); when
+    given, every file must also be vouched for by one, keyed by its path in the env or
+    in the cache, with its stat and its record's sha256 (placement.vouched, inlined: it
+    runs once per file of every linked directory)."""
     want = {it[0][len(rel_dir) + 1:]: it for it in items if it[2] != "directory"}
     found: dict[str, tuple] = {}
     found_links: set[str] = set()
@@ -264,7 +276,17 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
                     elif (".so" in entry.name or st.st_mode & cachelinks.EXEC_BITS) and \
                             _origin_escapes(os.path.join(cache_dir, name), name):
                         return None
-                    found[name] = (st.st_size, st.st_mtime_ns, st.st_ino)
+                    key = (st.st_size, st.st_mtime_ns, st.st_ino)
+                    if vouch is not None:
+                        it = want[name]
+                        sc = vouch.get(it[0])
+                        if sc is None or sc[:3] != key:
+                            sc = vouch.get(it[1])
+                            if sc is None or sc[:3] != key:
+                                return None
+                        if not it[6] or (len(sc) > 3 and sc[3] != it[6]):
+                            return None
+                    found[name] = key
         finally:
             os.close(fd)
     if len(found) + len(found_links) != len(want):  # (something is missing)
