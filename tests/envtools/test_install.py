@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import os
 import stat
 import subprocess
+from pathlib import Path
 
 from conftest import run_envtools
 
@@ -114,12 +116,26 @@ def _noarch_bytecode(channel, tmp_path) -> None:
         assert len(data) == e["size_in_bytes"]
     src = env / pycs[0]["_path"].replace("/__pycache__", "").rsplit(".", 2)[0]
     assert importlib.util.cache_from_source(str(src) + ".py").endswith(pycs[0]["_path"])
+    # the same pycs are in the package's cache entry (the env's are hardlinks of them),
+    # naming their source by its path in the prefix: one pyc serves every prefix
+    entry = Path(rec["extracted_package_dir"])
+    assert entry.parent == env.parent / "site.pkgs"
+    sp = pycs[0]["_path"].split("/site-packages/")[0] + "/site-packages/"
+    for e in pycs:
+        cached = entry / ("site-packages/" + e["_path"][len(sp):])
+        assert os.stat(cached).st_ino == os.stat(env / e["_path"]).st_ino, e
+        assert not os.stat(cached).st_mode & 0o222
+        code = marshal.loads((env / e["_path"]).read_bytes()[16:])
+        assert code.co_filename == e["_path"].replace("__pycache__/", "").rsplit(".", 2)[0] \
+            + ".py"
     before = _snapshot(env)
     # python's relocated module (holding the prefix, as _sysconfigdata does): the bytecode
     # its package shipped is replaced by the installer's, compiled from the relocated file
     prec = json.loads(next((env / "conda-meta").glob("python-*.json")).read_text())
     where = [e for e in prec["paths_data"]["paths"] if "_demo_where" in e["_path"]]
     assert [e.get("path_type") for e in where if e["_path"].endswith(".pyc")] == ["pyc_file"]
+    relocated = next(e["_path"] for e in where if e["_path"].endswith(".pyc"))
+    assert os.stat(env / relocated).st_nlink == 1  # (holds the prefix: the env's only)
     code = "import _demo_where, demo_noarch; print(demo_noarch.__cached__)"
     out = subprocess.run([env / "bin" / "python", "-c", code], capture_output=True,
                          text=True, check=True)

@@ -181,8 +181,10 @@ def test_linked_directories_and_detach(shared):
     assert dirs == {"share/demo-meta": f"{cache['demo-meta']}/share/demo-meta",
                     "share/cuda-version": f"{cache['cuda-version']}/share/cuda-version",
                     f"{sp}/demo_py-2.0.0.dist-info":
-                    f"{cache['demo-py']}/{sp}/demo_py-2.0.0.dist-info"}
-    # (demo_py/ holds a relocated file, demo_noarch/ has no .pyc, include/ is shared)
+                    f"{cache['demo-py']}/{sp}/demo_py-2.0.0.dist-info",
+                    f"{sp}/demo_noarch": f"{cache['demo-noarch']}/site-packages/demo_noarch"}
+    # (demo_py/ holds a relocated file, include/ is shared; demo_noarch/ has the pycs
+    # install compiled into its cache entry)
     for target in dirs.values():
         assert Path(target).stat().st_uid == 0
     check_runs_as(shared.user, dest)
@@ -190,20 +192,24 @@ def test_linked_directories_and_detach(shared):
                             dest, "--json").stdout)
     assert doc["exit_status"] == 0 and doc["checked"]["hashed"] == 0, doc["findings"]
     linked = [f for f in doc["findings"] if f["check"] == "linked-directories"]
-    assert linked[0]["packages"] == ["cuda-version", "demo-meta", "demo-py"]
+    assert linked[0]["packages"] == ["cuda-version", "demo-meta", "demo-noarch", "demo-py"]
     assert f"envtools detach {dest}" in linked[0]["hint"]
     p = run_as(shared.user, *shared.user.python, "-m", "envtools", "detach", dest,
                "demo-meta")
     assert "detached 1 directories of 1 packages: demo-meta" in p.stderr
-    assert "share/demo-meta" not in linked_dirs(dest) and len(linked_dirs(dest)) == 2
+    assert "share/demo-meta" not in linked_dirs(dest) and len(linked_dirs(dest)) == 3
     run_as(shared.user, *shared.user.python, "-m", "envtools", "detach", dest)
     assert linked_dirs(dest) == {}
     per_file = shared.user.home / "per-file"
     clone_as(shared.user, shared.env, per_file)
-    # the same entries, and each file that is a link leads to the same cache file
-    assert content_digest(dest, shared.cache).keys() == \
+    # the same entries, and each file that is a link leads to the same cache file; and
+    # the noarch: python package's bytecode, which only --link-mode dirs takes along
+    pycs = {k for k in content_digest(dest, shared.cache) if "demo_noarch/__pycache__/" in k}
+    assert pycs and all(k.endswith(".pyc") for k in pycs)
+    assert content_digest(dest, shared.cache).keys() - pycs == \
         content_digest(per_file, shared.cache).keys()
-    assert cache_links(dest, shared.cache) == cache_links(per_file, shared.cache)
+    assert {k: v for k, v in cache_links(dest, shared.cache).items() if k not in pycs} == \
+        cache_links(per_file, shared.cache)
     doc = json.loads(run_as(shared.user, *shared.user.python, "-m", "envtools", "validate",
                             dest, "--json").stdout)
     assert doc["exit_status"] == 0 and doc["checked"]["hashed"] == 0, doc["findings"]
@@ -252,15 +258,68 @@ def test_nonowner_clone_has_the_bytes_of_an_install_at_dest(shared, mode):
     run_envtools("install", "--channel", shared.channel, "--prefix", dest, "demo-meta",
                  "demo-noarch")
     try:
-        # (but for the bytecode install compiles for noarch: python packages, which a
-        # clone leaves out: envtools.bytecode)
+        # (but for the bytecode install compiles, which a clone leaves out:
+        # envtools.bytecode; with --link-mode dirs, only the one that holds the prefix:
+        # the noarch: python package's is the same in every prefix, and comes along)
         compiled = installer_bytecode(dest)
         assert compiled
+        if mode == "dirs":
+            noarch = {p for p in compiled if "/demo_noarch/" in p}
+            assert noarch and noarch <= cloned.keys()
+            compiled -= noarch
         # (less the read-only env's PEP 668 marker, which a clone leaves out)
         assert {k: v for k, v in tree_digest(dest).items()
                 if k not in compiled and not k.endswith("/EXTERNALLY-MANAGED")} == cloned
     finally:
         run_envtools("remove", dest)
+
+
+def test_noarch_bytecode_comes_from_the_cache_and_is_checked(shared):
+    """--link-mode dirs takes the pycs install compiled into a noarch: python package's
+    cache entry, so its directory is one link: the user's python imports it from those
+    pycs (the code names the clone's file) and writes nothing, and validate is clean
+    without hashing. A cache pyc changed after install is refused like any cache file."""
+    user = shared.user
+    dest = user.home / "noarch-dirs"
+    clone_as(user, "--link-mode", "dirs", shared.env, dest)
+    site = next(dest.glob("lib/python*/site-packages"))
+    assert (site / "demo_noarch").is_symlink()
+    rec = json.loads(next((dest / "conda-meta").glob("demo-noarch-*.json")).read_text())
+    pycs = [e["_path"] for e in rec["paths_data"]["paths"] if e.get("path_type") == "pyc_file"]
+    assert pycs and set(pycs) <= set(rec["files"])
+    before = {p: os.lstat(p).st_mtime_ns for p in map(str, dest.rglob("*"))}
+    code = ("import demo_noarch, sys; print(demo_noarch.__cached__); "
+            "print(demo_noarch.main.__code__.co_filename); print(sys.dont_write_bytecode)")
+    out = run_as(user, dest / "bin" / "python", "-c", code,
+                 env={"PYTHONDONTWRITEBYTECODE": ""}).stdout.split()
+    assert out == [str(dest / pycs[0]), str(site / "demo_noarch" / "__init__.py"), "False"]
+    assert {p: os.lstat(p).st_mtime_ns for p in map(str, dest.rglob("*"))} == before
+    doc = json.loads(run_as(user, *user.python, "-m", "envtools", "validate", dest,
+                            "--json").stdout)
+    assert doc["exit_status"] == 0 and doc["checked"]["hashed"] == 0, doc["findings"]
+    cached = Path(os.path.realpath(site / "demo_noarch")) / "__pycache__"
+    run_as(user, "rm", "-rf", dest)
+    pyc = next(cached.iterdir())
+    original, st = pyc.read_bytes(), pyc.stat()
+    os.chmod(pyc, 0o644)
+    try:
+        pyc.write_bytes(original[:16] + b"changed")  # (the same inode: the stat changes)
+        os.chmod(pyc, 0o444)
+        for mode in ("dirs", "auto"):
+            p = user.run(user.envtools("clone", "--link-mode", mode, shared.env, dest))
+            if mode == "dirs":
+                assert p.returncode == 1 and "does not match its record" in p.stderr, p.stderr
+                assert not dest.exists()
+            else:  # (the default leaves the installer's bytecode out)
+                assert p.returncode == 0, p.stderr
+                assert not list(dest.rglob("*.pyc")) or all(
+                    "demo_noarch" not in str(x) for x in dest.rglob("*.pyc"))
+                run_as(user, "rm", "-rf", dest)
+    finally:
+        os.chmod(pyc, 0o644)
+        pyc.write_bytes(original)
+        os.chmod(pyc, 0o444)
+        os.utime(pyc, ns=(st.st_atime_ns, st.st_mtime_ns))  # (its stat key: vouched again)
 
 
 def test_nothing_the_user_does_in_the_clone_reaches_the_site_env(shared):
@@ -499,6 +558,40 @@ def test_which_directories_become_links():
     assert chosen == {f"{sp}/good": 0, f"{sp}/good-1.0.dist-info": 0,
                       f"{sp}/ns/part": 2,  # (the namespace package ns itself: not a link)
                       "share/tool": 3, "include/lib6": 6}
+
+
+def test_install_plans_the_directory_links_a_clone_would(shared):
+    """install stores the plan of directory links for its own records (planning walks
+    every path, before a clone can place anything): the same plan a clone makes, used
+    only for the record index it was made for, with no untracked files in SRC."""
+    from envtools.placement import Ctx
+
+    from envtools import clone, layers, record_index
+
+    prefix = record_index.load_prefix(shared.env)
+    assert prefix.index_key is not None
+    stored = layers.read_plan(shared.env, prefix.index_key)
+    assert stored is not None and stored[0]
+    records = prefix.records
+    cache = clone._find_cache(shared.env, records)
+    kept: set[int] = set()
+    groups = clone._plan(records, cache, shared.env, str(shared.env), kept)
+    planned = layers.plan(groups, range(len(records)), [], clone._IN_ARCHIVE)
+    assert stored[:2] == ({d: records[k].dist for d, k in planned.items()},
+                          {records[k].dist for k in kept})
+    # (the programs placed alone that must be real files: bin/demo, whose package
+    # relocates files, so from the cache its $ORIGIN/../lib would not be the clone's)
+    assert stored[2] == frozenset({"bin/demo"})
+    ctx = Ctx(dest_tmp=Path("/nonexistent"), new_prefix="/x", old_prefix=str(shared.env),
+              src_root=str(shared.env), euid=shared.user.uid, link_mode="dirs",
+              symlink_roots={k: str(cache[r.name]) for k, r in enumerate(records)},
+              index_key=prefix.index_key)
+    assert clone._planned_at_install(ctx, records, kept, []) == planned
+    assert clone._planned_at_install(ctx, records, kept, ["share/x"]) is None  # untracked
+    assert clone._planned_at_install(ctx, records, set(), []) is None  # no bytecode then
+    ctx.index_key = (0, 0, 0)  # (records that are not the index's: planned anew)
+    assert clone._planned_at_install(ctx, records, kept, []) is None
+    assert layers.read_plan(shared.env, (0, 0, 0)) is None
 
 
 def test_a_library_that_climbs_out_of_its_directory_is_not_behind_a_link(tmp_path):

@@ -300,6 +300,33 @@ def test_install_keeps_an_identical_cache_entry_and_replaces_a_tampered_one(worl
     assert doc["exit_status"] == 0, doc
 
 
+def test_install_compiles_noarch_bytecode_into_a_shared_cache_without_trusting_it(world, case):
+    """The pycs install compiles into a noarch: python package's cache entry do not make
+    the next install replace the entry (it compiles them again and keeps the same bytes,
+    so both envs share the inodes); a pyc changed in the cache is compiled over, and
+    neither env nor cache keeps the change."""
+    cache = case / "cache"
+    for name in ("a", "b"):
+        run_envtools("install", "--channel", world.base, "--prefix", case / name, "--cache",
+                     cache, "demo-noarch")
+    entry = next(cache.glob("demo-noarch-*"))
+    pyc = next((entry / "site-packages" / "demo_noarch" / "__pycache__").iterdir())
+    rel = next(str(p.relative_to(case / "a")) for p in (case / "a").rglob(pyc.name))
+    assert pyc.stat().st_ino == (case / "a" / rel).stat().st_ino == \
+        (case / "b" / rel).stat().st_ino
+    good = pyc.read_bytes()
+    os.chmod(pyc, 0o644)
+    pyc.write_bytes(good[:16] + b"evil")
+    run_envtools("install", "--channel", world.base, "--prefix", case / "c", "--cache", cache,
+                 "demo-noarch")
+    assert (case / "c" / rel).read_bytes() == good == pyc.read_bytes()
+    assert (case / "c" / rel).stat().st_ino == pyc.stat().st_ino
+    for name in ("b", "c"):
+        doc = json.loads(run_envtools("validate", case / name, "--json", check=False).stdout)
+        assert doc["exit_status"] == (1 if name == "b" else 0), doc
+    # (b shared the changed inode: validate of b reports its pyc, as for any cache file)
+
+
 # ---------------------------------------------------------------- clone: forged source envs
 def _writable_clone(world: World, case: Path) -> Path:
     src = case / "src"

@@ -467,7 +467,11 @@ def _same_entry(old: Path, new: Path) -> bool:
         tree = _tree(old)
     except OSError:
         return False
-    if tree != _tree(new):
+    fresh = _tree(new)
+    # (the bytecode an earlier install compiled into the entry: bytecode.compile_installed;
+    # this install compiles it again, over it, and a clone links only what a record lists)
+    tree = {rel: kind for rel, kind in tree.items() if rel in fresh or not _compiled(rel, kind)}
+    if tree != fresh:
         return False
     files = [rel for rel, kind in tree.items() if kind == "f"]
     for rel, kind in tree.items():
@@ -479,6 +483,18 @@ def _same_entry(old: Path, new: Path) -> bool:
     b = hash_many(str(new / rel) for rel in files)
     return all(a[str(old / rel)] is not None and a[str(old / rel)] == b[str(new / rel)]
                for rel in files)
+
+
+def _compiled(rel: str, kind: str) -> bool:
+    """Is this entry of a package cache directory one that install compiles into a
+    noarch: python package's (``site-packages/**/__pycache__``, a directory or a pyc;
+    ``python-scripts/`` likewise)?"""
+    if not rel.startswith(("site-packages/", "python-scripts/")):
+        return False
+    if kind == "d":
+        return rel.endswith("/__pycache__")
+    return kind == "f" and rel.endswith(".pyc") and rel.rpartition("/")[0].endswith(
+        "/__pycache__")
 
 
 def check_linked(prefix: Path, prepared: Prepared) -> None:

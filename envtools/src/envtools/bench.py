@@ -319,8 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--read-only-source", action="store_true",
                     help="change nothing in the env or its cache (leaves out the py-rattler "
                     "install, which needs a writable cache)")
-    ap.add_argument("--only", choices=("all", "non-owner"), default="all",
-                    help="non-owner: only cp -a (as root) and the non-owner rows")
+    ap.add_argument("--only", choices=("all", "non-owner", "non-owner-clones"),
+                    default="all",
+                    help="non-owner: only cp -a (as root) and the non-owner rows; "
+                    "non-owner-clones: only the non-owner's cp -a, clones, cp -as and cp -al "
+                    "(no copies to delete but cp -a's: on a filesystem mounted with "
+                    "discard, deleting each round's copied trees takes minutes)")
     ap.add_argument("--add", action="store_true",
                     help="measure envtools add and drop of one small noarch package in a "
                     "clone of the env, against a py-rattler install of it into the same "
@@ -412,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
             dest.rename(trash / f"{len(list(trash.iterdir()))}")
 
     def settle() -> None:
-        _rm(trash)
+        if full:  # (non-owner-clones: every tree is kept until the end, then removed;
+            _rm(trash)  # on a filesystem mounted with discard a 3 GB tree takes minutes)
         os.sync()
         time.sleep(a.settle)
 
@@ -423,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
 
     notes: list[str] = []
     cp_al_refused: list[str] = []
+    full = a.only != "non-owner-clones"  # (the rows that copy or validate too)
 
     def non_owner_round(first: bool) -> None:
         """The non-owner's commands (see the module docstring), into their own directory."""
@@ -431,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         timed("cp -a (non-owner)", user.cmd("cp", "-a", src, ud), ud, env)
         clone = user.envtools("clone", src, ud)
         timed(NON_OWNER_CLONE, clone, None, env)
-        if first:  # (untimed) does it validate as cleanly as the env it was cloned from?
+        if first and full:  # (untimed) does it validate as cleanly as the env's own?
             mine = _findings(user.envtools("validate", "--json", ud), env)
             site = _findings(user.envtools("validate", "--json", src), env)
             extra, gone = mine[1] - site[1], site[1] - mine[1]
@@ -440,13 +446,15 @@ def main(argv: list[str] | None = None) -> int:
                          + ("the same as the env's" if not extra and not gone else
                             f"{len(extra)} not in the env's, {len(gone)} of the env's "
                             f"missing: {sorted(extra)[:3]} {sorted(gone)[:3]}"))
-        timed("envtools validate (the non-owner's clone)", user.envtools("validate", ud),
-              None, env)
+        if full:
+            timed("envtools validate (the non-owner's clone)", user.envtools("validate", ud),
+                  None, env)
         set_aside(ud)
         timed(NON_OWNER_DIRS, user.envtools("clone", "--link-mode", "dirs", src, ud), ud,
               env)
-        timed("envtools clone (cache, non-owner, --link-mode copy)",
-              user.envtools("clone", "--link-mode", "copy", src, ud), ud, env)
+        if full:
+            timed("envtools clone (cache, non-owner, --link-mode copy)",
+                  user.envtools("clone", "--link-mode", "copy", src, ud), ud, env)
         timed("(cp -as: a symlink per file, non-owner)", user.cmd("cp", "-as", src, ud), ud,
               env)
         if first or not cp_al_refused:
@@ -511,16 +519,17 @@ def main(argv: list[str] | None = None) -> int:
 
     fresh = work / "rattler_fresh.py"
     fresh.write_text(RATTLER_FRESH)
-    if a.no_install or a.only == "non-owner":
+    if a.no_install or a.only != "all":
         install_from = None
     # rounds interleave every command, so load from other users hits them all alike
     for i in range(a.repeat):
         get_console().print(f"round {i + 1}/{a.repeat} (after {a.settle:.0f} s to settle)")
         settle()
-        timed("cp -a", ["cp", "-a", str(src), str(d)], d)
+        if full:
+            timed("cp -a", ["cp", "-a", str(src), str(d)], d)
         if user is not None:
             non_owner_round(i == 0)
-        if a.only == "non-owner":
+        if a.only != "all":
             continue
         if cache and not a.read_only_source:
             rattler_install()
@@ -555,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         t.add_row(k, f"{med[k]:.3f}", " ".join(f"{x:.3f}" for x in v))
     out = get_console().__class__(width=120)  # stdout
     out.print(t)
-    cpa = med["cp -a"]
+    cpa = med.get("cp -a", 0.0)
     lines = []
 
     def rounds(base: str, key: str) -> str:
@@ -575,19 +584,26 @@ def main(argv: list[str] | None = None) -> int:
         floor = med["(cp -al: hardlinks only, as root)"]
         lines.append(f"(cp -al, hardlinks only, one process: {cpa / floor:.1f}x faster than "
                      f"cp -a; the clone takes {c / floor:.2f}x its time)")
+    def per_round(base: str, key: str) -> str:
+        """The project's figure on a shared machine: the median of the ratios of one
+        round's two commands (same moment, same load), then the ratio of the medians."""
+        per = [x / y for x, y in zip(results[base], results[key], strict=True)]
+        return (f"{statistics.median(per):.1f}x faster than cp -a by the same user, median "
+                f"of per-round ratios (target >= 10x; rounds "
+                f"{' '.join(f'{x:.1f}' for x in per)}; ratio of medians "
+                f"{med[base] / med[key]:.1f}x)")
+
     if user is not None:
         ucpa = med["cp -a (non-owner)"]
         c = med[NON_OWNER_CLONE]
         lines.append(f"non-owner clone (uid {user.uid}; a symlink per file to the root-owned "
-                     f"cache): {ucpa / c:.1f}x faster than cp -a by the same user (target >= "
-                     f"10x; {rounds('cp -a (non-owner)', NON_OWNER_CLONE)})")
-        dirs = med[NON_OWNER_DIRS]
+                     f"cache): {per_round('cp -a (non-owner)', NON_OWNER_CLONE)}")
         lines.append(f"non-owner clone with linked directories (--link-mode dirs): "
-                     f"{ucpa / dirs:.1f}x faster than cp -a by the same user ("
-                     f"{rounds('cp -a (non-owner)', NON_OWNER_DIRS)})")
-        ccopy = med["envtools clone (cache, non-owner, --link-mode copy)"]
-        lines.append(f"non-owner clone with copies (--link-mode copy, what non-owners got "
-                     f"before): {ucpa / ccopy:.1f}x faster than cp -a by the same user")
+                     f"{per_round('cp -a (non-owner)', NON_OWNER_DIRS)}")
+        ccopy = med.get("envtools clone (cache, non-owner, --link-mode copy)")
+        if ccopy:
+            lines.append(f"non-owner clone with copies (--link-mode copy, what non-owners "
+                         f"got before): {ucpa / ccopy:.1f}x faster than cp -a by the same user")
         cpas = med["(cp -as: a symlink per file, non-owner)"]
         lines.append(f"(cp -as by that user, a symlink per file, nothing relocated, no "
                      f"records: {ucpa / cpas:.1f}x faster than cp -a; the clone takes "

@@ -291,8 +291,13 @@ def clone(
             names={k: f"package {r.name} {r.version}" for k, r in enumerate(prefix.records)},
             src_links={k: (r.extracted_package_dir, r.noarch_python)
                        for k, r in enumerate(prefix.records)},
+            index_key=prefix.index_key,
         )
-        groups = _plan(prefix.records, cache, srcp, old_prefix)
+        # --link-mode dirs: the bytecode install compiled into a noarch: python package's
+        # cache entry comes along (its directories are then complete: linked whole)
+        kept_pycs: set[int] = set()
+        groups = _plan(prefix.records, cache, srcp, old_prefix,
+                       kept_pycs if link_mode == "dirs" and not add else None)
         report.timings["load"] = load_s
         report.timings["plan"] = time.monotonic() - t0
         if cache and link_mode in ("auto", "dirs"):
@@ -314,7 +319,7 @@ def clone(
                 or not cachelinks.probe_hardlink(next(iter(cache.values())), tmp)):
             _plan_symlinks(ctx, link_mode, prefix.records, cache, groups)
             if link_mode == "dirs" and not add:  # (--add: rattler may remove any file)
-                groups = _plan_layers(ctx, prefix.records, cache, groups, files)
+                groups = _plan_layers(ctx, prefix.records, cache, groups, files, kept_pycs)
             report.timings["links planned"] = time.monotonic() - t0
         meta = tmp / "conda-meta"
         (tmp / STAT_CACHE).mkdir(parents=True)  # (placement writes its parts there)
@@ -331,7 +336,7 @@ def clone(
             link = {"source": str(cdir) if cdir else str(srcp),
                     "type": (cachelinks.LINK_COPY if not cdir else cachelinks.LINK_SOFTLINK
                              if soft and key in soft else cachelinks.LINK_HARDLINK)}
-            compiled = bytecode.has_compiled(rec.plan_fields())
+            compiled = key not in kept_pycs and bytecode.has_compiled(rec.plan_fields())
             if not rewritten and not compiled and rec.extracted_package_dir == epd:
                 if rec.link == link:
                     # unchanged (linked from the same cache): copy its bytes, unparsed
@@ -418,14 +423,19 @@ def clone(
 
 
 def _plan(
-    records: list[Record], cache: dict[str, Path], srcp: Path, old_prefix: str
+    records: list[Record], cache: dict[str, Path], srcp: Path, old_prefix: str,
+    kept_pycs: set[int] | None = None,
 ) -> list[tuple[int, list[Item]]]:
     """Per package (its index in ``records``), every file with where it comes from.
 
     A file the installer made (an entry point: any path type a package archive does not
     have) exists only in SRC, and holds SRC's prefix without a recorded placeholder (an
     entry point's shebang): it is relocated from ``old_prefix`` as text, as installing at
-    DEST would have written it. Compiled bytecode is left out (envtools.bytecode).
+    DEST would have written it. Compiled bytecode is left out (envtools.bytecode), unless
+    ``kept_pycs`` is given and install compiled it into the package's cache entry (a
+    noarch: python package's: the same bytes for every prefix): then it is placed from
+    the cache as the package's own files are, and the package's key added to
+    ``kept_pycs`` (its record keeps the ``pyc_file`` entries).
     """
     groups: list[tuple[int, list[Item]]] = []
     src_base = str(srcp) + "/"
@@ -434,7 +444,13 @@ def _plan(
         base, from_cache = (src_base, False) if cdir is None else (str(cdir) + "/", True)
         fields = r.plan_fields()
         if bytecode.has_compiled(fields):
-            fields = [f for f in fields if f[1] != bytecode.PYC_FILE]
+            if (kept_pycs is not None and cdir is not None and r.noarch_python
+                    and _cached_pycs(r, cdir, fields)):
+                kept_pycs.add(key)
+                fields = [(f[0], "hardlink", *f[2:]) if f[1] == bytecode.PYC_FILE else f
+                          for f in fields]
+            else:
+                fields = [f for f in fields if f[1] != bytecode.PYC_FILE]
         if not r.noarch_python:
             items = [(rel, base + rel, path_type, placeholder, file_mode, from_cache, sha, size)
                      for rel, path_type, placeholder, file_mode, sha, size in fields]
@@ -447,6 +463,17 @@ def _plan(
                 for rel, path_type, placeholder, file_mode, sha, size in fields]
         groups.append((key, items))
     return groups
+
+
+def _cached_pycs(r: Record, cdir: Path, fields: list[tuple]) -> bool:
+    """Did install compile this noarch: python package's bytecode into its cache entry
+    (bytecode.compile_installed)? Told from its first pyc (one lstat); each is still
+    vouched for when placed, and one missing is taken from SRC (the same bytes)."""
+    first = next(f[0] for f in fields if f[1] == bytecode.PYC_FILE)
+    try:
+        return stat.S_ISREG(os.lstat(f"{cdir}/{_cache_rel(r, first)}").st_mode)
+    except OSError:
+        return False
 
 
 #: path types of the files in a package archive; files of other types are made by the
@@ -482,17 +509,113 @@ def _plan_symlinks(ctx: Ctx, link_mode: str, records: list[Record], cache: dict[
                                if records[key].name in cache and any(it[3] for it in items))
 
 
+def write_layer_plan(prefix: Path, records: list[Record], index_key: tuple) -> None:
+    """At install: which directories a ``--link-mode dirs`` clone of this env links
+    (layers.plan over every package, with the bytecode install compiled into the cache,
+    no untracked file), for the records of the index whose stat key is ``index_key``.
+    Planning walks every path of every package (0.1-0.5 s on powerai, before the clone
+    can place anything); the env's records and cache do not change after install."""
+    cache = _find_cache(prefix, records)
+    kept: set[int] = set()
+    groups = _plan(records, cache, prefix, str(prefix), kept)
+    linkable = [k for k, r in enumerate(records) if r.name in cache]
+    chosen = layers.plan(groups, linkable, [], _IN_ARCHIVE)
+    # each directory is checked against the cache as a clone checks it (layers.verify:
+    # the files and their modes, programs that must be real, libraries that climb out
+    # through $ORIGIN/..), and one that fails is split into its subdirectories as
+    # placement would split it: a clone then reads no ELF file of a planned directory
+    # again, and a tree that failed whole (tensorflow/) arrives as many links that the
+    # placing processes share, not one that one process splits alone
+    relocating = frozenset(str(cache[records[k].name]) for k, items in groups
+                           if records[k].name in cache and any(it[3] for it in items))
+    under: dict[str, list[Item]] = {d: [] for d in chosen}
+    for _key, items in groups:
+        for it in items:
+            d = it[0]
+            while d:
+                d = d.rpartition("/")[0]
+                if d in under:
+                    under[d].append(it)
+                    break
+    final: dict[str, int] = {}
+    stack = [(d, f"{cache[records[k].name]}/{_cache_rel(records[k], d)}", under[d], k)
+             for d, k in chosen.items()]
+    while stack:
+        d, src, items, k = stack.pop()
+        if layers.verify(src, items, d, str(prefix), relocating) is not None:
+            final[d] = k
+            continue
+        children: dict[str, list[Item]] = {}
+        for it in items:
+            head, sep, _ = it[0][len(d) + 1:].partition("/")
+            if sep:
+                children.setdefault(head, []).append(it)
+        stack.extend((f"{d}/{h}", f"{src}/{h}", c, k) for h, c in children.items())
+    # and which of the files placed one by one must be real (programs that would not
+    # run the same from the cache): what a clone would otherwise find out by reading
+    # every program's ELF headers and the libraries it finds through $ORIGIN
+    real: set[str] = set()
+    for _key, items in groups:
+        for rel, source, path_type, placeholder, _fm, from_cache, _sha, _size in items:
+            if not from_cache or placeholder or path_type != "hardlink":
+                continue
+            d = rel
+            while d and d not in final:
+                d = d.rpartition("/")[0]
+            if d:
+                continue  # (in a linked directory: verify found none that must be real)
+            try:
+                st = os.lstat(source)
+            except OSError:
+                continue
+            if st.st_mode & cachelinks.EXEC_BITS and cachelinks.stays_real(
+                    rel, source, st, str(prefix), relocating):
+                real.add(rel)
+    layers.write_plan(prefix, index_key, {d: records[k].dist for d, k in final.items()},
+                      {records[k].dist for k in kept}, real)
+
+
+def _planned_at_install(ctx: Ctx, records: list[Record], kept_pycs: set[int],
+                        untracked_files: list[str]) -> dict[str, int] | None:
+    """The plan install wrote (write_layer_plan), when it holds for this clone: the
+    records came from the index it was made for, SRC has no untracked file, the same
+    packages' bytecode comes from the cache, and every package it links may be linked
+    here. Its directories pass the path rule and are not shared ones; every layer is
+    still checked against the cache when placed (layers.verify), and a plan naming a
+    directory that is not one package's only gets files placed one by one."""
+    if untracked_files or ctx.index_key is None:
+        return None
+    got = layers.read_plan(Path(ctx.src_root), ctx.index_key)
+    if got is None:
+        return None
+    dirs, kept, real = got
+    key_of = {r.dist: k for k, r in enumerate(records)}
+    if kept != {records[k].dist for k in kept_pycs}:
+        return None
+    roots = ctx.symlink_roots or {}
+    chosen = {d: key_of.get(dist, -1) for d, dist in dirs.items()}
+    if any(k not in roots for k in chosen.values()):
+        return None
+    if confine.first_unsafe(list(chosen)) or any(layers.shared(d) for d in chosen):
+        return None
+    ctx.elf_checked, ctx.real_programs = True, real
+    return chosen
+
+
 def _plan_layers(ctx: Ctx, records: list[Record], cache: dict[str, Path],
                  groups: list[tuple[int, list[Item]]],
-                 untracked_files: list[str]) -> list[tuple[int, list[Item]]]:
+                 untracked_files: list[str],
+                 kept_pycs: set[int] = frozenset()) -> list[tuple[int, list[Item]]]:
     """Directories that one package owns wholly become one link each (layers.py): each
     is one item, its files kept in ``ctx.layers`` in case it must be placed file by file.
     The plan is made from the records' paths, so they are checked first (as placement
     checks each chunk's): a directory link is never made from a path that is refused."""
-    for key, items in groups:
-        confine.check_paths([it[0] for it in items],
-                            f"package {records[key].name} {records[key].version}")
-    chosen = layers.plan(groups, ctx.symlink_roots or {}, untracked_files, _IN_ARCHIVE)
+    chosen = _planned_at_install(ctx, records, kept_pycs, untracked_files)
+    if chosen is None:
+        for key, items in groups:
+            confine.check_paths([it[0] for it in items],
+                                f"package {records[key].name} {records[key].version}")
+        chosen = layers.plan(groups, ctx.symlink_roots or {}, untracked_files, _IN_ARCHIVE)
     if not chosen:
         return groups
     under: dict[str, str | None] = {}  # dir -> the chosen directory holding it, if any

@@ -114,8 +114,9 @@ def write_package_parts(prefix: Path, records) -> list[Path]:
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
-            src = f"{epd}/{_cache_rel(r, rel)}" if epd and ptype in ("hardlink", None) \
-                else None
+            # (bytecode install compiled into the cache entry: bytecode.compile_installed)
+            src = f"{epd}/{_cache_rel(r, rel)}" if epd and ptype in ("hardlink", None,
+                                                                      "pyc_file") else None
             files.append((rel, st, placeholder, sha, src))
         per.append(files)
     hashes = hash_many(f"{root}/{f[0]}" for files in per for f in files)

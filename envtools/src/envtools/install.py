@@ -19,7 +19,7 @@ import rattler
 
 from envtools import archives, bytecode, cachetag, record_index, virtual
 from envtools.errors import EnvtoolsError
-from envtools.hashing import STAT_CACHE, write_package_parts
+from envtools.hashing import STAT_CACHE, stat_key, write_package_parts
 from envtools.prefix_records import Prefix
 from envtools.progress import info
 from envtools.readonly import (
@@ -236,7 +236,9 @@ def _install_into(records: list, prepared: archives.Prepared, prefix: Path, cach
         )
         archives.check_linked(tmp, prepared)
         timings["link"] = time.monotonic() - t0
-        bytecode.compile_installed(tmp, prefix)  # (as conda does; records list the pycs)
+        # (as conda does; records list the pycs; a noarch: python package's go into its cache
+        # entry too, so that clones can link its directories whole)
+        bytecode.compile_installed(tmp, prefix, cache)
         timings["compile"] = time.monotonic() - t0
         write_explicit(tmp, records)
         write_prefix_info(tmp, prefix, cache, srcs)
@@ -261,7 +263,11 @@ def _install_into(records: list, prepared: archives.Prepared, prefix: Path, cach
         cachetag.tag_cache(cache)
         make_readonly(cache)
         records = Prefix.load(tmp).records
-        record_index.write(tmp, records)
+        index = record_index.write(tmp, records)
+        # (what a --link-mode dirs clone links: planned once here, not in every clone)
+        from envtools.clone import write_layer_plan
+
+        write_layer_plan(tmp, records, stat_key(os.stat(index)))
         tracked = [e["_path"] for r in records for e in r.paths]
         cachetag.drop_from_env(tmp, set(tracked))
         write_untracked_cache(tmp, set(tracked))

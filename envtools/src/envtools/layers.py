@@ -17,7 +17,8 @@ What a directory link costs the user, and so where there is none:
   top level, ``lib/pythonX.Y``, ``site-packages`` and its namespace packages,
   ``include/pythonX.Y``, ``share/man``, ``etc``, ...) are never links;
 * python cannot write ``__pycache__`` there: a directory is linked only if every ``.py``
-  in it comes with its compiled ``.pyc`` (a noarch: python package does not);
+  in it comes with its compiled ``.pyc`` (a noarch: python package ships none, but
+  install compiles them into its cache entry: bytecode.py; the clone takes them along);
 * everything in it is read from the cache: so no file in it may need to be the clone's
   own (relocated, made by the installer, an ELF program that would not run the same from
   the cache, a ``.pth``), no other package and no untracked file may live in it, and its
@@ -37,6 +38,7 @@ clone's stat cache entries for its files.
 
 from __future__ import annotations
 
+import marshal
 import os
 import posixpath
 import re
@@ -159,6 +161,39 @@ def plan(groups: list[tuple[int, list[tuple]]], linkable: Iterable[int],
     return chosen
 
 
+#: the plan install made for the env (clone.write_layer_plan)
+PLAN = Path("conda-meta") / "envtools" / "layers.marshal"
+PLAN_VERSION = 1
+
+
+def write_plan(prefix: Path, index_key: tuple, dirs: dict[str, str], kept: set[str],
+               real: set[str]) -> None:
+    """Store a plan (``{dir: package dist}``, the packages whose compiled bytecode it
+    counted on, and the package files outside those directories that must be real
+    files: cachelinks.stays_real) for the records of the index with stat key
+    ``index_key``."""
+    fp = prefix / PLAN
+    fp.parent.mkdir(parents=True, exist_ok=True)
+    fp.write_bytes(marshal.dumps((PLAN_VERSION, tuple(index_key), dirs, sorted(kept),
+                                  sorted(real))))
+
+
+def read_plan(prefix: Path, index_key: tuple
+              ) -> tuple[dict[str, str], set[str], frozenset[str]] | None:
+    """The stored plan, if it was made for the records of that index; else None."""
+    try:
+        with open(prefix / PLAN, "rb") as fh:
+            version, key, dirs, kept, real = marshal.loads(fh.read())
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+    if version != PLAN_VERSION or tuple(key) != tuple(index_key) or not isinstance(dirs, dict):
+        return None
+    if not all(isinstance(d, str) and isinstance(v, str) for d, v in dirs.items()):
+        return None
+    return (dirs, {k for k in kept if isinstance(k, str)},
+            frozenset(r for r in real if isinstance(r, str)))
+
+
 def _namespace(d: str, dirs: dict[str, _Dir]) -> bool:
     """A directory right under site-packages without ``__init__.py`` (a namespace
     package, or data) other than a distribution's metadata: others may install into it."""
@@ -170,7 +205,8 @@ def _namespace(d: str, dirs: dict[str, _Dir]) -> bool:
 
 def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
            relocating: frozenset[str], euid: int | None = None,
-           owner: int | None = 0) -> dict[str, tuple] | None:
+           owner: int | None = 0, elf_checked: bool = False,
+           vouch: dict | None = None) -> dict[str, tuple] | None:
     """Check a layer before linking it: ``cache_dir`` (the package's cache copy of
     ``rel_dir``) holds exactly ``items`` (its files and links, by path), every
     directory there is a real one that nobody but its owner can change, no file there
@@ -178,7 +214,16 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
     ``euid`` is given: owned by ``owner``, None for anyone but us), no program there
     would run differently from the cache, and every link stays inside. Returns each
     file's stat cache entry (size, mtime_ns, inode), or None when the directory must be
-    placed file by file. (Whether SRC vouches for the files' contents is the caller's.)"""
+    placed file by file. (Whether SRC vouches for the files' contents is the caller's.)
+
+    ``elf_checked``: install checked its programs and libraries already (the plan it
+    stored: clone.write_layer_plan), and their contents are vouched for by the caller,
+    so what they load cannot have changed: they are not read again.
+
+    ``vouch``: SRC's stat cache entries for the package (placement._vouch_table); when
+    given, every file must also be vouched for by one, keyed by its path in the env or
+    in the cache, with its stat and its record's sha256 (placement.vouched, inlined: it
+    runs once per file of every linked directory)."""
     want = {it[0][len(rel_dir) + 1:]: it for it in items if it[2] != "directory"}
     found: dict[str, tuple] = {}
     found_links: set[str] = set()
@@ -222,14 +267,26 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
                         return None
                     if euid is not None and not cachelinks.symlink_is_safe(st, euid, owner):
                         return None
-                    if st.st_mode & cachelinks.EXEC_BITS and cachelinks.stays_real(
+                    if elf_checked:
+                        pass
+                    elif st.st_mode & cachelinks.EXEC_BITS and cachelinks.stays_real(
                             f"{rel_dir}/{name}", os.path.join(cache_dir, name), st,
                             src_root, relocating):
                         return None
-                    if (".so" in entry.name or st.st_mode & cachelinks.EXEC_BITS) and \
+                    elif (".so" in entry.name or st.st_mode & cachelinks.EXEC_BITS) and \
                             _origin_escapes(os.path.join(cache_dir, name), name):
                         return None
-                    found[name] = (st.st_size, st.st_mtime_ns, st.st_ino)
+                    key = (st.st_size, st.st_mtime_ns, st.st_ino)
+                    if vouch is not None:
+                        it = want[name]
+                        sc = vouch.get(it[0])
+                        if sc is None or sc[:3] != key:
+                            sc = vouch.get(it[1])
+                            if sc is None or sc[:3] != key:
+                                return None
+                        if not it[6] or (len(sc) > 3 and sc[3] != it[6]):
+                            return None
+                    found[name] = key
         finally:
             os.close(fd)
     if len(found) + len(found_links) != len(want):  # (something is missing)

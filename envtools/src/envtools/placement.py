@@ -90,9 +90,23 @@ class Ctx:
     unit_symlinks: bool = False
     #: directories placed as one link (layers.py): dir -> the items under it
     layers: dict[str, list] | None = None
+    #: the stat key of SRC's record index, when its records came from it
+    index_key: tuple | None = None
+    #: the layers are install's plan, whose ELF files install checked (layers.verify)
+    elf_checked: bool = False
+    #: with install's plan: the package files outside its layers that must be real
+    #: (cachelinks.stays_real, answered at install; see :meth:`stays_real`)
+    real_programs: frozenset[str] | None = None
     _vouch: dict | None = None
     _vouch_all: dict | None = None
     _dirs_ok: dict | None = None  # (cache directories checked by cachelinks.safe_subdir)
+
+    def stays_real(self, rel: str, source: str, st: os.stat_result) -> bool:
+        """cachelinks.stays_real for a vouched-for cache file (its bytes are those
+        install saw): install's answer when the plan it stored holds, else read now."""
+        if self.real_programs is not None:
+            return rel.endswith(".pth") or rel in self.real_programs
+        return cachelinks.stays_real(rel, source, st, self.src_root, self.relocating)
 
     def links_expected(self) -> bool:
         """Will cache files be linked (hard or symbolic) rather than copied: not root
@@ -178,8 +192,7 @@ def link_or_copy(ctx: Ctx, src: str, dst: str, st: os.stat_result) -> str:
             else:
                 raise
     if (ctx.unit_symlinks and cachelinks.symlink_is_safe(st, ctx.euid, ctx.link_owner)
-            and not cachelinks.stays_real(dst[len(str(ctx.dest_tmp)) + 1:], src, st,
-                                          ctx.src_root, ctx.relocating)
+            and not ctx.stays_real(dst[len(str(ctx.dest_tmp)) + 1:], src, st)
             and _dirs_trusted(ctx, src)):
         try:
             os.symlink(src, dst)  # (EEXIST, never over anything: see place())
@@ -418,10 +431,9 @@ def place_layer(ctx: Ctx, item: Item) -> tuple[dict[str, tuple], list[Item], int
         entries = None
         if ctx.unit_symlinks and _dirs_trusted(ctx, src):
             entries = layers.verify(src, items, d, ctx.src_root, ctx.relocating,
-                                    euid=ctx.euid, owner=ctx.link_owner)
-        if entries is not None and all(
-                s[6] and _vouched_key(ctx, s[0], s[1], entries[s[0]], s[6]) for s in items
-                if s[0] in entries):
+                                    euid=ctx.euid, owner=ctx.link_owner,
+                                    elf_checked=ctx.elf_checked, vouch=_vouch_table(ctx))
+        if entries is not None:  # (every file vouched for: verify checked it)
             confine.symlink(src, base + d)
             known.update(entries)
             linked += 1
@@ -634,8 +646,7 @@ def place_chunks(
                         elif (sha and st.st_uid != euid
                               and (owner is None or st.st_uid == owner)
                               and not rel.endswith(".pth") and not (
-                                st.st_mode & exec_bits and cachelinks.stays_real(
-                                    rel, source, st, ctx.src_root, ctx.relocating))
+                                st.st_mode & exec_bits and ctx.stays_real(rel, source, st))
                               and _dirs_trusted(ctx, source)):
                             symlink(source, base + rel)
                             syms += 1

@@ -146,11 +146,15 @@ def _damaged(fp: Path, why: str) -> EnvtoolsError:
 class Prefix:
     """A conda prefix and its package records, loaded once."""
 
-    __slots__ = ("root", "records")
+    __slots__ = ("root", "records", "index_key")
 
-    def __init__(self, root: Path, records: list[Record] | None = None):
+    def __init__(self, root: Path, records: list[Record] | None = None,
+                 index_key: tuple | None = None):
         self.root = root
         self.records = records if records is not None else []
+        #: the stat key of the record index the records came from (record_index.py),
+        #: None when they were read as JSON
+        self.index_key = index_key
 
     @classmethod
     def load(cls, root: str | os.PathLike[str]) -> Prefix:

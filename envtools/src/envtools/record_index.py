@@ -41,6 +41,7 @@ def _from_index(root: Path) -> Prefix | None:
     try:
         with open(root / INDEX, "rb") as fh:
             version, entries = marshal.loads(fh.read())  # (load(fh) reads item by item)
+            key = stat_key(os.fstat(fh.fileno()))
         if version != VERSION:
             return None
         names = sorted(n for n in os.listdir(meta) if n.endswith(".json"))
@@ -54,4 +55,4 @@ def _from_index(root: Path) -> Prefix | None:
             records.append(Record(fp, None, summary))
     except (OSError, EOFError, ValueError, TypeError):
         return None
-    return Prefix(root, records)
+    return Prefix(root, records, key)
