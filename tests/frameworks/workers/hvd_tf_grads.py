@@ -134,6 +134,22 @@ for mode in ("eager", "function", "graph"):
     if r in ps.ranks:
         check(mode, ps.ranks, ps)
 
+# DistributedGradientTape.register_local_source: that source's gradient stays this rank's
+# own, divided by the set's size (Horovod's scale_local_gradients); the others averaged.
+for members, pset in (([*range(n)], hvd.global_process_set), (ps.ranks, ps)):
+    if r not in members:
+        continue
+    wl, wg = tf.Variable([1.0, 1.0]), tf.Variable([1.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(wl * w) + tf.reduce_sum(wg * w)
+    tape = hvd.DistributedGradientTape(tape, process_set=pset)
+    tape.register_local_source(wl)
+    gl, gg = tape.gradient(loss, [wl, wg])
+    m = len(members)
+    expect(close(gl.numpy(), np.full(2, w / m, np.float32)) and
+           close(gg.numpy(), np.full(1, sum(k + 1.0 for k in members) / m, np.float32)),
+           f"local source {members}: {gl.numpy()} {gg.numpy()}")
+
 # Integer tensors still go through (no gradient is asked of them).
 got = hvd.allreduce(tf.constant([r, 1]), op=hvd.Sum).numpy()
 expect(got.tolist() == [sum(range(n)), n], f"int allreduce {got}")

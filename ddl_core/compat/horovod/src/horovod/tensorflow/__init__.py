@@ -682,26 +682,63 @@ def join() -> int:
 
 class DistributedGradientTape(_dtf.DistributedGradientTape):
     """Horovod's DistributedGradientTape: gradient() averages over the ranks of
-    `process_set` (all by default)."""
+    `process_set` (all by default), except the gradients of sources registered with
+    register_local_source(), which stay this rank's own, divided by the set's size when
+    scale_local_gradients (Horovod's default)."""
 
     def __init__(self, gradtape: tf.GradientTape, device_dense: str = "",  # noqa: ARG002
                  device_sparse: str = "", compression: Any = Compression.none,  # noqa: ARG002
                  sparse_as_dense: bool = False, op: Any = Average,  # noqa: ARG002
-                 process_set: ProcessSet = global_process_set, **unused: Any) -> None:
+                 process_set: ProcessSet = global_process_set,
+                 scale_local_gradients: bool = True, **unused: Any) -> None:
         super().__init__(gradtape, _HOROVOD_OP[ddl_op(op)])
         self._hvd_op = op
         self._hvd_set = process_set if engine_of(process_set, "DistributedGradientTape") \
             is not None else None
+        self._hvd_process_set = process_set
+        self._scale_local = scale_local_gradients
+        self._local_sources: list[Any] = []
+
+    def register_local_source(self, source: Any) -> None:
+        """Mark a source (a variable) as this worker's own: its gradient is not averaged
+        over ranks (Horovod's model-parallel layers)."""
+        self._local_sources.append(source)
+
+    def _is_local(self, source: Any) -> bool:
+        return any(source is s for s in self._local_sources)
+
+    def _reduced(self, grads: list[Any]) -> list[Any]:
+        if self._hvd_set is None:  # the global set: ddl_core's fused path, as the base class
+            idx = [i for i, g in enumerate(grads) if g is not None]
+            out = list(grads)
+            if idx and ddl_core.size() > 1:
+                red = _dtf.allreduce_list([grads[i] for i in idx],
+                                          _HOROVOD_OP[ddl_op(self._hvd_op)])
+                for i, g in zip(idx, red, strict=True):
+                    out[i] = g
+            return out
+        return [None if g is None else
+                allreduce(g, op=self._hvd_op, process_set=self._hvd_set,
+                          name=f"DistributedGradientTape.{i}")
+                for i, g in enumerate(grads)]
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  **kwargs: Any) -> Any:
-        if self._hvd_set is None:
+        if self._hvd_set is None and not self._local_sources:
             return super().gradient(target, sources, output_gradients, **kwargs)
+        kwargs.pop("use_generic_names", None)
         grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
-        flat = tf.nest.flatten(grads)
-        out = [None if g is None else allreduce(g, op=self._hvd_op, process_set=self._hvd_set,
-                                                name=f"DistributedGradientTape.{i}")
-               for i, g in enumerate(flat)]
+        flat_src, flat = tf.nest.flatten(sources), tf.nest.flatten(grads)
+        glob = [i for i, src in enumerate(flat_src) if not self._is_local(src)]
+        out = list(flat)
+        for i, g in zip(glob, self._reduced([flat[i] for i in glob]), strict=True):
+            out[i] = g
+        n = float(self._hvd_process_set.size())
+        for i, src in enumerate(flat_src):
+            if self._is_local(src) and out[i] is not None and self._scale_local:
+                g = out[i]
+                out[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                          if isinstance(g, tf.IndexedSlices) else g / n)
         return tf.nest.pack_sequence_as(grads, out)
 
 
