@@ -3,7 +3,8 @@
 factors and grouped form, poll() on asynchronous handles, sparse allreduce, process sets
 removed and added again, shutdown(), and the DistributedOptimizer's behaviour (forced
 allreduce, sparse gradients, parameter names, the synchronize() warning, process sets);
-and tensorflow collectives in a TF1-style graph (test_tensorflow.py's graph-mode runs).
+and tensorflow collectives in a TF1-style graph (test_tensorflow.py's graph-mode runs) and
+with Horovod's gradients (eager, tf.function, TF1 graph; global set and a process set).
 Real 3-rank jobs."""
 
 from __future__ import annotations
@@ -36,3 +37,9 @@ def test_tensorflow_dtypes_indexed_slices_grouped_and_inplace() -> None:
     need("tensorflow")
     proc = mpirun(3, WORKERS / "hvd_tf_semantics.py", env={"DDL_TIMEOUT": "30"})
     assert ok_lines(proc, "hvd_tf_semantics") == 3, proc.stdout
+
+
+def test_tensorflow_collectives_have_horovods_gradients() -> None:
+    need("tensorflow")
+    proc = mpirun(3, WORKERS / "hvd_tf_grads.py", env={"DDL_TIMEOUT": "30"})
+    assert ok_lines(proc, "hvd_tf_grads") == 3, proc.stdout

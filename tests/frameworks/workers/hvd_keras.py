@@ -75,4 +75,28 @@ for wt, q in zip(model.get_weights(), ref.get_weights(), strict=True):
     everyone = hvd.allgather(wt.reshape(1, -1))
     assert np.all(everyone == everyone[0]), "weights differ between ranks"
     assert np.allclose(wt, q, atol=1e-5), np.abs(wt - q).max()
+
+# Horovod's local_variables (kept per rank) and LearningRateScheduleCallback (lr =
+# initial_lr * multiplier(epoch) from start_epoch until end_epoch).
+m2 = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, trainable=False),
+                       keras.layers.Dense(1, trainable=False)])
+for v in m2.variables:
+    v.assign(tf.fill(v.shape, float(r)))
+m2.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+seen = []
+
+
+class Lr(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        seen.append(float(np.asarray(self.model.optimizer.learning_rate)))
+
+
+m2.fit(np.ones((2, 2), np.float32), np.ones((2, 1), np.float32), epochs=4, verbose=0,
+       callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(
+                      n - 1, local_variables=m2.layers[0].variables),
+                  hvd.callbacks.LearningRateScheduleCallback(
+                      0.1, lambda e: e + 1, start_epoch=1, end_epoch=3), Lr()])
+assert all(np.allclose(v, r) for v in m2.layers[0].get_weights()), "local variables"
+assert all(np.allclose(v, n - 1) for v in m2.layers[1].get_weights()), "broadcast"
+assert np.allclose(seen, [0.1, 0.2, 0.3, 0.3]), seen
 print("OK hvd_keras", flush=True)

@@ -3,6 +3,7 @@
 from horovod.tensorflow.keras.callbacks import *  # noqa: F403
 from horovod.tensorflow.keras.callbacks import (  # noqa: F401
     BroadcastGlobalVariablesCallback,
+    LearningRateScheduleCallback,
     LearningRateWarmupCallback,
     MetricAverageCallback,
 )

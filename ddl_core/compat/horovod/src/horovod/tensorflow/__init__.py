@@ -228,24 +228,45 @@ def _np(x: np.ndarray) -> np.ndarray:
     return x.reshape(1) if x.ndim == 0 else x
 
 
-def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",  # noqa: ARG001
-              device_sparse: str = "", compression: Any = Compression.none, op: Any = None,  # noqa: ARG001
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
-    """`tensor` reduced over the process set's ranks (all by default). Matched across
-    ranks by name (any order) or, unnamed, by order; shapes and dtypes must agree.
-    tf.IndexedSlices (embedding gradients) stay sparse as in Horovod: every rank's values
-    and indices are allgathered (values divided by the set's size for Average); other ops
-    and scale factors are NotImplementedError for them, as Horovod's."""
-    ddl_core.init()
-    if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_slices(tensor, op, average, prescale_factor, postscale_factor,
-                                 name, process_set)
-    dop = ddl_op(op, average)
+def _differentiable(forward: Any, backward: Any, inputs: list[Any]) -> Any:
+    """forward(*inputs) with `backward` as its gradient (tf.custom_gradient: eagerly, in a
+    tf.function and in a TF1 graph alike). backward(inputs, dys) gets one upstream
+    gradient per output (zeros for an output that does not reach the loss), cast to the
+    output's dtype (TensorFlow may hand a float32 gradient to a float64 op), and returns
+    one gradient per input. Horovod registers the same gradients on its kernels; the
+    collectives run in the backward are matched across ranks like any others."""
+
+    @tf.custom_gradient
+    def op(*xs: Any) -> Any:
+        ys = forward(*xs)
+        flat = list(ys) if isinstance(ys, (list, tuple)) else [ys]
+
+        def grad(*dys: Any) -> Any:
+            dys = [tf.zeros_like(y) if d is None else
+                   (tf.cast(d, y.dtype) if d.dtype != y.dtype else d)
+                   for d, y in zip(dys, flat, strict=True)]
+            gs = backward(xs, dys)
+            return gs if len(xs) > 1 else gs[0]
+
+        return ys, grad
+
+    return op(*inputs)
+
+
+def _set_rank_size(process_set: ProcessSet) -> tuple[int, int]:
+    """(this rank's index in the set, the set's size): Horovod's process_set.rank()/size()."""
+    eng = engine_of(process_set, "collective")
+    if eng is None:
+        return ddl_core.rank(), ddl_core.size()
+    return eng.comm.rank, len(eng.members)
+
+
+def _allreduce_wire(wire: Any, dop: str, prescale: float, postscale: float,
+                    name: str | None, process_set: ProcessSet) -> Any:
+    """The allreduce of an already compressed tensor, scale factors applied around it
+    (Horovod's op). Differentiable: the gradient is the allreduce of the output's gradient
+    with the same op, factors and process set (Horovod's _allreduce_grad)."""
     eng = engine_of(process_set, "allreduce")
-    t = tf.convert_to_tensor(tensor)
-    t = _scaled(t, prescale_factor)
-    wire, ctx = compression.compress(t)
     full = op_name("allreduce", _name("Allreduce", wire, name))
 
     def run(x: np.ndarray) -> np.ndarray:
@@ -256,10 +277,37 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
         x = np.ascontiguousarray(x)
         return _waited(lambda: ddl_core.allreduce_async(x, op=dop, name=full, shape=x.shape))
 
-    out = _collective(run, [wire], wire.dtype, name=_op_label(name, "Allreduce"))
-    out = compression.decompress(tf.reshape(out, tf.shape(wire)), ctx)
-    out = _scaled(out, postscale_factor)
-    return out
+    def forward(t: Any) -> Any:
+        t = _scaled(t, prescale)
+        out = _collective(run, [t], t.dtype, name=_op_label(name, "Allreduce"))
+        return _scaled(tf.reshape(out, tf.shape(t)), postscale)
+
+    def backward(_xs: Any, dys: list[Any]) -> list[Any]:
+        return [_allreduce_wire(dys[0], dop, prescale, postscale, None, process_set)]
+
+    return _differentiable(forward, backward, [wire])
+
+
+def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",  # noqa: ARG001
+              device_sparse: str = "", compression: Any = Compression.none, op: Any = None,  # noqa: ARG001
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
+    """`tensor` reduced over the process set's ranks (all by default). Matched across
+    ranks by name (any order) or, unnamed, by order; shapes and dtypes must agree.
+    Differentiable (Horovod's gradient: the allreduce of the output's gradient, same op,
+    factors and set). tf.IndexedSlices (embedding gradients) stay sparse as in Horovod:
+    every rank's values and indices are allgathered (values divided by the set's size for
+    Average); other ops and scale factors are NotImplementedError for them, as Horovod's."""
+    ddl_core.init()
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_slices(tensor, op, average, prescale_factor, postscale_factor,
+                                 name, process_set)
+    dop = ddl_op(op, average)
+    engine_of(process_set, "allreduce")  # Horovod's error for a rank outside the set
+    t = tf.convert_to_tensor(tensor)
+    wire, ctx = compression.compress(t)
+    out = _allreduce_wire(wire, dop, prescale_factor, postscale_factor, name, process_set)
+    return compression.decompress(out, ctx)
 
 
 def _allreduce_slices(slices: Any, op: Any, average: bool | None, prescale: float,
@@ -281,34 +329,50 @@ def _allreduce_slices(slices: Any, op: Any, average: bool | None, prescale: floa
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
-def grouped_allreduce(tensors: list[Any], average: bool | None = None, op: Any = None,
-                      name: str | None = None, process_set: ProcessSet = global_process_set,
-                      **kwargs: Any) -> list[Any]:  # noqa: ARG001
+def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_dense: str = "",  # noqa: ARG001
+                      device_sparse: str = "", compression: Any = Compression.none,  # noqa: ARG001
+                      op: Any = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set,
+                      ignore_name_scope: bool = False, name: str | None = None) -> list[Any]:  # noqa: ARG001
     """Every tensor reduced over the process set's ranks: one request each (fused),
-    named `<name>.<i>` when named. tf.IndexedSlices entries stay sparse, as allreduce's."""
+    named `<name>.<i>` when named; differentiable as allreduce. tf.IndexedSlices entries
+    stay sparse, as allreduce's."""
     ddl_core.init()
+    if not tensors:
+        return tensors
+    kw = {"compression": compression, "prescale_factor": prescale_factor,
+          "postscale_factor": postscale_factor}
     if any(isinstance(t, tf.IndexedSlices) for t in tensors):
         sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
         dense = [i for i in range(len(tensors)) if i not in sparse]
         out: list[Any] = [None] * len(tensors)
         for i in sparse:
             out[i] = allreduce(tensors[i], average=average, op=op, process_set=process_set,
-                               name=None if name is None else f"{name}.{i}", **kwargs)
+                               name=None if name is None else f"{name}.{i}", **kw)
         if dense:
             red = grouped_allreduce([tensors[i] for i in dense], average=average, op=op,
                                     name=None if name is None else f"{name}.dense",
-                                    process_set=process_set, **kwargs)
+                                    process_set=process_set, **kw)
             for i, r in zip(dense, red, strict=True):
                 out[i] = r
         return out
     if engine_of(process_set, "grouped_allreduce") is not None:
         return [allreduce(t, average=average, op=op, process_set=process_set,
-                          name=None if name is None else f"{name}.{i}")
+                          name=None if name is None else f"{name}.{i}", **kw)
                 for i, t in enumerate(tensors)]
     dop = ddl_op(op, average)
-    ts = [tf.convert_to_tensor(t) for t in tensors]
-    if not ts:
-        return []
+    wired = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    outs = _grouped_allreduce_wire([w for w, _ in wired], dop, prescale_factor,
+                                   postscale_factor, name)
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, wired, strict=True)]
+
+
+def _grouped_allreduce_wire(ts: list[Any], dop: str, prescale: float, postscale: float,
+                            name: str | None) -> list[Any]:
+    """grouped_allreduce on the global set: one numpy_function queues every tensor (libddl
+    fuses them). Differentiable: the gradients are the grouped allreduce of the outputs'
+    gradients with the same op and factors (Horovod's _grouped_allreduce_grad)."""
     names = [op_name("grouped_allreduce", None if name is None else f"{name}.{i}")
              for i in range(len(ts))]
 
@@ -317,17 +381,23 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, op: Any =
         return _waited(lambda: [ddl_core.allreduce_async(x, op=dop, name=nm, shape=x.shape)
                                 for x, nm in zip(xs, names, strict=True)])
 
-    outs = _collective(run, ts, [t.dtype for t in ts], name=_op_label(name, "GroupedAllreduce"))
-    return [tf.reshape(o, tf.shape(t)) for o, t in zip(outs, ts, strict=True)]
+    def forward(*xs: Any) -> list[Any]:
+        xs = [_scaled(x, prescale) for x in xs]
+        outs = _collective(run, xs, [t.dtype for t in xs],
+                           name=_op_label(name, "GroupedAllreduce"))
+        return [_scaled(tf.reshape(o, tf.shape(t)), postscale)
+                for o, t in zip(outs, xs, strict=True)]
+
+    def backward(_xs: Any, dys: list[Any]) -> list[Any]:
+        return _grouped_allreduce_wire(list(dys), dop, prescale, postscale, None)
+
+    out = _differentiable(forward, backward, ts)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def allgather(tensor: Any, name: str | None = None,
-              process_set: ProcessSet = global_process_set) -> Any:
-    """Every rank's tensor concatenated along the first dimension (which may differ; the
-    others, and the dtype, must agree)."""
-    ddl_core.init()
+def _allgather_raw(t: Any, name: str | None, process_set: ProcessSet) -> Any:
+    """The allgather itself (not differentiable)."""
     eng = engine_of(process_set, "allgather")
-    t = tf.convert_to_tensor(tensor)
     full = op_name("allgather", _name("Allgather", t, name))
 
     def run(x: np.ndarray) -> np.ndarray:
@@ -343,16 +413,31 @@ def allgather(tensor: Any, name: str | None = None,
     return out
 
 
-def broadcast(tensor: Any, root_rank: int, name: str | None = None,
+def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,  # noqa: ARG001
               process_set: ProcessSet = global_process_set) -> Any:
-    """root_rank's `tensor` on every rank of the process set (root_rank: a world rank;
-    shapes and dtypes must agree)."""
+    """Every rank's tensor concatenated along the first dimension (which may differ; the
+    others, and the dtype, must agree). Differentiable, with Horovod's gradient: this
+    rank's rows of the set's average of the output's gradients."""
     ddl_core.init()
-    eng = engine_of(process_set, "broadcast")
-    if eng is not None and root_rank not in eng.members:
-        raise ValueError(f"broadcast: root_rank {root_rank} is not in process set "
-                         f"{process_set.process_set_id} (ranks {eng.members})")
+    engine_of(process_set, "allgather")
     t = tf.convert_to_tensor(tensor)
+
+    def backward(xs: Any, dys: list[Any]) -> list[Any]:
+        x = xs[0]
+        avg = _allreduce_wire(dys[0], "avg", 1.0, 1.0, None, process_set)
+        mine = tf.reshape(tf.shape(x, out_type=tf.int64)[0] if x.shape.rank != 0
+                          else tf.constant(1, tf.int64), [1])
+        rows = _allgather_raw(mine, None, process_set)
+        me, _ = _set_rank_size(process_set)
+        start = tf.reduce_sum(rows[:me])
+        return [tf.reshape(avg[start:start + rows[me]], tf.shape(x))]
+
+    return _differentiable(lambda x: _allgather_raw(x, name, process_set), backward, [t])
+
+
+def _broadcast_raw(t: Any, root_rank: int, name: str | None, process_set: ProcessSet) -> Any:
+    """The broadcast itself (not differentiable)."""
+    eng = engine_of(process_set, "broadcast")
     full = op_name("broadcast", _name("Broadcast", t, name))
 
     def run(x: np.ndarray) -> np.ndarray:
@@ -368,15 +453,37 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
     return tf.reshape(out, tf.shape(t))
 
 
-def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
-             process_set: ProcessSet = global_process_set) -> tuple[Any, Any]:
-    """splits[j] rows of `tensor` to the set's j-th rank; returns (received rows,
-    received splits)."""
+def broadcast(tensor: Any, root_rank: int, name: str | None = None,
+              ignore_name_scope: bool = False,  # noqa: ARG001
+              process_set: ProcessSet = global_process_set) -> Any:
+    """root_rank's `tensor` on every rank of the process set (root_rank: a world rank;
+    shapes and dtypes must agree). Differentiable, with Horovod's gradient: the set's
+    average of the output's gradients on the root, zeros on the other ranks."""
     ddl_core.init()
+    eng = engine_of(process_set, "broadcast")
+    if eng is not None and root_rank not in eng.members:
+        raise ValueError(f"broadcast: root_rank {root_rank} is not in process set "
+                         f"{process_set.process_set_id} (ranks {eng.members})")
+    t = tf.convert_to_tensor(tensor)
+
+    def backward(_xs: Any, dys: list[Any]) -> list[Any]:
+        avg = _allreduce_wire(dys[0], "avg", 1.0, 1.0, None, process_set)
+        return [avg if ddl_core.rank() == root_rank else avg * 0]
+
+    return _differentiable(lambda x: _broadcast_raw(x, root_rank, name, process_set),
+                           backward, [t])
+
+
+def _alltoall_raw(t: Any, splits: Any, name: str | None,
+                  process_set: ProcessSet) -> tuple[Any, Any]:
+    """The alltoall itself (not differentiable): (received rows, received splits)."""
     eng = engine_of(process_set, "alltoall")
     n, me = ((ddl_core.size(), ddl_core.rank()) if eng is None
              else (len(eng.members), eng.comm.rank))
-    t = tf.convert_to_tensor(tensor)
+    if splits is None and t.shape.rank and t.shape[0] is not None and t.shape[0] % n:
+        raise tf.errors.InvalidArgumentError(
+            None, None, f"alltoall: {t.shape[0]} rows do not split evenly over {n} ranks; "
+            "pass splits")
     rows_t = tf.shape(t)[0]
     sp = (tf.fill([n], rows_t // n) if splits is None
           else tf.cast(tf.convert_to_tensor(splits), tf.int64))
@@ -387,12 +494,14 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
         x = np.ascontiguousarray(x)
         s = [int(v) for v in np.asarray(s).reshape(-1)]
         if splits is None and x.shape[0] % n:
-            raise ValueError(f"alltoall: {x.shape[0]} rows do not split evenly over {n} "
-                             "ranks; pass splits")
+            raise tf.errors.InvalidArgumentError(
+                None, None, f"alltoall: {x.shape[0]} rows do not split evenly over {n} "
+                "ranks; pass splits")
+        if len(s) != n or any(v < 0 for v in s) or sum(s) != x.shape[0]:
+            raise tf.errors.InvalidArgumentError(
+                None, None, f"alltoall: splits {s} must hold one entry >= 0 per rank of the "
+                f"process set ({n}) adding up to the {x.shape[0]} rows of the tensor")
         if eng is not None:
-            if len(s) != n or any(v < 0 for v in s) or sum(s) != x.shape[0]:
-                raise ValueError(f"alltoall: splits {s} must hold one entry >= 0 per rank of "
-                                 f"the process set ({n}) adding up to {x.shape[0]} rows")
             out, received = _on_set(eng, op_name("alltoall", full_name),
                                     (ALLTOALL, x.dtype.str, x.shape[1:]), s, x,
                                     op_name("alltoall", full_name) or "alltoall")
@@ -410,25 +519,65 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     return out, rsplits
 
 
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
+             ignore_name_scope: bool = False,  # noqa: ARG001
+             process_set: ProcessSet = global_process_set) -> Any:
+    """splits[j] rows of `tensor` to the set's j-th rank (without splits: equal blocks).
+    As Horovod: with splits, returns (received rows, received splits); without, the
+    received rows alone. Differentiable: the gradient goes back the way the rows came
+    (an alltoall of the output's gradient with the received splits)."""
+    ddl_core.init()
+    engine_of(process_set, "alltoall")
+    t = tf.convert_to_tensor(tensor)
+    received: list[Any] = []
+
+    def forward(x: Any) -> Any:
+        out, rsplits = _alltoall_raw(x, splits, name, process_set)
+        received.append(rsplits)
+        return out
+
+    def backward(_xs: Any, dys: list[Any]) -> list[Any]:
+        return [_alltoall_raw(dys[0], received[0], None, process_set)[0]]
+
+    out = _differentiable(forward, backward, [t])
+    return (out, received[0]) if splits is not None else out
+
+
 def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none,  # noqa: ARG001
                   op: Any = Average, name: str | None = None,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0, **unused: Any) -> Any:
     """`tensor` reduced over the process set's ranks, this rank's block of the first
-    dimension (the first blocks one row larger when rows do not divide, as Horovod)."""
-    if tf.convert_to_tensor(tensor).shape.rank == 0:
+    dimension (the first blocks one row larger when rows do not divide, as Horovod).
+    Differentiable, with Horovod's gradient: the output gradients allgathered, times the
+    set's size for Sum and times the scale factors."""
+    ddl_core.init()
+    t = tf.convert_to_tensor(tensor)
+    if t.shape.rank == 0:
         raise ValueError("reducescatter: a scalar (0-dimensional tensor) cannot be scattered")
-    eng = engine_of(process_set, "reducescatter")
-    n, me = ((ddl_core.size(), ddl_core.rank()) if eng is None
-             else (len(eng.members), eng.comm.rank))
-    red = allreduce(tensor, op=op, compression=compression, process_set=process_set,
-                    name=None if name is None else f"reducescatter.{name}",
-                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
-    rows = tf.shape(red)[0]
-    base, extra = rows // n, rows % n
-    start = me * base + tf.minimum(me, extra)
-    count = base + tf.cast(me < extra, rows.dtype)
-    return red[start:start + count]
+    dop = ddl_op(op)
+    engine_of(process_set, "reducescatter")
+    me, n = _set_rank_size(process_set)
+    wire, ctx = compression.compress(t)
+
+    def forward(x: Any) -> Any:
+        red = _allreduce_wire(x, dop, prescale_factor, postscale_factor,
+                              None if name is None else f"reducescatter.{name}", process_set)
+        rows = tf.shape(red)[0]
+        base, extra = rows // n, rows % n
+        start = me * base + tf.minimum(me, extra)
+        count = base + tf.cast(me < extra, rows.dtype)
+        return red[start:start + count]
+
+    def backward(_xs: Any, dys: list[Any]) -> list[Any]:
+        g = dys[0]
+        factor = (n if dop == "sum" else 1.0) * prescale_factor * postscale_factor
+        if factor != 1.0:
+            g = g * tf.cast(factor, g.dtype)
+        return [_allgather_raw(g, None, process_set)]
+
+    out = _differentiable(forward, backward, [wire])
+    return compression.decompress(out, ctx)
 
 
 def grouped_reducescatter(tensors: list[Any], device_dense: str = "",  # noqa: ARG001
@@ -437,7 +586,8 @@ def grouped_reducescatter(tensors: list[Any], device_dense: str = "",  # noqa: A
                           process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                           **unused: Any) -> list[Any]:
-    """reducescatter of every tensor of the list (matched by list position)."""
+    """reducescatter of every tensor of the list (matched by list position;
+    differentiable as reducescatter)."""
     if any(tf.convert_to_tensor(t).shape.rank == 0 for t in tensors):
         raise ValueError("grouped_reducescatter: a scalar (0-dimensional tensor) cannot be "
                          "scattered")
@@ -449,8 +599,10 @@ def grouped_reducescatter(tensors: list[Any], device_dense: str = "",  # noqa: A
 
 
 def grouped_allgather(tensors: list[Any], name: str | None = None,
+                      ignore_name_scope: bool = False,  # noqa: ARG001
                       process_set: ProcessSet = global_process_set) -> list[Any]:
-    """allgather of every tensor of the list (matched by list position)."""
+    """allgather of every tensor of the list (matched by list position; differentiable
+    as allgather)."""
     return [allgather(t, name=None if name is None else f"{name}.{i}",
                       process_set=process_set) for i, t in enumerate(tensors)]
 
@@ -530,26 +682,63 @@ def join() -> int:
 
 class DistributedGradientTape(_dtf.DistributedGradientTape):
     """Horovod's DistributedGradientTape: gradient() averages over the ranks of
-    `process_set` (all by default)."""
+    `process_set` (all by default), except the gradients of sources registered with
+    register_local_source(), which stay this rank's own, divided by the set's size when
+    scale_local_gradients (Horovod's default)."""
 
     def __init__(self, gradtape: tf.GradientTape, device_dense: str = "",  # noqa: ARG002
                  device_sparse: str = "", compression: Any = Compression.none,  # noqa: ARG002
                  sparse_as_dense: bool = False, op: Any = Average,  # noqa: ARG002
-                 process_set: ProcessSet = global_process_set, **unused: Any) -> None:
+                 process_set: ProcessSet = global_process_set,
+                 scale_local_gradients: bool = True, **unused: Any) -> None:
         super().__init__(gradtape, _HOROVOD_OP[ddl_op(op)])
         self._hvd_op = op
         self._hvd_set = process_set if engine_of(process_set, "DistributedGradientTape") \
             is not None else None
+        self._hvd_process_set = process_set
+        self._scale_local = scale_local_gradients
+        self._local_sources: list[Any] = []
+
+    def register_local_source(self, source: Any) -> None:
+        """Mark a source (a variable) as this worker's own: its gradient is not averaged
+        over ranks (Horovod's model-parallel layers)."""
+        self._local_sources.append(source)
+
+    def _is_local(self, source: Any) -> bool:
+        return any(source is s for s in self._local_sources)
+
+    def _reduced(self, grads: list[Any]) -> list[Any]:
+        if self._hvd_set is None:  # the global set: ddl_core's fused path, as the base class
+            idx = [i for i, g in enumerate(grads) if g is not None]
+            out = list(grads)
+            if idx and ddl_core.size() > 1:
+                red = _dtf.allreduce_list([grads[i] for i in idx],
+                                          _HOROVOD_OP[ddl_op(self._hvd_op)])
+                for i, g in zip(idx, red, strict=True):
+                    out[i] = g
+            return out
+        return [None if g is None else
+                allreduce(g, op=self._hvd_op, process_set=self._hvd_set,
+                          name=f"DistributedGradientTape.{i}")
+                for i, g in enumerate(grads)]
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  **kwargs: Any) -> Any:
-        if self._hvd_set is None:
+        if self._hvd_set is None and not self._local_sources:
             return super().gradient(target, sources, output_gradients, **kwargs)
+        kwargs.pop("use_generic_names", None)
         grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
-        flat = tf.nest.flatten(grads)
-        out = [None if g is None else allreduce(g, op=self._hvd_op, process_set=self._hvd_set,
-                                                name=f"DistributedGradientTape.{i}")
-               for i, g in enumerate(flat)]
+        flat_src, flat = tf.nest.flatten(sources), tf.nest.flatten(grads)
+        glob = [i for i, src in enumerate(flat_src) if not self._is_local(src)]
+        out = list(flat)
+        for i, g in zip(glob, self._reduced([flat[i] for i in glob]), strict=True):
+            out[i] = g
+        n = float(self._hvd_process_set.size())
+        for i, src in enumerate(flat_src):
+            if self._is_local(src) and out[i] is not None and self._scale_local:
+                g = out[i]
+                out[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                          if isinstance(g, tf.IndexedSlices) else g / n)
         return tf.nest.pack_sequence_as(grads, out)
 
 
