@@ -23,7 +23,7 @@ static ddl_status_t dup_world(ddl_mpicomm_t *c) {
     return DDL_SUCCESS;
 }
 
-/* The cache `python -m ddl_core.tune` writes: $DDL_CACHE_DIR, else $XDG_CACHE_HOME/ddl-ce,
+/* The cache `python -m ddl_core.bench tune` writes: $DDL_CACHE_DIR, else $XDG_CACHE_HOME/ddl-ce,
  * else ~/.cache/ddl-ce, then tune-<grid>.txt (ddl_core/tunecache.py agrees). */
 static int tune_cache_path(char *out, size_t n) {
     const char *dir = getenv("DDL_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"),

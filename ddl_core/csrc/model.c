@@ -36,7 +36,7 @@
  * where outer(S) is the level-by-level sum above over levels 1.. for S bytes; the slower
  * of the leader (its own addition and the outer levels) and a chain rank sets the pace.
  *
- * alpha and beta per level are measured by `python -m ddl_core.tune` and read from
+ * alpha and beta per level are measured by `python -m ddl_core.bench tune` and read from
  * DDL_TUNE_FILE; without one the defaults below (shared memory inside a node, a 10 Gb/s
  * class network between nodes) apply. */
 #include <math.h>
@@ -63,7 +63,7 @@ size_t ddl_pipeline_segments(size_t bytes, size_t es, int p0, double segment) {
     return k ? k : 1;
 }
 
-/* A tune file (python -m ddl_core.tune writes it; ddl_core.model reads it the same way):
+/* A tune file (python -m ddl_core.bench tune writes it; ddl_core.model reads it the same way):
  * '#' comments, blank lines, and lines of whitespace-separated words
  *     topology GRID          the grid it was measured on
  *     gamma SECONDS_PER_BYTE
@@ -77,7 +77,7 @@ ddl_status_t ddl_model_load(ddl_model_t *m, const char *path, const int *dims, i
     if (!f)
         return ddl_fail(DDL_ERR_INVALID_ARG,
                         "cannot read the tuning file %s (DDL_TUNE_FILE): run `ddlrun ... python "
-                        "-m ddl_core.tune` to make one, or unset DDL_TUNE_FILE",
+                        "-m ddl_core.bench tune` to make one, or unset DDL_TUNE_FILE",
                         path);
     char line[512], topo[128] = "", want[128] = "";
     for (int i = 0; i < nlevels; i++)
@@ -102,7 +102,7 @@ ddl_status_t ddl_model_load(ddl_model_t *m, const char *path, const int *dims, i
         if (n != want_n) {
             rc = ddl_fail(DDL_ERR_INVALID_ARG,
                           "tuning file %s line %d: '%s' takes %d value(s), not %d: rewrite it "
-                          "with python -m ddl_core.tune",
+                          "with python -m ddl_core.bench tune",
                           path, lineno, w[0], want_n - 1, n - 1);
             break;
         }

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from ddl_core import cluster
+from ddl_core.runner import cluster
 
 BIN = Path(sys.executable).parent
 WORKERS = Path(__file__).parent / "workers"

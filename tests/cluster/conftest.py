@@ -8,8 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from clusterkit import REASON, unique
-
-from ddl_core import cluster
+from ddl_core.runner import cluster
 
 
 @pytest.fixture(scope="session")

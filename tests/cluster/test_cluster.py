@@ -12,8 +12,7 @@ import time
 
 import pytest
 from clusterkit import BIN, WORKERS, ddlrun, needs_netns, places, unique
-
-from ddl_core import cluster
+from ddl_core.runner import cluster
 
 pytestmark = [pytest.mark.cluster, needs_netns]
 
@@ -108,7 +107,8 @@ def test_killed_run_then_down_leaves_nothing() -> None:
 def test_interrupted_cluster_run_removes_its_cluster() -> None:
     name = unique("i")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ddl_core.cluster", "run", "--name", name, "--hosts", "2", "--",
+        [sys.executable, "-m", "ddl_core.runner.cluster", "run", "--name", name, "--hosts", "2",
+         "--",
          "--accelerators", "1", sys.executable, "-c", "import time; time.sleep(300)"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
@@ -124,7 +124,7 @@ def test_interrupted_cluster_run_removes_its_cluster() -> None:
 
 def test_cluster_cli_up_status_down() -> None:
     name = unique("c")
-    py = [sys.executable, "-m", "ddl_core.cluster"]
+    py = [sys.executable, "-m", "ddl_core.runner.cluster"]
     up = subprocess.run([*py, "up", "--name", name, "--hosts", "2", "--link", "300mbit"],
                         capture_output=True, text=True, timeout=60)
     try:
@@ -155,7 +155,7 @@ def test_refuses_clearly_without_root() -> None:
     if not shutil_which("unshare"):
         pytest.skip("unshare (util-linux) is not installed")
     proc = subprocess.run(["unshare", "--map-user=65534", "--map-group=65534",
-                           sys.executable, "-m", "ddl_core.cluster", "up", "--name", "x"],
+                           sys.executable, "-m", "ddl_core.runner.cluster", "up", "--name", "x"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "needs root" in proc.stderr

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ddl_core.launcher import (
+from ddl_core.runner.launcher import (
     LaunchError,
     Plan,
     build_command,
@@ -23,7 +23,7 @@ from ddl_core.launcher import (
     place,
     rankfile_text,
 )
-from ddl_core.slurmalloc import Allocation
+from ddl_core.runner.slurmalloc import Allocation
 
 BIN = Path(sys.executable).parent
 # What Slurm puts in a job's environment (salloc -N 3 -n 6 on nodes node[1-3]).

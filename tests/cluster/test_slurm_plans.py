@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from ddl_core.launcher import LaunchError
-from ddl_core.slurmalloc import allocation, expand_counts, expand_hostlist
-from ddl_core.tfconfig import pick_base, workers
+from ddl_core.runner.launcher import LaunchError
+from ddl_core.runner.slurmalloc import allocation, expand_counts, expand_hostlist
+from ddl_core.runner.tfconfig import pick_base, workers
 
 BIN = Path(sys.executable).parent
 

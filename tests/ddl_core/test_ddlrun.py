@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from ddl_core.exitreport import Collector, Report, job_status
-from ddl_core.launcher import (
+from ddl_core.runner.exitreport import Collector, Report, job_status
+from ddl_core.runner.launcher import (
     LaunchError,
     Plan,
     build_command,

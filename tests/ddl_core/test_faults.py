@@ -4,10 +4,10 @@ leaves the survivors waiting, as srun may). Every survivor must raise within 2 s
 death (a hang: right after the short DDL_TIMEOUT), with a message that names the lost rank
 and the collective, and ddlrun must exit with the failing rank's status.
 
-The jobs run `python -m ddl_core.bench_faults worker` (the same worker the latency figure
+The jobs run `python -m ddl_core.bench faults worker` (the same worker the latency figure
 in the README comes from): the victim writes the time of its death, each survivor prints
 `FAULT rank=R error=E waited=S after_death=S msg=...`. The 2 s bound here is a correctness
-bound, not the figure (the figure: python -m ddl_core.bench_faults).
+bound, not the figure (the figure: python -m ddl_core.bench faults).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import WORKERS, run_mpi
-from ddl_core.bench_faults import run_job
+from ddl_core.bench.faults import run_job
 
 pytestmark = pytest.mark.timeout(300)
 MODES = {"plain": False, "recoverable": True}

@@ -124,6 +124,6 @@ def test_host_objects_are_not_device_arrays() -> None:
 
 def test_bench_gpu_says_it_needs_a_gpu(no_gpu: None) -> None:
     pytest.importorskip("torch")
-    out = subprocess.run([sys.executable, "-m", "ddl_core.bench_gpu"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "ddl_core.bench", "gpu"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2 and "needs a CUDA device" in out.stderr, out.stdout + out.stderr

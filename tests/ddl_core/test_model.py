@@ -17,7 +17,7 @@ def test_plan_small_is_latency_path_large_is_bandwidth_path() -> None:
 
 def test_tune_writes_cache_and_next_run_reads_it(tmp_path: Path) -> None:
     env = {"DDL_CACHE_DIR": str(tmp_path), "DDL_TOPOLOGY": "2"}
-    proc = run_mpi(2, "-m ddl_core.tune", env=env)
+    proc = run_mpi(2, "-m ddl_core.bench tune", env=env)
     cache = tmp_path / "tune-2.txt"
     assert cache.is_file(), proc.stdout
     text = cache.read_text()

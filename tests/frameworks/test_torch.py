@@ -79,7 +79,7 @@ def test_bench_ddp_runs_and_reports_both_backends() -> None:
 
     from conftest import ddlrun
 
-    proc = ddlrun(2, sys.executable, "-m", "ddl_core.bench_ddp", "--steps", "2", "--rounds",
+    proc = ddlrun(2, sys.executable, "-m", "ddl_core.bench", "ddp", "--steps", "2", "--rounds",
                   "1", "--json", "/dev/stdout")
     assert "ddl/gloo throughput" in proc.stdout, proc.stdout
     data = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])

@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _cuda, _ddl, timeline
 from . import comm as _comm
-from ._buffers import _NP_CODE, DTYPES, OP_CODE, OPS, as_buffer, empty_like, op_code
+from ._buffers import _NP_CODE, BF16_CODE, DTYPES, OP_CODE, OPS, as_buffer, empty_like, op_code
 from ._ddl import (
     DDLError,
     DDLTimeoutError,
@@ -115,7 +115,7 @@ version = _ddl.version
 def init() -> None:
     """Initialise MPI (if nobody has) and DDL; harmless to call twice.
 
-    libddl reads the cost model that `python -m ddl_core.tune` cached for this topology
+    libddl reads the cost model that `python -m ddl_core.bench tune` cached for this topology
     (or DDL_TUNE_FILE).
     """
     if _ddl.initialized():
@@ -253,7 +253,7 @@ def allreduce(x: Any, op: str = "sum", out: Any = None, comm: Comm | None = None
     # Fast path, numpy in and out: the C binding checks contiguity and sizes itself.
     if type(x) is np.ndarray and (out is None or type(out) is np.ndarray):
         code = _NP_CODE.get(x.dtype)
-        if code is not None and code != 1:
+        if code is not None and code != BF16_CODE:
             if out is None:
                 out = np.empty_like(x)
             elif out.dtype != x.dtype:

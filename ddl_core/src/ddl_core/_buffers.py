@@ -18,6 +18,7 @@ from ddl_core import _ddl
 DTYPES: tuple[str, ...] = _ddl.DTYPES  # libddl's names, in its code order
 DTYPE_CODE = {name: i for i, name in enumerate(DTYPES)}
 OPS: tuple[str, ...] = _ddl.OPS  # sum avg min max prod band bor bxor
+BF16_CODE = DTYPE_CODE["bfloat16"]  # the one dtype numpy cannot hand over as a buffer
 OP_CODE = {name: i for i, name in enumerate(OPS)}
 OP_CODE["average"] = OP_CODE["avg"]
 OP_CODE["mean"] = OP_CODE["avg"]
@@ -30,12 +31,14 @@ try:  # bfloat16 arrays come from ml_dtypes (what JAX and TensorFlow use)
     import ml_dtypes
 
     BF16 = np.dtype(ml_dtypes.bfloat16)
-    _NP_CODE[BF16] = DTYPE_CODE["bfloat16"]
+    _NP_CODE[BF16] = BF16_CODE
 except ImportError:  # pragma: no cover - ml_dtypes is optional
     BF16 = None
 
 # memoryview formats -> dtype code (native sizes checked at use)
-_FMT_CODE = {"e": 0, "f": 2, "d": 3, "b": 4, "B": 5, "c": 5}
+_FMT_CODE = {fmt: DTYPE_CODE[name] for fmt, name in (
+    ("e", "float16"), ("f", "float32"), ("d", "float64"), ("b", "int8"), ("B", "uint8"),
+    ("c", "uint8"))}
 _INT_FMTS = {"i", "l", "q", "h", "n"}
 
 
@@ -72,7 +75,7 @@ def _torch_view(t: Any) -> tuple[np.ndarray, int]:
         )
     t = t.detach()
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy(), DTYPE_CODE["bfloat16"]
+        return t.view(torch.int16).numpy(), BF16_CODE
     if t.dtype == torch.float16:
         return t.view(torch.int16).numpy(), DTYPE_CODE["float16"]
     arr = t.numpy()
@@ -88,7 +91,7 @@ def as_buffer(x: Any) -> tuple[Any, int]:
                 "np.ascontiguousarray(x) first"
             )
         code = np_code(x.dtype)
-        if code == 1:  # numpy cannot export bfloat16 through the buffer protocol
+        if code == BF16_CODE:  # numpy cannot export bfloat16 through the buffer protocol
             return x.view(np.uint16), code
         return x, code
     mod = type(x).__module__

@@ -17,15 +17,21 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ._buffers import DTYPES
 
 # DLPack device types that CUDA pointers live on: kDLCUDA, kDLCUDAManaged
 _DL_CUDA = (2, 13)
-# (DLPack type code, bits) -> libddl dtype code
-_DL_CODE = {(2, 16): 0, (4, 16): 1, (2, 32): 2, (2, 64): 3, (0, 8): 4, (1, 8): 5,
-            (0, 32): 6, (0, 64): 7}
+# (DLPack type code, bits) -> libddl dtype code; DLPack's codes: 0 int, 1 uint, 2 float,
+# 4 bfloat (libddl's codes come from the extension, by name)
+_DL_TYPE = {"float16": (2, 16), "bfloat16": (4, 16), "float32": (2, 32), "float64": (2, 64),
+            "int8": (0, 8), "uint8": (1, 8), "int32": (0, 32), "int64": (0, 64)}
+_DL_CODE = {_DL_TYPE[name]: code for code, name in enumerate(DTYPES)}
 # __cuda_array_interface__ typestr (byte order stripped) -> libddl dtype code
-_TYPESTR_CODE = {"f2": 0, "f4": 2, "f8": 3, "i1": 4, "u1": 5, "i4": 6, "i8": 7}
+# (numpy's typestr of each libddl dtype but bfloat16, which has none there)
+_TYPESTR_CODE = {np.dtype(name).str[1:]: code for code, name in enumerate(DTYPES)
+                 if name != "bfloat16"}
 _TORCH_CODE: dict[Any, int] = {}
 
 
@@ -50,9 +56,8 @@ def _torch_code(dtype: Any) -> int:
     if not _TORCH_CODE:
         import torch
 
-        _TORCH_CODE.update({torch.float16: 0, torch.bfloat16: 1, torch.float32: 2,
-                            torch.float64: 3, torch.int8: 4, torch.uint8: 5, torch.int32: 6,
-                            torch.int64: 7})
+        # torch names its dtypes as libddl does
+        _TORCH_CODE.update({getattr(torch, name): code for code, name in enumerate(DTYPES)})
     code = _TORCH_CODE.get(dtype)
     if code is None:
         raise TypeError(f"dtype {dtype} is not supported: use one of {', '.join(DTYPES)}")

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import _cuda, _ddl
-from ._buffers import _NP_CODE, DTYPES, as_buffer, empty_like, op_code
+from ._buffers import _NP_CODE, BF16_CODE, DTYPES, as_buffer, empty_like, op_code
 from ._ddl import InvalidArgumentError
 
 # The kinds py_comm_op (pymodule.c) dispatches on.
@@ -318,7 +318,7 @@ def _np_fast(x: Any, peer: Any, tag: Any, c: Comm) -> int:
     if (type(x) is np.ndarray and type(peer) is int and type(tag) is int
             and 0 <= peer < c.size and x.flags.c_contiguous):
         code = _NP_CODE.get(x.dtype, -1)
-        return -1 if code == 1 else code  # bfloat16 goes through as_buffer's uint16 view
+        return -1 if code == BF16_CODE else code  # bfloat16 goes through as_buffer's uint16 view
     return -1
 
 

@@ -7,7 +7,7 @@
 Why: we can measure DDL on a handful of emulated hosts, but its claims are about clusters
 of thousands of GPUs. The same alpha-beta model that picks algorithms inside libddl
 (csrc/model.c; `hierarchical` here is a line-by-line port, and a test checks the two
-agree) is checked against measurement on the emulated cluster (ddl_core.clusterbench),
+agree) is checked against measurement on the emulated cluster (ddl_core.bench.cluster),
 then evaluated on a fabric description: levels innermost first, each with ranks per level,
 alpha (seconds per message) and beta (seconds per byte for one flow using the whole link).
 
@@ -60,7 +60,7 @@ class Fabric:
 
     @classmethod
     def from_tune_file(cls, path: str | Path) -> Fabric:
-        """alpha/beta per level as `python -m ddl_core.tune` measured them, read line by
+        """alpha/beta per level as `python -m ddl_core.bench tune` measured them, read line by
         line as libddl's ddl_model_load reads them (model.c), with its number rule: the
         same file gives the same figures, or the same error naming the file and line."""
         topo, gamma, found = "", GAMMA_DEFAULT, {}
@@ -72,7 +72,7 @@ class Fabric:
             if len(w) - 1 != arity[w[0]]:
                 raise ValueError(f"tuning file {path} line {no}: '{w[0]}' takes {arity[w[0]]} "
                                  f"value(s), not {len(w) - 1}: rewrite it with python -m "
-                                 "ddl_core.tune")
+                                 "ddl_core.bench.tune")
             where = f"tuning file {path} line {no}"
             if w[0] == "topology":
                 topo = w[1]
@@ -83,7 +83,8 @@ class Fabric:
                 found[i] = (settings.number(f"{where}: alpha", w[2], 0, 1e6),
                             settings.number(f"{where}: beta", w[3], 0, 1e6))
         if not found:
-            raise ValueError(f"{path}: no 'level' lines; write it with python -m ddl_core.tune")
+            raise ValueError(f"{path}: no 'level' lines; write it with "
+                             "python -m ddl_core.bench tune")
         dims = [int(d) for d in topo.lower().split("x")] if topo else []
         levels = [Level(f"tuned level {i}", dims[i] if i < len(dims) else 0, a, b)
                   for i, (a, b) in sorted(found.items())]
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("project", help="predicted allreduce time and scaling, 1..N GPUs")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=sorted(PRESETS), default=None)
-    src.add_argument("--tune-file", help="alpha/beta measured by python -m ddl_core.tune")
+    src.add_argument("--tune-file", help="alpha/beta measured by python -m ddl_core.bench tune")
     src.add_argument("--level", action="append", type=parse_level,
                      help="NAME:RANKS:ALPHA_US:GB_PER_S, innermost first (repeat)")
     p.add_argument("--nodes-per-rack", type=int, default=0,

@@ -56,7 +56,7 @@ def start(path: str, mark_cycles: bool = False) -> None:  # noqa: ARG001 - Horov
 
 def record(on: bool) -> None:
     """Pause (False) or resume (True) recording into the open timeline without closing
-    it (what the timeline's cost is measured with: python -m ddl_core.bench_ddp
+    it (what the timeline's cost is measured with: python -m ddl_core.bench ddp
     --timeline)."""
     global active
     with _lock:

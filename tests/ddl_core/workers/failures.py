@@ -1,5 +1,5 @@
 """Failure behaviour: mismatches raise on every rank, misuse raises (dead or hung peers:
-ddl_core.bench_faults, run by test_faults.py).
+ddl_core.bench.faults, run by test_faults.py).
 
 Usage: failures.py MODE
 """

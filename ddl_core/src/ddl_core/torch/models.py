@@ -1,5 +1,5 @@
 """A small decoder-only transformer and its synthetic data, shared by the FSDP2 example
-(ddl_core/examples/fsdp2_ddl.py), its test and `python -m ddl_core.bench_ddp`.
+(ddl_core/examples/fsdp2_ddl.py), its test and `python -m ddl_core.bench ddp`.
 
 Why here: the sharding stack (FSDP2, DeviceMesh) is exercised on a transformer, the model
 it is made for, yet it must train in seconds on CPU ranks; one definition keeps the

@@ -11,7 +11,7 @@ import argparse
 import importlib.util
 import sys
 
-from ddl_core import run as ddlrun
+from ddl_core.runner import run as ddlrun
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """DDP throughput on the ddl backend against gloo, in one run.
 
-    ddlrun -n 2 python -m ddl_core.bench_ddp [--steps 20 --rounds 5 --batch 32]
-    ddlrun -n 2 python -m ddl_core.bench_ddp --timeline /tmp/tl.json   # the timeline's cost
+    ddlrun -n 2 python -m ddl_core.bench ddp [--steps 20 --rounds 5 --batch 32]
+    ddlrun -n 2 python -m ddl_core.bench ddp --timeline /tmp/tl.json   # the timeline's cost
 
 One job holds both process groups (ddl as the default group, gloo from new_group) and
 two DDP copies of the same small CNN; rounds alternate between them so machine noise
@@ -133,7 +133,7 @@ def _fsdp2_times(groups: dict[str, dist.ProcessGroup], iters: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ddl_core.bench_ddp", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m ddl_core.bench ddp", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=10, help="timed iterations per round")
     ap.add_argument("--rounds", type=int, default=4, help="rounds (iterations = rounds x steps)")

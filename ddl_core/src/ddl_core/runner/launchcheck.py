@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping
 
-from . import _ddl
+from .. import _ddl
+from ..settings import check, number
 from .launcher import LaunchError, Plan, env_to_forward, total_slots
-from .settings import check, number
 
 MAX_RANKS = 1 << 24
 

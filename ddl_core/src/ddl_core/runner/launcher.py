@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import _ddl
-from .settings import check, env_number
+from .. import _ddl
+from ..settings import check, env_number
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -60,7 +60,7 @@ class Plan:
     extra: list[str] = field(default_factory=list)  # passed to the launcher as they are
     accelerators: int | None = None  # ranks per host
     racks: int | None = None  # hosts are grouped into this many racks, consecutively
-    cluster: Cluster | None = None  # an emulated cluster (ddl_core.cluster)
+    cluster: Cluster | None = None  # an emulated cluster (ddl_core.runner.cluster)
     allocation: Allocation | None = None  # the Slurm allocation ddlrun runs in
     oversubscribe: bool = False  # more ranks than the hosts' slots: spread them evenly
     # (host, ranks) in rank order, decided by place(); None: leave it to the launcher

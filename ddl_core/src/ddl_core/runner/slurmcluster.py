@@ -104,7 +104,7 @@ def slurm_conf(c: Cluster, ctl_addr: str, cpus: int) -> str:
     d = slurm_dir(c)
     nodes = "".join(f"NodeName={h} NodeAddr={a} CPUs={cpus} State=UNKNOWN\n"
                     for h, a in zip(c.hosts, c.addrs, strict=True))
-    return f"""# Slurm for the emulated cluster {c.name} (by ddl_core.cluster; down removes it)
+    return f"""# Slurm for the emulated cluster {c.name} (ddl_core.runner.cluster; down removes it)
 ClusterName=ddl{c.name}
 SlurmctldHost={ctl_name(c.name)}({ctl_addr})
 SlurmctldPort=6817

@@ -42,6 +42,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..netaddr import local_addresses
 from .exitreport import ENV as EXIT_ENV
 from .exitreport import Collector, job_status
 from .launchcheck import check_plan, count_type
@@ -65,7 +66,6 @@ from .launcher import (
     place,
     srun_mpi_plugin,
 )
-from .netaddr import local_addresses
 from .slurmalloc import allocation, in_allocation
 from .tfconfig import add_tf_config
 
@@ -90,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--launcher", default="auto", choices=LAUNCHERS,
                     help="auto: srun in a Slurm allocation, jsrun in LSF, else mpirun")
     ap.add_argument("--cluster", help="run on the emulated cluster of this name "
-                    "(python -m ddl_core.cluster up)")
+                    "(python -m ddl_core.runner.cluster up)")
     ap.add_argument("--no-host-check", action="store_true",
                     help="skip the resolution / ssh probe of each host before launching")
     ap.add_argument("-x", dest="forward", action="append", default=[], metavar="VAR[=VALUE]",

@@ -30,7 +30,7 @@ import time
 from contextlib import nullcontext
 from typing import Any
 
-from .lms import Offloader, parse_bytes
+from ..lms import Offloader, parse_bytes
 
 
 def build_model(width: int, depth: int, device: str) -> Any:

@@ -1,7 +1,7 @@
 """What matching asynchronous requests by name costs: this libddl against a baseline
 build, in one run.
 
-    python -m ddl_core.bench_matching --baseline SITE [-n 2] [--rounds 7]
+    python -m ddl_core.bench matching --baseline SITE [-n 2] [--rounds 7]
 
 SITE is a directory holding another installed ddl_core (e.g. built from `main`, see
 ddl_core/README.md). Each round launches one job per build (ddlrun -n N), in alternating
@@ -121,7 +121,7 @@ def extension_of(site: Path | None) -> Path:
 
 
 def run_job(ext: Path, ranks: int, reps: int, mpi_args: str) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "ddl_core.run", "-n", str(ranks)]
+    cmd = [sys.executable, "-m", "ddl_core.runner.run", "-n", str(ranks)]
     if mpi_args:
         cmd += ["--mpi-args", mpi_args]
     cmd += ["--", sys.executable, "-c", WORKER, str(ext), str(reps)]
@@ -141,7 +141,7 @@ def fmt(seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ddl_core.bench_matching", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m ddl_core.bench matching", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", required=True, type=Path,
                     help="a directory with another installed ddl_core (the 'before')")

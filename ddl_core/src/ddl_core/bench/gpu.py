@@ -1,7 +1,7 @@
 """Allreduce of GPU buffers: ddl_core against torch.distributed, nccl-tests style.
 
-    ddlrun -n 1 python -m ddl_core.bench_gpu          # ddl (NCCL path) vs torch NCCL
-    ddlrun -n 4 python -m ddl_core.bench_gpu          # ranks share one GPU: ddl staged vs gloo
+    ddlrun -n 1 python -m ddl_core.bench gpu          # ddl (NCCL path) vs torch NCCL
+    ddlrun -n 4 python -m ddl_core.bench gpu          # ranks share one GPU: ddl staged vs gloo
 
 Every rank allreduces (sum, in place) a float32 torch CUDA tensor on GPU 0, or its local
 rank's GPU when there are several. Each size is warmed up, then timed over `--iters`
@@ -44,7 +44,8 @@ def _time(fn: Any, iters: int, warmup: int, sync: Any, barrier: Any) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ddl_core.bench gpu",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--min-bytes", type=int, default=8)
     p.add_argument("--max-bytes", type=int, default=256 << 20)
     p.add_argument("--iters", type=int, default=20)

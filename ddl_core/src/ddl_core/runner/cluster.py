@@ -1,12 +1,12 @@
 """An emulated multi-host cluster on one machine, from Linux network namespaces.
 
-    python -m ddl_core.cluster up --hosts 3 --link 200mbit [--name demo]
+    python -m ddl_core.runner.cluster up --hosts 3 --link 200mbit [--name demo]
     ddlrun --cluster demo -n 6 python train.py
-    python -m ddl_core.cluster status
-    python -m ddl_core.cluster down --name demo
-    python -m ddl_core.cluster run --hosts 2 --link 200mbit -- -n 4 python train.py
-    python -m ddl_core.cluster up --name demo --hosts 2 --slurm     # + munge, slurmctld, slurmd
-    python -m ddl_core.cluster run --name demo -- salloc -N 2 -n 4 ddlrun python train.py
+    python -m ddl_core.runner.cluster status
+    python -m ddl_core.runner.cluster down --name demo
+    python -m ddl_core.runner.cluster run --hosts 2 --link 200mbit -- -n 4 python train.py
+    python -m ddl_core.runner.cluster up --name demo --hosts 2 --slurm  # + munge, slurmctld, slurmd
+    python -m ddl_core.runner.cluster run --name demo -- salloc -N 2 -n 4 ddlrun python train.py
 
 Why: DDL's topology-aware allreduce only shows its worth across hosts joined by a link
 slower than shared memory, and one machine has no such link. Each "host" here is a
@@ -28,7 +28,7 @@ Every resource is named from the cluster's name (namespaces and hostnames
 people working side by side never collide and `down` can find everything (also what a
 crashed `up` left behind) from the name alone. `down` is idempotent.
 
-With --slurm the cluster also runs Slurm (ddl_core.slurmcluster): munged and slurmctld in
+With --slurm the cluster also runs Slurm (ddl_core.runner.slurmcluster): munged and slurmctld in
 one more namespace, `ddlc-<name>-ctl`, and a slurmd in each host's. `run --name N -- CMD`
 runs CMD on the first host of cluster N (up already) with the cluster's environment
 (SLURM_CONF pointing at its configuration, with --slurm); `run --hosts K [--slurm] -- ...`
@@ -234,7 +234,7 @@ def load(name: str) -> Cluster:
     p = STATE_DIR / f"{name}.json"
     if not p.is_file():
         raise ClusterError(f"no emulated cluster named {name!r} is up: start one with "
-                           f"`python -m ddl_core.cluster up --name {name} --hosts 2`")
+                           f"`python -m ddl_core.runner.cluster up --name {name} --hosts 2`")
     return Cluster(**json.loads(p.read_text()))
 
 
@@ -271,8 +271,9 @@ def up(name: str = "ddl", hosts: int = 2, link: str | None = None, slurm: bool =
     bps = parse_rate(link) if link else None
     with _lock():
         if (STATE_DIR / f"{name}.json").exists():
-            raise ClusterError(f"cluster {name!r} is already up: `python -m ddl_core.cluster "
-                               f"down --name {name}` first, or use another --name")
+            raise ClusterError(f"cluster {name!r} is already up: `python -m "
+                               f"ddl_core.runner.cluster down --name {name}` first, or use "
+                               "another --name")
         leftovers = _resources(name)
         if any(leftovers.values()):
             _teardown(name)  # what a crashed `up` or killed `down` left behind
@@ -334,7 +335,7 @@ def _create(c: Cluster) -> None:
     # hosts are accepted, and the host name is one of ours, so nothing from a host list
     # reaches a shell unchecked.
     c.agent.write_text(f"""#!/bin/sh
-# Open MPI launch agent for the emulated cluster {c.name} (written by ddl_core.cluster)
+# Open MPI launch agent for the emulated cluster {c.name} (written by ddl_core.runner.cluster)
 while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done
 h="$1"; shift
 case "$h" in
@@ -483,7 +484,7 @@ def run_argv(c: Cluster, command: list[str]) -> tuple[list[str], dict[str, str]]
     """argv and environment that run `command` on the cluster's first host, as a user
     logged in there would: its hostname, its network, and (with Slurm) SLURM_CONF."""
     if not command:
-        raise ClusterError("no command given: python -m ddl_core.cluster run --name "
+        raise ClusterError("no command given: python -m ddl_core.runner.cluster run --name "
                            f"{c.name} -- sinfo")
     return c.exec_argv(c.hosts[0], command), dict(os.environ, **c.job_env())
 
@@ -519,7 +520,7 @@ def _describe(c: Cluster) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ddl_core.cluster", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m ddl_core.runner.cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="create a cluster")
@@ -551,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"slurm: {len(c.hosts)} nodes idle {c.slurm_ready_s:.1f} s after the "
                       f"first daemon started; up took {time.monotonic() - t0:.1f} s "
                       f"(controller {c.ctl}, {c.cpus} CPUs per node)")
-                print(f"run on it: python -m ddl_core.cluster run --name {c.name} -- salloc "
+                print(f"run on it: python -m ddl_core.runner.cluster run --name {c.name} -- salloc "
                       f"-N {len(c.hosts)} ddlrun python train.py")
             else:
                 print(f"run on it: ddlrun --cluster {c.name} -n {len(c.hosts)} python train.py")
@@ -576,10 +577,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             return _run_cmd(args)
     except ClusterError as e:
-        print(f"ddl_core.cluster: error: {e}", file=sys.stderr)
+        print(f"ddl_core.runner.cluster: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("ddl_core.cluster: interrupted; the cluster was removed", file=sys.stderr)
+        print("ddl_core.runner.cluster: interrupted; the cluster was removed", file=sys.stderr)
         return 130
     return 0
 
@@ -601,7 +602,7 @@ def _run_cmd(args: argparse.Namespace) -> int:
         raise ClusterError(
             (f"no emulated cluster named {args.name!r} is up: " if args.name else "")
             + "give --hosts K to run on a new cluster removed afterwards, or start one with "
-            "`python -m ddl_core.cluster up --name N --hosts K [--slurm]`")
+            "`python -m ddl_core.runner.cluster up --name N --hosts K [--slurm]`")
     name = args.name or f"r{os.getpid() % 100000}"
     with running(name, args.hosts, args.link, args.slurm, args.cpus) as c:
         if c.slurm:

@@ -107,7 +107,7 @@ def compare(baseline: str, ranks: int, rounds: int, sizes: list[int], reps: int)
 
 
 def main(args: Any) -> int:
-    from .bench import parse_size
+    from .collectives import parse_size
 
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     return compare(args.baseline, args.ranks, args.rounds, sizes, args.reps)

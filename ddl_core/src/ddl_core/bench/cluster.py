@@ -1,13 +1,13 @@
 """Topology-aware allreduce against MPI on an emulated multi-host cluster, in one command.
 
-    python -m ddl_core.clusterbench --hosts 2 --ranks 2 --link 200mbit [--json F]
-    python -m ddl_core.clusterbench --hosts 4 --ranks 4 --link 200mbit --json bench-4x4.json
+    python -m ddl_core.bench cluster --hosts 2 --ranks 2 --link 200mbit [--json F]
+    python -m ddl_core.bench cluster --hosts 4 --ranks 4 --link 200mbit --json bench-4x4.json
 
 Why: DDL's claim is that it beats other allreduce libraries on a non-flat topology. Here
 the topology is real: ranks of one emulated host share memory, hosts talk TCP over a
-tbf-shaped link (ddl_core.cluster), slow enough that the benchmark is bound by the link
+tbf-shaped link (ddl_core.runner.cluster), slow enough that the benchmark is bound by the link
 rather than by this machine's few cores. The command brings a cluster up, measures the
-cost model's alpha/beta per level (ddl_core.tune), then runs three jobs:
+cost model's alpha/beta per level (ddl_core.bench.tune), then runs three jobs:
 
   job "default": DDL topology-aware (cost model) and Open MPI's default MPI_Allreduce
                  (coll/han, hierarchical), interleaved repetition by repetition
@@ -22,7 +22,7 @@ csrc/model.c, with the tuned alpha/beta) and the link-bound limit: the time the 
 that must leave a host, 2(H-1)/H x size for H hosts, take at the link rate.
 The cluster is always removed, also when a job fails or the command is interrupted.
 
-    python -m ddl_core.clusterbench --compare-launchers --hosts 2 --ranks 2 --link 200mbit
+    python -m ddl_core.bench cluster --compare-launchers --hosts 2 --ranks 2 --link 200mbit
 
 compares launchers instead, on a cluster that also runs Slurm: the same allreduce job
 (DDL and MPI interleaved) started by ddlrun --cluster (mpirun over the ssh agent), by
@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import model
+from .. import model
 
 MPI_RING = ["--mca", "coll_tuned_use_dynamic_rules", "1", "--mca",
             "coll_tuned_allreduce_algorithm", "4", "--mca", "coll_han_priority", "0",
@@ -126,7 +126,7 @@ def _ddlrun(cluster: str, ranks: int, argv: list[str], mpi_args: list[str],
 def measure(cluster: str, hosts: int, ranks: int, link_bps: float, sizes: list[int],
             reps: int, workdir: Path, timeout: float) -> dict[str, Any]:
     tune_file = workdir / "tune.txt"
-    _ddlrun(cluster, ranks, ["-m", "ddl_core.tune", "-o", str(tune_file)], [],
+    _ddlrun(cluster, ranks, ["-m", "ddl_core.bench", "tune", "-o", str(tune_file)], [],
             {"DDL_TOPOLOGY": f"{ranks}x{hosts}"}, timeout)
     fabric = model.Fabric.from_tune_file(tune_file)
     jobs = {}
@@ -134,7 +134,7 @@ def measure(cluster: str, hosts: int, ranks: int, link_bps: float, sizes: list[i
         env = dict(env, DDL_TUNE_FILE=str(tune_file),
                    DDL_TOPOLOGY=f"{ranks}x{hosts}" if name != "flat" else str(ranks * hosts))
         out = workdir / f"{name}.json"
-        _ddlrun(cluster, ranks, ["-m", "ddl_core.clusterbench", "--worker", "--out", str(out),
+        _ddlrun(cluster, ranks, ["-m", "ddl_core.bench", "cluster", "--worker", "--out", str(out),
                                  "--reps", str(reps), "--sizes", *map(str, sizes)],
                 mpi_args, env, timeout)
         jobs[name] = json.loads(out.read_text())
@@ -165,7 +165,7 @@ def _launch_argv(c: Any, variant: str, ranks: int, ddlrun_args: list[str]) -> tu
 
 def updown_times(name: str, hosts: int, link: str, cycles: int) -> dict[str, list[float]]:
     """Seconds from `up --slurm` to every node idle, and for `down`, per cycle."""
-    from . import cluster
+    from ..runner import cluster
 
     out: dict[str, list[float]] = {"up": [], "idle_after_daemons": [], "down": []}
     for _ in range(cycles):
@@ -189,7 +189,7 @@ def compare_launchers(c: Any, ranks: int, sizes: list[int], reps: int, rounds: i
         for variant in order:
             out = workdir / f"{variant}-{rnd}.json"
             args = ["-x", f"DDL_TOPOLOGY={ranks}x{hosts}", "-v", "--", sys.executable, "-m",
-                    "ddl_core.clusterbench", "--worker", "--out", str(out), "--reps",
+                    "ddl_core.bench", "cluster", "--worker", "--out", str(out), "--reps",
                     str(reps), "--sizes", *map(str, sizes)]
             argv, env = _launch_argv(c, variant, ranks, args)
             print("$ " + " ".join(argv), file=sys.stderr, flush=True)
@@ -202,7 +202,7 @@ def compare_launchers(c: Any, ranks: int, sizes: list[int], reps: int, rounds: i
             job = json.loads(out.read_text())
             job["wall_s"] = time.monotonic() - t0
             job["command"] = [ln for ln in proc.stderr.splitlines()
-                              if "ddl_core.clusterbench --worker" in ln][-1:]
+                              if "ddl_core.bench cluster --worker" in ln][-1:]
             runs[variant].append(job)
     rows = []
     for i, size in enumerate(sizes):
@@ -338,7 +338,7 @@ def print_report(res: dict[str, Any], file: Any = sys.stdout) -> dict[str, bool]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ddl_core.clusterbench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m ddl_core.bench cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--ranks", type=int, default=2, help="ranks per host")
@@ -358,12 +358,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    from .bench import parse_size
+    from .collectives import parse_size
 
     args.sizes = [parse_size(s) if not s.isdigit() else int(s) for s in args.sizes]
     if args.worker:
         return worker(args)
-    from . import cluster
+    from ..runner import cluster
 
     if args.compare_launchers:
         return _main_launchers(args, argv)
@@ -374,18 +374,19 @@ def main(argv: list[str] | None = None) -> int:
             res = measure(c.name, args.hosts, args.ranks, bps, args.sizes, args.reps,
                           Path(tmp), args.timeout)
     except cluster.ClusterError as e:
-        print(f"clusterbench: error: {e}", file=sys.stderr)
+        print(f"ddl_core.bench cluster: error: {e}", file=sys.stderr)
         return 2
     targets = print_report(res)
     res["targets"] = targets
-    res["command"] = "python -m ddl_core.clusterbench " + " ".join(argv or sys.argv[1:])
+    res["command"] = "python -m ddl_core.bench cluster " + " ".join(
+        sys.argv[1:] if argv is None else argv)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return 0 if targets["every result correct"] else 1
 
 
 def _main_launchers(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from . import cluster
+    from ..runner import cluster
 
     try:
         cluster.parse_rate(args.link)
@@ -397,14 +398,15 @@ def _main_launchers(args: argparse.Namespace, argv: list[str] | None) -> int:
             version = subprocess.run(["sinfo", "--version"], capture_output=True, text=True,
                                      env=dict(os.environ, **c.job_env())).stdout.split()
     except cluster.ClusterError as e:
-        print(f"clusterbench: error: {e}", file=sys.stderr)
+        print(f"ddl_core.bench cluster: error: {e}", file=sys.stderr)
         return 2
     res = {"hosts": args.hosts, "ranks_per_host": args.ranks, "link": args.link,
            "rounds": args.rounds, "reps": args.reps, "updown": ud, "launch": launch,
            "slurm_version": version[-1] if version else "?"}
     targets = print_launchers(res)
     res["targets"] = targets
-    res["command"] = "python -m ddl_core.clusterbench " + " ".join(argv or sys.argv[1:])
+    res["command"] = "python -m ddl_core.bench cluster " + " ".join(
+        sys.argv[1:] if argv is None else argv)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return 0 if targets["every result correct"] else 1

@@ -1,6 +1,6 @@
 """Measure the cost model's alpha and beta per topology level and cache them.
 
-    ddlrun -n 4 --topology 2x2 python -m ddl_core.tune
+    ddlrun -n 4 --topology 2x2 python -m ddl_core.bench tune
 
 For each level, the two ranks whose grid coordinates differ only in that level (all
 other coordinates 0) ping-pong: alpha is half the round trip of an 8-byte message, beta
@@ -21,7 +21,7 @@ import numpy as np
 
 import ddl_core as ddl
 
-from .tunecache import path_for
+from ..tunecache import path_for
 
 
 def grid_index(comm) -> int:  # noqa: ANN001 - an mpi4py communicator
@@ -71,7 +71,7 @@ def measure_gamma() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ddl_core.tune", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m ddl_core.bench tune", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-o", "--output", help="write here instead of the cache")
     ap.add_argument("--large", default=4 << 20, type=int, help="bytes for the beta message")
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if comm.rank == 0:
         path = Path(args.output) if args.output else path_for(grid)
         path.parent.mkdir(parents=True, exist_ok=True)
-        lines = [f"# written by python -m ddl_core.tune ({ddl.version()})",
+        lines = [f"# written by python -m ddl_core.bench tune ({ddl.version()})",
                  f"topology {grid}", f"gamma {gamma:.6e}"]
         lines += [f"level {i} {a:.6e} {b:.6e}" for i, (a, b) in enumerate(results)]
         tmp = path.with_suffix(".tmp")

@@ -1,4 +1,5 @@
-"""nccl-tests-style benchmark of DDL's collectives against mpi4py, in one run.
+"""nccl-tests-style benchmark of DDL's collectives against mpi4py, in one run, and the
+benchmarks that share its options (check, liveness, hvd, compare).
 
     ddlrun -n 2 python -m ddl_core.bench allreduce [--json F] [--plot F.png]
     ddlrun -n 2 python -m ddl_core.bench alltoall|allgatherv|gather|scatter|reduce|sendrecv
@@ -6,11 +7,9 @@
     ddlrun -n 2 python -m ddl_core.bench liveness    # what the liveness check costs
     ddlrun -n 2 python -m ddl_core.bench hvd -b 1M -e 64M  # what horovod-ddl's layer costs
     python -m ddl_core.bench compare --baseline DIR   (this build against another: see
-                                                       ddl_core.bench_compare)
-    ddlrun -n 1 python -m ddl_core.bench gpu         # CUDA tensors: ddl vs torch NCCL
-                                                     # (ddl_core.bench_gpu; its own options)
-    python -m ddl_core.bench lms                     # Large Model Support: largest batch and
-                                                     # throughput cost (ddl_core.bench_lms)
+                                                       ddl_core.bench.compare)
+    python -m ddl_core.bench ddp|faults|gpu|lms|matching|cluster|tune --help
+                                                     # the others, each with its own options
 
 For every size, DDL and MPI run on the same buffers, interleaved repetition by
 repetition so machine noise hits both alike; the table shows the median of the
@@ -294,7 +293,7 @@ def liveness_cost(reps: int) -> None:
     buffers with the checks on and off in this process (libddl's ddl_live_checks: off, the
     collective numbering and the per-poll look at the departure counter are skipped),
     alternated repetition by repetition; medians."""
-    from . import _ddl
+    from .. import _ddl
 
     comm = _mpi().COMM_WORLD
     rows = []
@@ -328,21 +327,21 @@ def liveness_cost(reps: int) -> None:
             print(f"  {nbytes:>8} {on * 1e6:>9.2f}us {off * 1e6:>9.2f}us {ratio:>7.3f}")
 
 
+# the benchmarks besides the collectives that take this module's options
+SHARED_OPTIONS = ("check", "liveness", "hvd", "compare")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The benchmarks that share this command line (the collectives, check, liveness,
+    hvd, compare); `python -m ddl_core.bench` (bench/__main__.py) sends the others to
+    their own modules before this parser sees them."""
     argv = sys.argv[1:] if argv is None else argv
-    # the GPU benchmarks have options of their own: hand them the rest of the line
-    if argv[:1] == ["gpu"]:
-        from .bench_gpu import main as gpu_main
+    from . import OWN_OPTIONS
 
-        return gpu_main(argv[1:])
-    if argv[:1] == ["lms"]:
-        from .bench_lms import main as lms_main
-
-        return lms_main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m ddl_core.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("collective",
-                    choices=(*COLLECTIVES, "check", "liveness", "hvd", "compare", "gpu", "lms"))
+                    choices=(*COLLECTIVES, *SHARED_OPTIONS, *OWN_OPTIONS))
     ap.add_argument("-b", "--min-bytes", default="8")
     ap.add_argument("-e", "--max-bytes", default="256M")
     ap.add_argument("-f", "--factor", type=int, default=2, help="size multiplier per step")
@@ -361,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             args.reps = 101
         if not args.baseline:
             ap.error("compare needs --baseline DIR")
-        from .bench_compare import main as compare_main
+        from .compare import main as compare_main
 
         return compare_main(args)
     ddl.init()
@@ -372,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         liveness_cost(args.reps)
         return 0
     if args.collective == "hvd":
-        from . import bench_hvd
+        from . import hvd as bench_hvd
 
         lo = max(parse_size(args.min_bytes), 1 << 20)
         sizes = []

@@ -3,9 +3,9 @@ survivor, under plain mpirun and under `mpirun --runtime-options recoverable` (w
 launcher leaves survivors waiting), with the liveness check on and, as the baseline in the
 same run, off (DDL_LIVENESS=0: only DDL_TIMEOUT notices).
 
-    python -m ddl_core.bench_faults [--reps 5] [--ranks 3] [--timeout 5]
+    python -m ddl_core.bench faults [--reps 5] [--ranks 3] [--timeout 5]
 
-Each repetition is a real job (`ddlrun -n RANKS python -m ddl_core.bench_faults worker`):
+Each repetition is a real job (`ddlrun -n RANKS python -m ddl_core.bench faults worker`):
 every rank finishes one allreduce, then the victim (rank 1) waits 0.3 s, so the others are
 inside the next collective, writes the time (CLOCK_MONOTONIC, shared by the processes of one
 host) to a file and ends: SIGKILL, or sys.exit(0) (which finalizes DDL and so says BYE). Each
@@ -122,7 +122,7 @@ def ddlrun_cmd(ranks: int, recoverable: bool, *args: str) -> list[str]:
     if recoverable:
         mpi += " --runtime-options recoverable"
     return [str(Path(sys.executable).with_name("ddlrun")), "-n", str(ranks),
-            f"--mpi-args={mpi}", sys.executable, "-m", "ddl_core.bench_faults", "worker",
+            f"--mpi-args={mpi}", sys.executable, "-m", "ddl_core.bench", "faults", "worker",
             *args]
 
 
@@ -165,7 +165,7 @@ def measure(args: argparse.Namespace) -> int:
         rows.append(("recoverable" if recoverable else "plain", f"{fault} r{victim}",
                      "on" if live else f"off (DDL_TIMEOUT={args.timeout:g})",
                      statistics.median(lat), max(lat), len(lat)))
-    print(f"# ddl_core.bench_faults: {args.ranks} ranks; the victim dies 0.3 s into "
+    print(f"# ddl_core.bench faults: {args.ranks} ranks; the victim dies 0.3 s into "
           "collective #2; seconds from its death to the error on each survivor")
     print(f"# {'mpirun':<12} {'fault':<9} {'liveness':<22} {'median s':>9} {'max s':>7} "
           f"{'samples':>7}")
@@ -177,7 +177,7 @@ def measure(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ddl_core.bench_faults", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m ddl_core.bench faults", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what")
     w = sub.add_parser("worker", help="one rank of a fault job (run under ddlrun)")
