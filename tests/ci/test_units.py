@@ -373,3 +373,43 @@ def test_cuda_set_conversion_names_links_and_pins(tmp_path):
     assert "cuda-cudart" in with_driver  # through cuda-toolkit's requested extra
     assert solve(None)["demo-fw"] == "cpu_py311_0"
     assert solve("12.4")["demo-fw"] == "cpu_py311_0"  # a driver too old for it
+
+
+def test_vendored_copy_is_replaced_by_a_newer_upstream_build(tmp_path):
+    """channel/ vendors the upstream part of powerai's solution; when the upstream
+    rebuilds a package (a higher build number, same version), the next vendoring takes
+    the new build and drops the copy nothing uses any more, rather than keep solving to
+    the stale copy because channel/ is searched first."""
+    import rattler_build
+    from ci.index import index_channel
+    from ci.state import load_state
+    from ci.vendor import vendor_closure
+
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "README").write_text("stand-in\n")
+    up, ch = tmp_path / "upstream", tmp_path / "channel"
+
+    def pkg(where: Path, name: str, build_number: int, depends=()) -> Path:
+        out = rattler_build.assemble_package(
+            name=name, version="1.0", target_platform="linux-64",
+            build_string=f"h0_{build_number}", build_number=build_number,
+            output_dir=where / "linux-64", files_dir=files, depends=list(depends),
+            compression_level=1)
+        return Path(out.path)
+
+    old = pkg(up, "libx", 0)
+    pkg(ch, "powerai", 0, ["libx 1.0.*"])
+    index_channel(up, ["linux-64"])
+    index_channel(ch, ["linux-64"])
+    assert vendor_closure(ch, [str(up)], "linux-64") == 1
+    assert (ch / "linux-64" / old.name).exists()
+    new = pkg(up, "libx", 1)  # the upstream rebuilds libx
+    index_channel(up, ["linux-64"])
+    assert vendor_closure(ch, [str(up)], "linux-64") == 1
+    assert (ch / "linux-64" / new.name).exists() and not (ch / "linux-64" / old.name).exists()
+    repodata = json.loads((ch / "linux-64" / "repodata.json").read_text())
+    assert sorted(repodata["packages.conda"]) == sorted([new.name, "powerai-1.0-h0_0.conda"])
+    state = load_state(ch)
+    assert f"linux-64/{new.name}" in state and f"linux-64/{old.name}" not in state
+    assert vendor_closure(ch, [str(up)], "linux-64") == 0  # a rerun: nothing to do

@@ -25,6 +25,18 @@ def run_envtools(*args: str, check: bool = True, **kw) -> subprocess.CompletedPr
     return p
 
 
+def other_user(home: Path, **kw):
+    """A uid without an account to run envtools as (asuser.unprivileged), or a skip that
+    says why there is none: no python that uid can run (e.g. the checkout and its .venv
+    sit under a private home directory)."""
+    from envtools import asuser, errors
+
+    try:
+        return asuser.unprivileged(home, **kw)
+    except errors.EnvtoolsError as e:
+        pytest.skip(f"needs another uid that can run envtools: {e.message} ({e.hint})")
+
+
 @pytest.fixture(scope="session")
 def channel() -> Path:
     if shutil.which("gcc") is None:

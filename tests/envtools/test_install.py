@@ -10,7 +10,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from conftest import run_envtools
+from conftest import other_user, run_envtools
 
 
 def test_install_makes_readonly_env_that_runs(env):
@@ -100,7 +100,6 @@ def _noarch_bytecode(channel, tmp_path) -> None:
     import importlib.util
     import shutil
 
-    from envtools import asuser
 
     os.chmod(tmp_path, 0o755)
     env = tmp_path / "site"
@@ -141,7 +140,7 @@ def _noarch_bytecode(channel, tmp_path) -> None:
                          text=True, check=True)
     assert out.stdout.strip() == str(env / pycs[0]["_path"])
     if shutil.which("setpriv"):
-        user = asuser.unprivileged(tmp_path / "home")
+        user = other_user(tmp_path / "home")
         p = user.run(user.cmd(env / "bin" / "python", "-c", code))
         assert p.returncode == 0, p.stderr
     assert _snapshot(env) == before  # nothing written, as root or not

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pip as pip_module
 import pytest
-from conftest import make_wheel, run_envtools
+from conftest import make_wheel, other_user, run_envtools
 from test_clone import installer_bytecode, tree_digest
 
 from envtools import asuser, cachelinks
@@ -41,7 +41,7 @@ def shared(channel):
         env = root / "site" / "envs" / "powerai"
         run_envtools("install", "--channel", channel, "--prefix", env, "demo-meta",
                      "demo-noarch")
-        user = asuser.unprivileged(root / "home")
+        user = other_user(root / "home")
         yield SimpleNamespace(root=root, env=env, cache=env.parent / "powerai.pkgs",
                               user=user, channel=channel)
     finally:

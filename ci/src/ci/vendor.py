@@ -44,10 +44,15 @@ def vendor_closure(channel: Path, upstream: list[str], platform: str, meta: str 
     state = load_state(channel)
     added = 0
     chan = str(channel.resolve())
+    used: set[str] = set()
     for spec, cuda in builds:
-        records, _ = solve([chan, *upstream], [spec], platform, cuda)
+        # the upstream first: a copy vendored here earlier must not shadow a newer build
+        # of the same package there (a rebuilt python); our own names are not upstream's
+        records, _ = solve([*upstream, chan], [spec], platform, cuda)
         for rec in records:
             src = _local_path(str(rec.url))
+            if src is not None:
+                used.add(f"{rec.subdir}/{src.name}")
             if src is None or str(src).startswith(chan) or not src.exists():
                 continue
             dest = channel / rec.subdir / src.name
@@ -62,8 +67,14 @@ def vendor_closure(channel: Path, upstream: list[str], platform: str, meta: str 
             os.replace(tmp, dest)
             state[f"{rec.subdir}/{src.name}"] = {"origin": "upstream", "test": "-"}
             added += 1
-    if added:
-        index_channel(channel, [platform])
+    # upstream copies of this platform that no powerai build uses any more (superseded)
+    stale = [k for k, v in state.items() if k.startswith(f"{platform}/") and k not in used
+             and isinstance(v, dict) and v.get("origin") == "upstream"] if builds else []
+    for key in stale:
+        (channel / key).unlink(missing_ok=True)
+        del state[key]
+    if added or stale:
+        index_channel(channel, [platform], force=bool(stale))
         save_state(channel, state)
     return added
 

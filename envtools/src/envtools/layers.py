@@ -18,7 +18,12 @@ What a directory link costs the user, and so where there is none:
   ``include/pythonX.Y``, ``share/man``, ``etc``, ...) are never links;
 * python cannot write ``__pycache__`` there: a directory is linked only if every ``.py``
   in it comes with its compiled ``.pyc`` (a noarch: python package ships none, but
-  install compiles them into its cache entry: bytecode.py; the clone takes them along);
+  install compiles them into its cache entry: bytecode.py; the clone takes them along).
+  The ``__pycache__`` of a directory that is never a link (``lib/pythonX.Y``: the
+  stdlib's 500 pycs) is linked by itself when one package owns it; a source there
+  whose bytecode the package does not ship (one holding the prefix, as python's
+  ``_sysconfigdata``: install compiles it for the env, and a clone's differs) is then
+  compiled in memory when imported (about 10 ms, only by sysconfig's users);
 * everything in it is read from the cache: so no file in it may need to be the clone's
   own (relocated, made by the installer, an ELF program that would not run the same from
   the cache, a ``.pth``), no other package and no untracked file may live in it, and its

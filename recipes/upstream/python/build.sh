@@ -11,4 +11,11 @@ ln -sf pydoc3 "$PREFIX/bin/pydoc"
 # not needed at run time and large: the test suite leftovers, idle, tkinter demos, static lib
 rm -rf "$PREFIX/lib/python3.11/idlelib" "$PREFIX/lib/python3.11/tkinter" "$PREFIX/lib/python3.11/turtledemo"
 find "$PREFIX/lib/python3.11/config-3.11-"* -name 'libpython3.11.a' -delete || true
-# keep the stdlib .pyc files: a shared read-only install can never write them later
+# keep the stdlib .pyc files: a shared read-only install can never write them later;
+# but not those of sources that hold the build prefix (_sysconfigdata, python-config.py):
+# conda rewrites such a source for its prefix and the installer compiles it again, so the
+# shipped bytecode is stale everywhere and would pin its __pycache__ to the package cache
+{ grep -rlF --include='*.py' "$PREFIX" "$PREFIX/lib/python3.11" || true; } | while read -r src; do
+    stem=$(basename "$src" .py)
+    rm -f "$(dirname "$src")/__pycache__/$stem".cpython-311*.pyc
+done
