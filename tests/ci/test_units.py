@@ -382,7 +382,7 @@ def test_vendored_copy_is_replaced_by_a_newer_upstream_build(tmp_path):
     the stale copy because channel/ is searched first."""
     import rattler_build
     from ci.index import index_channel
-    from ci.state import load_state
+    from ci.state import load_state, save_state
     from ci.vendor import vendor_closure
 
     files = tmp_path / "files"
@@ -404,6 +404,11 @@ def test_vendored_copy_is_replaced_by_a_newer_upstream_build(tmp_path):
     index_channel(ch, ["linux-64"])
     assert vendor_closure(ch, [str(up)], "linux-64") == 1
     assert (ch / "linux-64" / old.name).exists()
+    outside = tmp_path / "outside.conda"
+    outside.write_text("not the channel's\n")
+    state = load_state(ch)
+    state["linux-64/../../outside.conda"] = {"origin": "upstream", "test": "-"}
+    save_state(ch, state)  # a tampered state file names a path out of the channel
     new = pkg(up, "libx", 1)  # the upstream rebuilds libx
     index_channel(up, ["linux-64"])
     assert vendor_closure(ch, [str(up)], "linux-64") == 1
@@ -412,4 +417,5 @@ def test_vendored_copy_is_replaced_by_a_newer_upstream_build(tmp_path):
     assert sorted(repodata["packages.conda"]) == sorted([new.name, "powerai-1.0-h0_0.conda"])
     state = load_state(ch)
     assert f"linux-64/{new.name}" in state and f"linux-64/{old.name}" not in state
+    assert outside.exists() and "linux-64/../../outside.conda" not in state
     assert vendor_closure(ch, [str(up)], "linux-64") == 0  # a rerun: nothing to do

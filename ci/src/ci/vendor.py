@@ -71,7 +71,9 @@ def vendor_closure(channel: Path, upstream: list[str], platform: str, meta: str 
     stale = [k for k, v in state.items() if k.startswith(f"{platform}/") and k not in used
              and isinstance(v, dict) and v.get("origin") == "upstream"] if builds else []
     for key in stale:
-        (channel / key).unlink(missing_ok=True)
+        name = key[len(platform) + 1:]
+        if "/" not in name and name.endswith((".conda", ".tar.bz2")) and name[0] != ".":
+            (channel / platform / name).unlink(missing_ok=True)  # (a state key is data)
         del state[key]
     if added or stale:
         index_channel(channel, [platform], force=bool(stale))
