@@ -37,6 +37,23 @@ def other_user(home: Path, **kw):
         pytest.skip(f"needs another uid that can run envtools: {e.message} ({e.hint})")
 
 
+_RUNS_AS: dict[int, str] = {}
+
+
+def skip_unless_envtools_runs_as(uid: int) -> None:
+    """Skip, saying why, when this interpreter cannot import envtools as ``uid`` (setpriv,
+    this environment): the checkout, its .venv or the interpreter sit where that uid cannot
+    read (a private home or a 0700 temporary directory). Probed once per uid."""
+    if uid not in _RUNS_AS:
+        p = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                            sys.executable, "-c", "import envtools.cli"],
+                           capture_output=True, text=True)
+        _RUNS_AS[uid] = "" if p.returncode == 0 else (p.stderr.strip().splitlines() or [
+            f"exit status {p.returncode}"])[-1]
+    if _RUNS_AS[uid]:
+        pytest.skip(f"needs uid {uid} to run envtools from {sys.executable}: {_RUNS_AS[uid]}")
+
+
 @pytest.fixture(scope="session")
 def channel() -> Path:
     if shutil.which("gcc") is None:
