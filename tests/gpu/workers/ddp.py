@@ -4,7 +4,8 @@ global batch; rank 0 saves the parameters to argv[2]. argv[1] picks how gradient
   gloo      torch.distributed's gloo backend (its CUDA path stages through the host);
   ddl       DDP's gradient buckets allreduced by ddl_core on the CUDA tensors (a DDP
             communication hook; a gloo process group only rendezvouses and broadcasts
-            the initial parameters).
+            the initial parameters);
+  backend   init_process_group("ddl") alone: the ddl backend (ddl-torch) on CUDA tensors.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def main() -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one node
     os.environ.setdefault("MASTER_PORT", os.environ.get("DDP_PORT", "29533"))
     torch.cuda.set_device(0)
-    backend = {"nccl": "nccl", "gloo": "gloo", "ddl": "gloo"}[how]
+    backend = {"nccl": "nccl", "gloo": "gloo", "ddl": "gloo", "backend": "ddl"}[how]
     dist.init_process_group(backend, rank=rank, world_size=size,
                             device_id=torch.device("cuda", 0) if how == "nccl" else None)
     torch.manual_seed(0)

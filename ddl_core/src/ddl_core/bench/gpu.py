@@ -9,11 +9,16 @@ calls ended by a stream synchronize; the figure is the slowest rank's mean. On o
 ddl's in-place allreduce moves nothing (its fast path), so the table adds ddl's
 out-of-place allreduce, which goes through NCCL (a device-to-device copy). busbw =
 algbw x 2(n-1)/n as nccl-tests reports it (0 on one rank).
+
+With ddl-torch installed the table also times `dist.all_reduce` on a process group of the
+`ddl` backend (torch.distributed's own call, as a script makes it: ddl_pg_us) and gives
+its ratio to the baseline backend (pg_vs_base: > 1 is faster than the baseline).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -52,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--baseline", choices=["auto", "nccl", "gloo", "none"], default="auto")
     p.add_argument("--json", help="write the rows here (rank 0)")
+    p.add_argument("--no-backend", dest="backend", action="store_false",
+                   help="leave out the torch.distributed ddl backend's column")
     a = p.parse_args(argv)
 
     import numpy as np
@@ -72,11 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     baseline = a.baseline
     if baseline == "auto":
         baseline = "gloo" if shared else "nccl"
+    ddl_pg = None
     if baseline != "none":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29541")
         dist.init_process_group(baseline, rank=rank, world_size=size,
                                 device_id=dev if baseline == "nccl" else None)
+        if a.backend and importlib.util.find_spec("ddl_torch") is not None:
+            import ddl_core.torch  # noqa: F401 - registers the ddl backend
+
+            ddl_pg = dist.new_group(backend="ddl")
 
     def slowest(t: float) -> float:
         return float(ddl.allreduce(np.array([t]), op="max")[0])
@@ -98,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             cols += ["ddl_oop_us", "oop_algbw"]
         if baseline != "none":
             cols += [f"{baseline}_us", f"{baseline}_busbw", "speedup"]
+        if ddl_pg is not None:
+            cols += ["ddl_pg_us", "pg_vs_base"]
         print("".join(f"{c:>13}" for c in cols))
     factor = 2 * (size - 1) / size
     for nbytes in _sizes(a.min_bytes, a.max_bytes):
@@ -123,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{baseline}_us"] = tb * 1e6
             row[f"{baseline}_busbw"] = nbytes / tb / 1e9 * factor
             row["speedup"] = tb / t
+        if ddl_pg is not None:
+            tp = slowest(_time(lambda x=x: dist.all_reduce(x, group=ddl_pg), iters, a.warmup,
+                               sync, ddl.barrier))
+            row["ddl_pg_us"] = tp * 1e6
+            row["pg_vs_base"] = row[f"{baseline}_us"] / row["ddl_pg_us"]
         # correctness of what was timed: ones summed (warmup + iters) times in place
         x.fill_(1.0)
         ddl.allreduce(x, out=x)
@@ -137,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             if baseline != "none":
                 vals += [f"{row[baseline + '_us']:>13.1f}", f"{row[baseline + '_busbw']:>13.2f}",
                          f"{row['speedup']:>12.2f}x"]
+            if ddl_pg is not None:
+                vals += [f"{row['ddl_pg_us']:>13.1f}", f"{row['pg_vs_base']:>12.2f}x"]
             print("".join(vals) + ("" if ok else "   WRONG"), flush=True)
     if rank == 0 and a.json:
         with open(a.json, "w") as f:

@@ -147,3 +147,15 @@ def when_done(handle: Any, value: Any, post: Callable[[], None] | None = None
 def completed(value: Any) -> tuple[torch.futures.Future[Any], Outcome]:
     """An already successful future (work that finished inside the call)."""
     return COMPLETER.submit((), value)
+
+
+def completed_on(device: torch.device, value: Any) -> tuple[torch.futures.Future[Any], Outcome]:
+    """A successful future for work enqueued on `device`'s current stream (CUDA tensors):
+    a CUDA-aware future, set here on the caller's thread, so that whoever waits on it, or
+    runs a callback after it (DDP's reducer), waits on that stream's progress as with
+    ProcessGroupNCCL's futures, without blocking the host."""
+    fut: torch.futures.Future[Any] = torch.futures.Future(devices=[device])
+    fut.set_result(value)  # (nothing can fail any more: no error pair to unwrap)
+    outcome = Outcome()
+    outcome.done.set()
+    return fut, outcome

@@ -9,7 +9,8 @@ is copied back when the collective has finished.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -19,11 +20,30 @@ _COMPLEX = {torch.complex64, torch.complex128}
 _WIDEN = {torch.int16: torch.int32}
 
 
-def check_cpu(t: torch.Tensor) -> None:
-    if t.device.type != "cpu":
-        raise TypeError(
-            f"the ddl backend reduces CPU tensors; got one on {t.device}. Use "
-            "init_process_group('cpu:ddl,cuda:nccl') or move it with .cpu()")
+def _tensors(args: Iterable[Any]) -> Iterator[torch.Tensor]:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from _tensors(a)
+
+
+def cuda_device(args: Iterable[Any]) -> torch.device | None:
+    """The CUDA device a call's tensors (found in args and lists of them) live on, or None
+    when they are all in host memory. One call on one kind of memory: a mix, or tensors on
+    two GPUs, is refused here, naming both, before anything moves."""
+    devices = {t.device for t in _tensors(args)}
+    kinds = {d.type for d in devices}
+    if kinds <= {"cpu"}:
+        return None
+    if kinds == {"cuda"} and len(devices) == 1:
+        return devices.pop()
+    if not kinds <= {"cpu", "cuda"}:
+        raise TypeError(f"the ddl backend takes CPU and CUDA tensors; got tensors on "
+                        f"{sorted(str(d) for d in devices)}: move them with .cpu() or .cuda()")
+    raise TypeError(f"one collective on tensors in {sorted(str(d) for d in devices)}: the ddl "
+                    "backend takes one call's tensors on one device (all on this rank's GPU, "
+                    "or all in host memory); move them with .to(device) first")
 
 
 def prepare(t: torch.Tensor,
@@ -31,9 +51,9 @@ def prepare(t: torch.Tensor,
     """(tensor libddl can use, op to use, callback to copy the result back or None).
 
     The returned tensor shares memory with `t` whenever its dtype and layout allow, so
-    an in-place collective on it updates `t` directly.
+    an in-place collective on it updates `t` directly. CUDA tensors map the same way (the
+    copies stay on the GPU).
     """
-    check_cpu(t)
     dt = t.dtype
     if dt in NATIVE:
         if t.is_contiguous():

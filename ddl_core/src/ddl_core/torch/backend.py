@@ -16,6 +16,18 @@ all_to_all(_single), gather, scatter, reduce, barrier, send/recv/isend/irecv (ta
 `new_group(ranks)` of any ranks on a libddl communicator (whose collectives are blocking
 in libddl 2.0); see _join_as_non_member for how non-members take part in its creation.
 
+CUDA tensors (registered for "cuda" through ddl-torch, so `init_process_group("ddl")` alone
+serves a GPU job): allreduce, broadcast, allgather, reduce_scatter, reduce, gather and
+scatter on the world run on libddl's device path (NCCL; staged through host memory when
+ranks share a GPU), enqueued on the caller's current stream, as ProcessGroupNCCL orders
+its work after the caller's; `Work.wait()` makes the current stream wait for it (the host
+does not block) and `get_future()` is a CUDA-aware future. all_to_all, send/recv and any
+collective of a subgroup move through host copies of the tensors (libddl 2.0 takes device
+buffers on the world communicator only), and the results are on the GPU when the call (or,
+for recv, the Work) completes. One call's tensors are all on this rank's GPU or all in
+host memory; in a blocking collective, a rank that passes host memory where the others pass
+GPU memory gets the same MismatchError as they do.
+
 Failures: a collective that fails in libddl (a mismatch, a rank that exited or died, a
 timeout) fails its Work: `wait()` raises the ddl_core error (a RuntimeError), `exception()`
 returns it, and the future fails in C++ too, so DDP's backward raises RuntimeError on every
@@ -55,8 +67,8 @@ import ddl_core
 from ddl_core import _ddl
 from ddl_core.netaddr import local_addresses
 
-from ._async import COMPLETER, Outcome, completed, when_done
-from ._tensors import chain, check_cpu, prepare
+from ._async import COMPLETER, Outcome, completed, completed_on, when_done
+from ._tensors import chain, cuda_device, prepare
 
 BACKEND_NAME = "ddl"
 _SYNC = os.environ.get("DDL_TORCH_SYNC", "0") == "1"
@@ -91,15 +103,23 @@ class DDLWork(dist.Work):
     """A collective in flight; `wait()` blocks until libddl has finished it and raises its
     error (a ddl_core.DDLError, which is a RuntimeError) if it failed."""
 
-    def __init__(self, fut: torch.futures.Future[Any], outcome: Outcome, value: Any) -> None:
+    def __init__(self, fut: torch.futures.Future[Any], outcome: Outcome, value: Any,
+                 on_stream: tuple[torch.cuda.Event, torch.device] | None = None) -> None:
         super().__init__()
         self._fut = fut
         self._outcome = outcome
         self._value = value
+        self._on_stream = on_stream  # CUDA work: (event after it, its device)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Block until done (at most `timeout`, when one is given: then a RuntimeError if
-        it has not finished, as torch documents). Raises the collective's error."""
+        it has not finished, as torch documents). Raises the collective's error. Work on
+        CUDA tensors (enqueued on a stream): the caller's current stream waits for it and
+        the host does not, as with ProcessGroupNCCL."""
+        if self._on_stream is not None:
+            event, device = self._on_stream
+            torch.cuda.current_stream(device).wait_event(event)
+            return True
         seconds = timeout.total_seconds() if timeout else 0.0
         if not self._outcome.done.is_set():
             _ddl.hurry()  # (a blocking collective: no point waiting for more to fuse)
@@ -115,6 +135,8 @@ class DDLWork(dist.Work):
         return self._outcome.error
 
     def is_completed(self) -> bool:
+        if self._on_stream is not None:
+            return self._on_stream[0].query()
         return self._outcome.done.is_set()
 
     def is_success(self) -> bool:
@@ -145,6 +167,27 @@ def _done(value: Any) -> DDLWork:
     return DDLWork(fut, outcome, value)
 
 
+def _on_stream(value: Any, device: torch.device) -> DDLWork:
+    """The Work of a call on CUDA tensors: libddl enqueued it on the current stream (NCCL)
+    or finished it there (staged), so it is done once that stream gets past this point."""
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    fut, outcome = completed_on(device, value)
+    return DDLWork(fut, outcome, value, (event, device))
+
+
+def _result(handles: list[Any], value: Any, post: Any = None) -> DDLWork:
+    """The Work of a call whose libddl requests are `handles`: CPU work completes through
+    the completer thread; CUDA work was done or enqueued inside the call, so `post` (the
+    copy back of a non-contiguous output) runs here, on the caller's stream."""
+    device = cuda_device([value])
+    if device is None:
+        return _work(handles, value, post)
+    if post is not None:
+        post()
+    return _on_stream(value, device)
+
+
 def _timeout_seconds(timeout: timedelta | None) -> float | None:
     """A process group's deadline in seconds; None (DDL_TIMEOUT) for torch's default."""
     if timeout is None or timeout == default_pg_timeout:
@@ -170,6 +213,54 @@ def _deadline(method: Any) -> Any:
             _ddl.set_thread_timeout(prev)
 
     return wrapped
+
+
+def _on_gpu(native: bool) -> Any:
+    """Route a call on CUDA tensors. A `native` one on the world runs on libddl's device
+    path (NCCL, or its staging through host memory when ranks share a GPU), ordered on the
+    caller's current stream; the others, and every call on a sub-communicator (libddl 2.0
+    takes device buffers on the world only), run on host copies of the tensors, and the
+    outputs are copied back before the call returns. CPU tensors go straight through."""
+    def deco(method: Any) -> Any:
+        @functools.wraps(method)
+        def wrapped(self: ProcessGroupDDL, *args: Any, **kwargs: Any) -> Any:
+            device = cuda_device(args)
+            if device is None:
+                return method(self, *args, **kwargs)
+            if native and self._comm is None:
+                self._settle()
+                with torch.cuda.device(device):
+                    return method(self, *args, **kwargs)
+            return _staged(method, self, device, args, kwargs)
+
+        return wrapped
+
+    return deco
+
+
+def _staged(method: Any, self: ProcessGroupDDL, device: torch.device, args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> DDLWork:
+    """`method` on host copies of the call's CUDA tensors; the first argument (the outputs,
+    in every c10d operation's signature) is copied back once it has finished."""
+    outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def host(a: Any, first: bool) -> Any:
+        if isinstance(a, torch.Tensor):
+            h = a.detach().cpu()
+            if first:
+                outputs.append((a, h))
+            return h
+        if isinstance(a, (list, tuple)):
+            return type(a)(host(x, first) for x in a)
+        return a
+
+    host_args = [host(a, i == 0) for i, a in enumerate(args)]
+    method(self, *host_args, **kwargs).wait()
+    with torch.cuda.device(device):
+        for dev_t, host_t in outputs:
+            dev_t.copy_(host_t)
+    first = args[0]
+    return _on_stream(first if isinstance(first, list) else [first], device)
 
 
 class _Finished:
@@ -234,31 +325,36 @@ class ProcessGroupDDL(dist.ProcessGroup):
             return False
         if not _SYNC and (opts is None or getattr(opts, "asyncOp", True)):
             return False
-        _ddl.hurry()  # (queued work, if any: negotiate it now rather than after the cycle)
-        COMPLETER.drain()
+        self._settle()
         return True
 
+    def _settle(self) -> None:
+        """Finish the work queued on the world before a call that runs on this thread."""
+        _ddl.hurry()  # (queued work, if any: negotiate it now rather than after the cycle)
+        COMPLETER.drain()
+
     # -- the libddl calls: asynchronous on the world, blocking on another communicator --
+    # (and on CUDA tensors, which libddl's device path enqueues on the stream at once)
     def _allreduce_h(self, x: torch.Tensor, op: str) -> Any:
-        if self._comm is None:
+        if self._comm is None and not x.is_cuda:
             return ddl_core.allreduce_async(x, op=op, out=x)
         ddl_core.allreduce(x, op=op, out=x, comm=self._comm)
         return _FINISHED
 
     def _broadcast_h(self, x: torch.Tensor, root: int) -> Any:
-        if self._comm is None:
+        if self._comm is None and not x.is_cuda:
             return ddl_core.broadcast_async(x, root)
         ddl_core.broadcast(x, root, comm=self._comm)
         return _FINISHED
 
     def _allgather_h(self, x: torch.Tensor, out: torch.Tensor) -> Any:
-        if self._comm is None:
+        if self._comm is None and not x.is_cuda:
             return ddl_core.allgather_async(x, out=out)
         ddl_core.allgather(x, out=out, comm=self._comm)
         return _FINISHED
 
     def _reduce_scatter_h(self, x: torch.Tensor, op: str, out: torch.Tensor) -> Any:
-        if self._comm is None:
+        if self._comm is None and not x.is_cuda:
             return ddl_core.reduce_scatter_async(x, op=op, out=out)
         ddl_core.reduce_scatter(x, op=op, out=out, comm=self._comm)
         return _FINISHED
@@ -294,18 +390,19 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     # -- reductions ----------------------------------------------------------------------
     @_deadline
+    @_on_gpu(native=True)
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> DDLWork:
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
         handles, posts = [], []
-        if self._inline(opts):
+        if (tensors and tensors[0].is_cuda) or self._inline(opts):
             for t in tensors:
                 work, wop, post = prepare(t, op)
                 ddl_core.allreduce(work, op=wop, out=work)
                 if post is not None:
                     post()
-            return _done(tensors)
+            return _result([], tensors)
         for t in tensors:
             work, wop, post = prepare(t, op)
             handles.append(self._allreduce_h(work, wop))
@@ -322,6 +419,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     @_deadline
+    @_on_gpu(native=True)
     def _reduce_scatter_base(self, output: torch.Tensor, inp: torch.Tensor,
                              opts: Any = None) -> DDLWork:
         op = _op_name(opts.reduceOp) if opts is not None else "sum"
@@ -331,7 +429,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         src, sop, _ = prepare(inp.contiguous(), op)
         dst, _, post = prepare(output, op)
         h = self._reduce_scatter_h(src.reshape(-1), sop, dst.reshape(-1))
-        return _work([h], output, post)
+        return _result([h], output, post)
 
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> DDLWork:
@@ -352,23 +450,22 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     # -- data movement ------------------------------------------------------------------
     @_deadline
+    @_on_gpu(native=True)
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> DDLWork:
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         root = opts.rootRank if opts is not None else 0
         handles, posts = [], []
         for t in tensors:
-            check_cpu(t)
             work = t if t.is_contiguous() else t.contiguous()
             handles.append(self._broadcast_h(_bytes(work), root))
             posts.append(None if work is t else (lambda t=t, w=work: t.copy_(w)))
-        return _work(handles, tensors, chain(posts))
+        return _result(handles, tensors, chain(posts))
 
     @_deadline
+    @_on_gpu(native=True)
     def _allgather_base(self, output: torch.Tensor, inp: torch.Tensor,
                         opts: Any = None) -> DDLWork:  # noqa: ARG002
-        check_cpu(inp)
-        check_cpu(output)
         if output.numel() != inp.numel() * self._size:
             raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, "
                              f"expected {self._size} x {inp.numel()}")
@@ -377,7 +474,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         src = inp.contiguous()
         dst = output if output.is_contiguous() else output.contiguous()
         h = self._allgather_h(_bytes(src), _bytes(dst))
-        return _work([h], output, None if dst is output else (lambda: output.copy_(dst)))
+        return _result([h], output, None if dst is output else (lambda: output.copy_(dst)))
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> DDLWork:
@@ -385,11 +482,11 @@ class ProcessGroupDDL(dist.ProcessGroup):
         return works[-1] if works else _done(outputs)
 
     @_deadline
+    @_on_gpu(native=True)
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                   opts: Any = None) -> DDLWork:  # noqa: ARG002
         handles, posts = [], []
         for outs, inp in zip(output_lists, inputs, strict=True):
-            check_cpu(inp)
             if len(outs) != self._size:
                 raise ValueError(f"all_gather: {len(outs)} output tensors for {self._size} ranks")
             if outs[self._rank].numel() != inp.numel():
@@ -399,18 +496,20 @@ class ProcessGroupDDL(dist.ProcessGroup):
             if any(o.numel() != inp.numel() for o in outs):
                 # Uneven sizes (as gloo allows): libddl's allgatherv with the sizes the
                 # output tensors give; sizes that disagree between ranks raise everywhere.
+                # (Through host memory: libddl's allgatherv takes host buffers.)
                 counts = [o.numel() * o.element_size() for o in outs]
-                got = ddl_core.allgatherv(_bytes(inp.contiguous()), counts, comm=self._comm)
+                got = ddl_core.allgatherv(_bytes(inp.contiguous().cpu()), counts,
+                                          comm=self._comm)
                 offs = np.cumsum([0, *counts])
                 for i, o in enumerate(outs):
                     o.copy_(got[offs[i]:offs[i + 1]].view(o.dtype).reshape(o.shape))
                 handles.append(_FINISHED)
                 continue
-            flat = torch.empty((self._size, *inp.shape), dtype=inp.dtype)
+            flat = torch.empty((self._size, *inp.shape), dtype=inp.dtype, device=inp.device)
             handles.append(self._allgather_h(_bytes(inp.contiguous()), _bytes(flat)))
             posts.append(lambda outs=outs, flat=flat: [o.copy_(flat[i].view_as(o))
                                                        for i, o in enumerate(outs)])
-        return _work(handles, output_lists, chain(posts))
+        return _result(handles, output_lists, chain(posts))
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
                             inputs: list[torch.Tensor], opts: Any = None) -> DDLWork:
@@ -427,23 +526,24 @@ class ProcessGroupDDL(dist.ProcessGroup):
         return self.allgather(scratch, inputs)
 
     @_deadline
+    @_on_gpu(native=True)
     def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                 opts: Any = None) -> DDLWork:
         root = opts.rootRank if opts is not None else 0
         out = outputs[0]
-        check_cpu(out)
         flat = (torch.stack([t.reshape(out.shape) for t in input_lists[0]])
-                if self._rank == root else torch.empty((self._size, *out.shape), dtype=out.dtype))
+                if self._rank == root else torch.empty((self._size, *out.shape), dtype=out.dtype,
+                                                       device=out.device))
         h = self._broadcast_h(_bytes(flat), root)
-        return _work([h], outputs, lambda: out.copy_(flat[self._rank]))
+        return _result([h], outputs, lambda: out.copy_(flat[self._rank]))
 
     @_deadline
+    @_on_gpu(native=False)
     def alltoall_base(self, output: torch.Tensor, inp: torch.Tensor,
                       output_split_sizes: list[int], input_split_sizes: list[int],
                       opts: Any = None) -> DDLWork:  # noqa: ARG002
-        """All-to-all of rows, on libddl's alltoallv (as bytes: any dtype)."""
-        check_cpu(inp)
-        check_cpu(output)
+        """All-to-all of rows, on libddl's alltoallv (as bytes: any dtype; CUDA tensors
+        through host memory: libddl's alltoallv takes host buffers)."""
         n = self._size
         rows = inp.shape[0] if inp.dim() else 0
         in_splits = list(input_split_sizes) or [rows // n] * n
@@ -470,6 +570,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         return _done([output])
 
     @_deadline
+    @_on_gpu(native=False)
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                  opts: Any = None) -> DDLWork:
         flat = torch.cat([t.reshape(-1) for t in inputs])
@@ -516,17 +617,24 @@ class ProcessGroupDDL(dist.ProcessGroup):
             _ddl.set_thread_timeout(prev)
 
     # -- point to point: libddl's isend/irecv (tags as given; ranks of this group) ------
+    # A CUDA tensor is sent from a host copy and received into one, copied to the GPU (a
+    # synchronous copy) before the Work completes: libddl's send/recv take host buffers.
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> DDLWork:
         t = _one(tensors, "send")
-        src = t.contiguous()
+        src = t.detach().cpu().contiguous()
         h = ddl_core.isend(_bytes(src), int(dst), int(tag), comm=self._comm)
         return _p2p_work(h, tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> DDLWork:
         t = _one(tensors, "recv")
-        work = t if t.is_contiguous() else t.contiguous()
+        if t.is_cuda:
+            work = torch.empty(t.shape, dtype=t.dtype)
+            post = functools.partial(_to_device, t, work)
+        else:
+            work = t if t.is_contiguous() else t.contiguous()
+            post = None if work is t else functools.partial(t.copy_, work)
         h = ddl_core.irecv(_bytes(work), int(src), int(tag), comm=self._comm)
-        return _p2p_work(h, tensors, None if work is t else (lambda: t.copy_(work)))
+        return _p2p_work(h, tensors, post)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> DDLWork:
         raise NotImplementedError("the ddl backend receives from a named rank only (libddl's "
@@ -536,8 +644,16 @@ class ProcessGroupDDL(dist.ProcessGroup):
 def _one(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
     if len(tensors) != 1:
         raise ValueError(f"{what}: one tensor per call on the ddl backend, got {len(tensors)}")
-    check_cpu(tensors[0])
+    cuda_device(tensors)  # (refuses a tensor on another kind of device)
     return tensors[0]
+
+
+def _to_device(dst: torch.Tensor, host: torch.Tensor) -> None:
+    """Copy a received host buffer into its CUDA tensor and wait for the copy (this runs
+    on libddl's completion thread, whose stream no one else orders on)."""
+    with torch.cuda.device(dst.device):
+        dst.copy_(host)
+        torch.cuda.current_stream().synchronize()
 
 
 # -- rendezvous ---------------------------------------------------------------------------
