@@ -12,10 +12,12 @@
 #      make test);
 #   6. the benchmark on 4 ranks, then (GPU_LMS=1) the Large Model Support benchmark and
 #      example (`python -m ddl_core.bench lms`).
-# Every step is bounded so that the whole run ends within GPU_BUDGET seconds (default 560):
-# a device lease is short. Logs, junit XML and the benchmark JSON go to $OUT (default
-# /tmp/ddl-gpu-out).
-# Usage, from a checkout (or a copy holding ddl_core/, tests/, pyproject.toml, whl/):
+# GPU_BENCH_FIRST (default "1 2") and GPU_BENCH_LAST ("4") pick the benchmark's rank
+# counts before and after the tests, GPU_TESTS the pytest arguments, GPU_HOST_BENCH=1 adds
+# the host allreduce on 2 ranks. Every step is bounded so that the whole run ends within
+# GPU_BUDGET seconds (default 560): a device lease is short. Logs, junit XML and the
+# benchmark JSON go to $OUT (default /tmp/ddl-gpu-out).
+# Usage, from a checkout (or a copy holding ddl_core/, tests/, pyproject.toml, .whl/):
 #   bash tests/gpu/run_gpu.sh
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -83,18 +85,27 @@ bench() {  # ranks, max bytes
         -m ddl_core.bench gpu --max-bytes "$2" --json "$OUT/bench$1.json"
     echo "bench -n $1 exit: $?"
 }
-step benchmark, 1 and 2 ranks
-bench 1 $((256 << 20))
-bench 2 $((64 << 20))
+for n in ${GPU_BENCH_FIRST-1 2}; do
+    step "benchmark, $n rank(s)"
+    bench "$n" $(( n == 1 ? 256 << 20 : 64 << 20 ))
+done
+if [ "${GPU_HOST_BENCH:-0}" = 1 ]; then
+    step "host allreduce, 2 ranks (what the staged path runs between its copies)"
+    timeout "$(left 90)" mpirun -n 2 --map-by :OVERSUBSCRIBE --bind-to none "$PY" \
+        -m ddl_core.bench allreduce -b 2M -e 32M -f 4 -r 3
+    echo "host bench exit: $?"
+fi
 
 step gpu tests
 timeout "$(left 400)" "$PY" -m pytest -p no:cacheprovider -v -rs -s --durations=15 \
-    --junitxml="$OUT/junit.xml" tests/gpu/test_torch_backend_gpu.py \
-    tests/gpu/test_gpu_collectives.py tests/gpu/test_lms_gpu.py
+    --junitxml="$OUT/junit.xml" ${GPU_TESTS:-tests/gpu/test_torch_backend_gpu.py \
+    tests/gpu/test_gpu_collectives.py tests/gpu/test_lms_gpu.py}
 echo "pytest exit: $?"
 
-step benchmark, 4 ranks
-bench 4 $((64 << 20))
+for n in ${GPU_BENCH_LAST-4}; do
+    step "benchmark, $n ranks"
+    bench "$n" $((64 << 20))
+done
 if [ "${GPU_LMS:-0}" = 1 ]; then
     step "large model support"
     timeout "$(left 400)" "$PY" -m ddl_core.bench lms --json "$OUT/lms.json"

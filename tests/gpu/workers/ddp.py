@@ -8,7 +8,6 @@ global batch; rank 0 saves the parameters to argv[2]. argv[1] picks how gradient
   backend   init_process_group("ddl") alone: the ddl backend (ddl-torch) on CUDA tensors.
 """
 
-from __future__ import annotations
 
 import os
 import sys

@@ -92,6 +92,11 @@ class Completer:
         self._q.put((handles, inner, value, post, outcome))
         return fut, outcome
 
+    def busy(self) -> bool:
+        """Whether work submitted here has not finished yet (a plain read: the count only
+        goes up on the submitting thread, so a caller sees its own submissions)."""
+        return self._pending > 0
+
     def drain(self) -> None:
         """Wait until everything submitted so far has finished (a blocking collective that
         runs on the calling thread goes after the queued ones, as torch orders a group's
@@ -144,18 +149,24 @@ def when_done(handle: Any, value: Any, post: Callable[[], None] | None = None
     return fut, outcome
 
 
+DONE = Outcome()
+DONE.done.set()  # (shared by every Work that finished without error inside its call)
+
+
 def completed(value: Any) -> tuple[torch.futures.Future[Any], Outcome]:
-    """An already successful future (work that finished inside the call)."""
-    return COMPLETER.submit((), value)
+    """An already successful future (work that finished inside the call: nothing can fail
+    any more, so no error pair to unwrap)."""
+    fut: torch.futures.Future[Any] = torch.futures.Future()
+    fut.set_result(value)
+    return fut, DONE
 
 
-def completed_on(device: torch.device, value: Any) -> tuple[torch.futures.Future[Any], Outcome]:
-    """A successful future for work enqueued on `device`'s current stream (CUDA tensors):
-    a CUDA-aware future, set here on the caller's thread, so that whoever waits on it, or
-    runs a callback after it (DDP's reducer), waits on that stream's progress as with
-    ProcessGroupNCCL's futures, without blocking the host."""
-    fut: torch.futures.Future[Any] = torch.futures.Future(devices=[device])
-    fut.set_result(value)  # (nothing can fail any more: no error pair to unwrap)
-    outcome = Outcome()
-    outcome.done.set()
-    return fut, outcome
+def completed_on(stream: Any, value: Any) -> torch.futures.Future[Any]:
+    """A successful future for work enqueued on a CUDA `stream`: a CUDA-aware future, set
+    as if on that stream, so that whoever waits on it, or runs a callback after it (DDP's
+    reducer), waits for the stream to get there, as with ProcessGroupNCCL's futures,
+    without blocking the host."""
+    fut: torch.futures.Future[Any] = torch.futures.Future(devices=[stream.device])
+    with torch.cuda.stream(stream):
+        fut.set_result(value)
+    return fut

@@ -32,16 +32,29 @@ def cuda_device(args: Iterable[Any]) -> torch.device | None:
     """The CUDA device a call's tensors (found in args and lists of them) live on, or None
     when they are all in host memory. One call on one kind of memory: a mix, or tensors on
     two GPUs, is refused here, naming both, before anything moves."""
-    devices = {t.device for t in _tensors(args)}
-    kinds = {d.type for d in devices}
-    if kinds <= {"cpu"}:
-        return None
-    if kinds == {"cuda"} and len(devices) == 1:
-        return devices.pop()
-    if not kinds <= {"cpu", "cuda"}:
-        raise TypeError(f"the ddl backend takes CPU and CUDA tensors; got tensors on "
-                        f"{sorted(str(d) for d in devices)}: move them with .cpu() or .cuda()")
-    raise TypeError(f"one collective on tensors in {sorted(str(d) for d in devices)}: the ddl "
+    device = None
+    host = None
+    for t in _tensors(args):
+        if t.is_cuda:
+            if device is None:
+                device = t.device
+                if host is None:
+                    continue
+            elif host is None and t.device == device:
+                continue
+            _refuse(device, host or t)
+        elif host is None:
+            host = t
+            if not t.is_cpu:
+                raise TypeError(f"the ddl backend takes CPU and CUDA tensors; got one on "
+                                f"{t.device}: move it with .cpu() or .cuda()")
+            if device is not None:
+                _refuse(device, t)
+    return device
+
+
+def _refuse(device: torch.device, other: torch.Tensor) -> None:
+    raise TypeError(f"one collective on tensors in {device} and {other.device}: the ddl "
                     "backend takes one call's tensors on one device (all on this rank's GPU, "
                     "or all in host memory); move them with .to(device) first")
 

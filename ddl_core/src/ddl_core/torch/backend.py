@@ -67,7 +67,7 @@ import ddl_core
 from ddl_core import _ddl
 from ddl_core.netaddr import local_addresses
 
-from ._async import COMPLETER, Outcome, completed, completed_on, when_done
+from ._async import COMPLETER, DONE, Outcome, completed, completed_on, when_done
 from ._tensors import chain, cuda_device, prepare
 
 BACKEND_NAME = "ddl"
@@ -103,13 +103,13 @@ class DDLWork(dist.Work):
     """A collective in flight; `wait()` blocks until libddl has finished it and raises its
     error (a ddl_core.DDLError, which is a RuntimeError) if it failed."""
 
-    def __init__(self, fut: torch.futures.Future[Any], outcome: Outcome, value: Any,
-                 on_stream: tuple[torch.cuda.Event, torch.device] | None = None) -> None:
+    def __init__(self, fut: torch.futures.Future[Any] | None, outcome: Outcome, value: Any,
+                 on_stream: tuple[torch.cuda.Event, torch.cuda.Stream] | None = None) -> None:
         super().__init__()
-        self._fut = fut
+        self._fut = fut  # (CUDA work: made by the first get_future())
         self._outcome = outcome
         self._value = value
-        self._on_stream = on_stream  # CUDA work: (event after it, its device)
+        self._on_stream = on_stream  # CUDA work: (an event after it, the stream it is on)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Block until done (at most `timeout`, when one is given: then a RuntimeError if
@@ -117,8 +117,10 @@ class DDLWork(dist.Work):
         CUDA tensors (enqueued on a stream): the caller's current stream waits for it and
         the host does not, as with ProcessGroupNCCL."""
         if self._on_stream is not None:
-            event, device = self._on_stream
-            torch.cuda.current_stream(device).wait_event(event)
+            event, stream = self._on_stream
+            current = torch.cuda.current_stream(stream.device)
+            if current != stream:
+                current.wait_event(event)
             return True
         seconds = timeout.total_seconds() if timeout else 0.0
         if not self._outcome.done.is_set():
@@ -143,6 +145,8 @@ class DDLWork(dist.Work):
         return self._outcome.done.is_set() and self._outcome.error is None
 
     def get_future(self) -> torch.futures.Future[Any]:
+        if self._fut is None and self._on_stream is not None:
+            self._fut = completed_on(self._on_stream[1], self._value)
         return self._fut
 
     def result(self) -> Any:
@@ -162,7 +166,9 @@ def _p2p_work(handle: Any, value: Any, post: Any = None) -> DDLWork:
     return DDLWork(fut, outcome, value)
 
 
-def _done(value: Any) -> DDLWork:
+def _done(value: Any, post: Any = None) -> DDLWork:
+    if post is not None:
+        post()
     fut, outcome = completed(value)
     return DDLWork(fut, outcome, value)
 
@@ -170,22 +176,22 @@ def _done(value: Any) -> DDLWork:
 def _on_stream(value: Any, device: torch.device) -> DDLWork:
     """The Work of a call on CUDA tensors: libddl enqueued it on the current stream (NCCL)
     or finished it there (staged), so it is done once that stream gets past this point."""
+    stream = torch.cuda.current_stream(device)
     event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(device))
-    fut, outcome = completed_on(device, value)
-    return DDLWork(fut, outcome, value, (event, device))
+    event.record(stream)
+    return DDLWork(None, DONE, value, (event, stream))
 
 
-def _result(handles: list[Any], value: Any, post: Any = None) -> DDLWork:
-    """The Work of a call whose libddl requests are `handles`: CPU work completes through
-    the completer thread; CUDA work was done or enqueued inside the call, so `post` (the
-    copy back of a non-contiguous output) runs here, on the caller's stream."""
-    device = cuda_device([value])
-    if device is None:
-        return _work(handles, value, post)
+def _result(handles: list[Any], value: Any, post: Any, on: torch.Tensor) -> DDLWork:
+    """The Work of a call on `on`'s device whose libddl requests are `handles`: CPU work
+    completes through the completer thread (none queued: at once); CUDA work was done or
+    enqueued inside the call, so `post` (the copy back of a non-contiguous output) runs
+    here, on the caller's stream."""
+    if not on.is_cuda:
+        return _work(handles, value, post) if handles else _done(value, post)
     if post is not None:
         post()
-    return _on_stream(value, device)
+    return _on_stream(value, on.device)
 
 
 def _timeout_seconds(timeout: timedelta | None) -> float | None:
@@ -229,6 +235,8 @@ def _on_gpu(native: bool) -> Any:
                 return method(self, *args, **kwargs)
             if native and self._comm is None:
                 self._settle()
+                if device.index == torch.cuda.current_device():
+                    return method(self, *args, **kwargs)
                 with torch.cuda.device(device):
                     return method(self, *args, **kwargs)
             return _staged(method, self, device, args, kwargs)
@@ -330,8 +338,9 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     def _settle(self) -> None:
         """Finish the work queued on the world before a call that runs on this thread."""
-        _ddl.hurry()  # (queued work, if any: negotiate it now rather than after the cycle)
-        COMPLETER.drain()
+        if COMPLETER.busy():
+            _ddl.hurry()  # (negotiate the queued work now rather than after the cycle)
+            COMPLETER.drain()
 
     # -- the libddl calls: asynchronous on the world, blocking on another communicator --
     # (and on CUDA tensors, which libddl's device path enqueues on the stream at once)
@@ -402,7 +411,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
                 ddl_core.allreduce(work, op=wop, out=work)
                 if post is not None:
                     post()
-            return _result([], tensors)
+            return _result([], tensors, None, tensors[0])
         for t in tensors:
             work, wop, post = prepare(t, op)
             handles.append(self._allreduce_h(work, wop))
@@ -429,7 +438,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         src, sop, _ = prepare(inp.contiguous(), op)
         dst, _, post = prepare(output, op)
         h = self._reduce_scatter_h(src.reshape(-1), sop, dst.reshape(-1))
-        return _result([h], output, post)
+        return _result([h], output, post, output)
 
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> DDLWork:
@@ -460,7 +469,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             work = t if t.is_contiguous() else t.contiguous()
             handles.append(self._broadcast_h(_bytes(work), root))
             posts.append(None if work is t else (lambda t=t, w=work: t.copy_(w)))
-        return _result(handles, tensors, chain(posts))
+        return _result(handles, tensors, chain(posts), tensors[0])
 
     @_deadline
     @_on_gpu(native=True)
@@ -474,7 +483,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
         src = inp.contiguous()
         dst = output if output.is_contiguous() else output.contiguous()
         h = self._allgather_h(_bytes(src), _bytes(dst))
-        return _result([h], output, None if dst is output else (lambda: output.copy_(dst)))
+        return _result([h], output, None if dst is output else (lambda: output.copy_(dst)),
+                       output)
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> DDLWork:
@@ -509,7 +519,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             handles.append(self._allgather_h(_bytes(inp.contiguous()), _bytes(flat)))
             posts.append(lambda outs=outs, flat=flat: [o.copy_(flat[i].view_as(o))
                                                        for i, o in enumerate(outs)])
-        return _result(handles, output_lists, chain(posts))
+        return _result(handles, output_lists, chain(posts), inputs[0])
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
                             inputs: list[torch.Tensor], opts: Any = None) -> DDLWork:
@@ -535,7 +545,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
                 if self._rank == root else torch.empty((self._size, *out.shape), dtype=out.dtype,
                                                        device=out.device))
         h = self._broadcast_h(_bytes(flat), root)
-        return _result([h], outputs, lambda: out.copy_(flat[self._rank]))
+        return _result([h], outputs, lambda: out.copy_(flat[self._rank]), out)
 
     @_deadline
     @_on_gpu(native=False)
