@@ -167,8 +167,10 @@ class Offloader:
         nbytes = t.numel() * t.element_size()
         in_use = torch.cuda.memory_allocated(t.device) if t.is_cuda else 0
         # a leaf that requires grad is a parameter (or an input the user keeps): autograd
-        # saves it by reference, offloading would copy it out and back for nothing
-        is_param = bool(t.requires_grad and t.is_leaf)
+        # saves it by reference, offloading would copy it out and back for nothing. Linear
+        # saves a view of its weight (weight.t(), for addmm), so a view of one counts too.
+        base = t if t._base is None else t._base
+        is_param = bool(base.requires_grad and base.is_leaf)
         what = decide(nbytes, t.is_cuda, self.threshold or 0, self.limit, in_use, is_param)
         if what == "offload" and t.layout != torch.strided:
             what = "keep"  # sparse and other layouts: not worth a special copy path

@@ -22,7 +22,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 import ddl_core as ddl  # noqa: E402
 
 
-def ddl_allreduce_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future:
+def ddl_allreduce_hook(state: object,
+                       bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     t = bucket.buffer()
     t.div_(ddl.size())  # as DDP's default hook: divide, then sum
     ddl.allreduce(t, op="sum", out=t)
