@@ -12,12 +12,11 @@ are then moved into the env as one transaction (:mod:`envtools.txn`).
 
 from __future__ import annotations
 
-import asyncio
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envtools import cachetag, confine
+from envtools import aio, cachetag, confine
 from envtools.errors import EnvtoolsError
 from envtools.prefix_records import Record
 
@@ -113,7 +112,7 @@ def solve_added(
     wanted = {_spec_name(s) for s in specs}
     keep = [r.name.normalized for r in installed if r.name.normalized not in wanted]
     try:
-        records = asyncio.run(
+        records = aio.run(
             solve(
                 sources,
                 [*specs, *keep],

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from envtools import confine
+from envtools import aio, confine
 from envtools.errors import EnvtoolsError
 from envtools.hashing import hash_many, sha256_file
 
@@ -130,11 +130,11 @@ def prepare(
                             "write to") from e
     old_term = _term_raises()
     try:
-        archives = asyncio.run(_fetch(records, staging))
+        archives = aio.run(_fetch(records, staging))
         out.timings["fetch"] = time.monotonic() - t0
         out.archive_bytes = _verify(records, archives, digests)
         out.timings["verify"] = time.monotonic() - t0
-        asyncio.run(_extract(records, archives, digests, dists, staging))
+        aio.run(_extract(records, archives, digests, dists, staging))
         out.timings["extract"] = time.monotonic() - t0
         targets: dict[str, tuple[str, str]] = {}  # path -> (path_type, package)
         for r, dist in zip(records, dists, strict=True):

@@ -8,7 +8,6 @@ kept at ``<prefix>.pkgs`` so later clones can link from it instead of copying.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import rattler
 
-from envtools import archives, bytecode, cachetag, record_index, virtual
+from envtools import aio, archives, bytecode, cachetag, record_index, virtual
 from envtools.errors import EnvtoolsError
 from envtools.hashing import STAT_CACHE, stat_key, write_package_parts
 from envtools.prefix_records import Prefix
@@ -115,7 +114,7 @@ def run_installer(**kwargs) -> None:
     BaseException: caught here too, so it is reported rather than printed as a traceback.
     """
     try:
-        asyncio.run(rattler.install(**kwargs))
+        aio.run(rattler.install(**kwargs))
     except (KeyboardInterrupt, SystemExit, EnvtoolsError):
         raise
     except BaseException as e:  # noqa: BLE001 - see the docstring
@@ -186,7 +185,7 @@ def install(
     virtuals = virtual.resolve(virtual_overrides)
 
     t0 = time.monotonic()
-    records = asyncio.run(solve(srcs, specs, virtuals))
+    records = aio.run(solve(srcs, specs, virtuals))
     info(f"solved {len(records)} packages in {time.monotonic() - t0:.1f}s")
     timings = {"solve": time.monotonic() - t0}
     cache_existed = cache.exists()

@@ -1,0 +1,45 @@
+"""Running py-rattler's coroutines.
+
+py-rattler's work runs on Rust threads that hand each result back to the Python event
+loop with ``call_soon_threadsafe``. When one of several concurrent tasks fails (a full
+disk, a damaged archive), the awaited coroutine raises at once while the others are still
+running; ``asyncio.run`` then closes the loop, and each late result makes its Rust thread
+print a "RuntimeError: Event loop is closed" traceback next to envtools' one error line.
+So the loop is closed only after a success: after a failure it is left open (it holds
+nothing but a self-pipe) so that late results land in it unnoticed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coro)``, except that a failure leaves the loop open (see above)."""
+    loop = asyncio.new_event_loop()
+    ok = False
+    try:
+        result = loop.run_until_complete(coro)
+        ok = True
+        return result
+    finally:
+        try:
+            _finish(loop)
+        finally:
+            if ok:
+                loop.close()
+
+
+def _finish(loop: asyncio.AbstractEventLoop) -> None:
+    """As asyncio.run ends: cancel the Python tasks still pending (a failed gather leaves
+    its other tasks running) and let them unwind, then close the async generators."""
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
