@@ -182,12 +182,12 @@ def _on_stream(value: Any, device: torch.device) -> DDLWork:
     return DDLWork(None, DONE, value, (event, stream))
 
 
-def _result(handles: list[Any], value: Any, post: Any, on: torch.Tensor) -> DDLWork:
-    """The Work of a call on `on`'s device whose libddl requests are `handles`: CPU work
-    completes through the completer thread (none queued: at once); CUDA work was done or
-    enqueued inside the call, so `post` (the copy back of a non-contiguous output) runs
-    here, on the caller's stream."""
-    if not on.is_cuda:
+def _result(handles: list[Any], value: Any, post: Any, on: torch.Tensor | None) -> DDLWork:
+    """The Work of a call on `on`'s device (None: a call without tensors) whose libddl
+    requests are `handles`: CPU work completes through the completer thread (none queued:
+    at once); CUDA work was done or enqueued inside the call, so `post` (the copy back of a
+    non-contiguous output) runs here, on the caller's stream."""
+    if on is None or not on.is_cuda:
         return _work(handles, value, post) if handles else _done(value, post)
     if post is not None:
         post()
@@ -411,7 +411,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
                 ddl_core.allreduce(work, op=wop, out=work)
                 if post is not None:
                     post()
-            return _result([], tensors, None, tensors[0])
+            return _result([], tensors, None, _first(tensors))
         for t in tensors:
             work, wop, post = prepare(t, op)
             handles.append(self._allreduce_h(work, wop))
@@ -469,7 +469,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             work = t if t.is_contiguous() else t.contiguous()
             handles.append(self._broadcast_h(_bytes(work), root))
             posts.append(None if work is t else (lambda t=t, w=work: t.copy_(w)))
-        return _result(handles, tensors, chain(posts), tensors[0])
+        return _result(handles, tensors, chain(posts), _first(tensors))
 
     @_deadline
     @_on_gpu(native=True)
@@ -519,7 +519,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             handles.append(self._allgather_h(_bytes(inp.contiguous()), _bytes(flat)))
             posts.append(lambda outs=outs, flat=flat: [o.copy_(flat[i].view_as(o))
                                                        for i, o in enumerate(outs)])
-        return _result(handles, output_lists, chain(posts), inputs[0])
+        return _result(handles, output_lists, chain(posts), _first(inputs))
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
                             inputs: list[torch.Tensor], opts: Any = None) -> DDLWork:
@@ -649,6 +649,10 @@ class ProcessGroupDDL(dist.ProcessGroup):
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> DDLWork:
         raise NotImplementedError("the ddl backend receives from a named rank only (libddl's "
                                   "recv has no wildcard source): pass src= to dist.recv")
+
+
+def _first(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    return tensors[0] if tensors else None
 
 
 def _one(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
