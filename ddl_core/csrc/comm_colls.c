@@ -298,7 +298,8 @@ ddl_status_t ddl_comm_reduce(ddl_comm_t c, const void *sendbuf, void *recvbuf, s
         size_t part = count / (size_t)P, pb = part * es;
         int me = ctx->world.rank;
         /* The root's own block lands in place; the others send theirs to it. */
-        void *blk = at_root ? (char *)recvbuf + (size_t)me * pb : malloc(pb);
+        /* (Elsewhere: kept scratch, not a fresh mapping whose pages fault in every call.) */
+        void *blk = at_root ? (char *)recvbuf + (size_t)me * pb : ddl_scratch(DDL_SCRATCH_REDUCE, pb);
         if (!blk) LEAVE(ddl_fail(DDL_ERR_NO_MEMORY, "%s: no memory for %zu elements", fn, part));
         st = ddl_reduce_scatter_ctx_sig(ctx, sendbuf, blk, part, dtype, op,
                                         ddl_signature(DDL_COLL_REDUCE, count, dtype, op, root));
@@ -308,19 +309,17 @@ ddl_status_t ddl_comm_reduce(ddl_comm_t c, const void *sendbuf, void *recvbuf, s
                                   q, TAG_REDUCE_GATHER);
         if (st == DDL_SUCCESS && !at_root)
             st = ddl_sendrecv(&ctx->world, blk, pb, root, NULL, 0, -1, TAG_REDUCE_GATHER);
-        if (!at_root) free(blk);
         LEAVE(st);
     }
     void *out = at_root ? recvbuf : NULL;
     const void *in = sendbuf;
     if (!at_root && count) {
-        out = malloc(count * ddl_dtype_size(dtype));
+        out = ddl_scratch(DDL_SCRATCH_REDUCE, count * ddl_dtype_size(dtype));
         if (!out) LEAVE(ddl_fail(DDL_ERR_NO_MEMORY, "%s: no memory for %zu elements", fn, count));
     }
     if (sendbuf == DDL_IN_PLACE) in = out;
     st = ddl_allreduce_ctx(ctx, in == out ? DDL_IN_PLACE : in, out, count, dtype, op,
                            ddl_signature(DDL_COLL_REDUCE, count, dtype, op, root));
-    if (!at_root) free(out);
     LEAVE(st);
 }
 

@@ -158,6 +158,7 @@ typedef enum {
     DDL_SCRATCH_PIPELINE,      /* collectives.c: the node-leader pipeline's segments */
     DDL_SCRATCH_PIPELINE_REQS, /* collectives.c: its MPI requests */
     DDL_SCRATCH_SPILL,         /* p2p.c, comm_colls.c: a message of the wrong size */
+    DDL_SCRATCH_REDUCE,        /* comm_colls.c: reduce's result on a rank other than the root */
     DDL_SCRATCH_SLOTS
 } ddl_scratch_slot_t;
 void *ddl_scratch(ddl_scratch_slot_t slot, size_t bytes);
