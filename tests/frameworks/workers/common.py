@@ -42,6 +42,20 @@ def reference(model: nn.Module, steps: int, size: int, lr: float, opt: str = "sg
     return ref
 
 
+def train(model: nn.Module, steps: int, rank: int, lr: float,
+          device: torch.device | None = None) -> None:
+    """SGD (momentum 0.9) on this rank's own batches, `steps` of them: what a data-parallel
+    worker runs before comparing its parameters with `reference`."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for s in range(steps):
+        x, y = batch(s, rank)
+        if device is not None:
+            x, y = x.to(device), y.to(device)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
 def check_same_and_close(model: nn.Module, ref: nn.Module, rank: int, size: int,
                          gather: callable, atol: float = 1e-5) -> None:
     """Parameters identical on all ranks (bitwise) and close to the reference."""

@@ -8,8 +8,7 @@ import sys
 import ddl_core.torch as ddl_torch
 import torch
 import torch.distributed as dist
-from common import batch, check_same_and_close, cnn, reference
-from torch import nn
+from common import check_same_and_close, cnn, reference, train
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 mode = sys.argv[1]  # ddl | hook | syncbn
@@ -33,12 +32,7 @@ init = {k: v.clone() for k, v in model.state_dict().items()}
 ref_model = cnn(bn=mode == "syncbn")
 ref_model.load_state_dict(init)
 
-opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
-for s in range(STEPS):
-    x, y = batch(s, rank)
-    opt.zero_grad()
-    nn.functional.cross_entropy(ddp(x), y).backward()
-    opt.step()
+train(ddp, STEPS, rank, LR)
 
 ref = reference(ref_model, STEPS, size, LR)
 
@@ -55,6 +49,6 @@ print(f"OK {mode}", flush=True)
 # joined here rather than left to drop tensors during interpreter shutdown, which aborts
 # the process ("terminate called without an active exception": a torch race, pytorch
 # issue 190489, that any gloo script ending right after a collective can hit).
-del ddp, opt
+del ddp  # (the optimizer went with train())
 gc.collect()
 dist.destroy_process_group()

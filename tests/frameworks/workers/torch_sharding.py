@@ -8,8 +8,7 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
-from common import batch, cnn, reference
-from torch import nn
+from common import cnn, reference, train
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
@@ -68,12 +67,7 @@ def fsdp2(mesh_shape: tuple[int, ...], names: tuple[str, ...]) -> None:
     for layer in (model[0], model[3]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-    for s in range(STEPS):
-        x, y = batch(s, rank)
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+    train(model, STEPS, rank, LR)
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         if not isinstance(p, DTensor):
             raise AssertionError(f"{name} is not sharded by fully_shard")

@@ -23,8 +23,7 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "frameworks" / "workers"))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed._functional_collectives as fc  # noqa: E402
-from common import batch, cnn, reference  # noqa: E402
-from torch import nn  # noqa: E402
+from common import cnn, reference, train  # noqa: E402
 
 STEPS, LR = 4, 0.05
 dist.init_process_group("ddl")
@@ -170,12 +169,7 @@ def sharding() -> None:
     for layer in (model[0], model[3]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-    for s in range(STEPS):
-        x, y = batch(s, rank)
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x.to(dev)), y.to(dev)).backward()
-        opt.step()
+    train(model, STEPS, rank, LR, dev)
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         if not isinstance(p, DTensor):
             raise AssertionError(f"{name} is not sharded by fully_shard")
@@ -192,13 +186,7 @@ def ddp() -> None:
     model = cnn().to(dev)
     torch.manual_seed(1234)
     ref = reference(cnn(), STEPS, size, LR)
-    net = DDP(model, device_ids=[0], bucket_cap_mb=0.001)  # several buckets
-    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
-    for s in range(STEPS):
-        x, y = batch(s, rank)
-        opt.zero_grad()
-        nn.functional.cross_entropy(net(x.to(dev)), y.to(dev)).backward()
-        opt.step()
+    train(DDP(model, device_ids=[0], bucket_cap_mb=0.001), STEPS, rank, LR, dev)  # buckets
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         if not torch.allclose(p.detach().cpu(), q.detach(), atol=1e-5, rtol=1e-4):
             raise AssertionError(f"rank {rank}: DDP {name} is not the single-process result")
