@@ -186,7 +186,8 @@ def ddp() -> None:
     model = cnn().to(dev)
     torch.manual_seed(1234)
     ref = reference(cnn(), STEPS, size, LR)
-    train(DDP(model, device_ids=[0], bucket_cap_mb=0.001), STEPS, rank, LR, dev)  # buckets
+    net = DDP(model, device_ids=[0], bucket_cap_mb=0.001)  # several buckets
+    train(net, STEPS, rank, LR, dev)
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         if not torch.allclose(p.detach().cpu(), q.detach(), atol=1e-5, rtol=1e-4):
             raise AssertionError(f"rank {rank}: DDP {name} is not the single-process result")

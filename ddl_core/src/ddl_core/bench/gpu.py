@@ -18,7 +18,6 @@ its ratio to the baseline backend (pg_vs_base: > 1 is faster than the baseline).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -85,10 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("MASTER_PORT", "29541")
         dist.init_process_group(baseline, rank=rank, world_size=size,
                                 device_id=dev if baseline == "nccl" else None)
-        if a.backend and importlib.util.find_spec("ddl_torch") is not None:
-            import ddl_core.torch  # noqa: F401 - registers the ddl backend
+        if a.backend:
+            from ddl_core.torch.backend import cpp_backend  # (registers the ddl backend)
 
-            ddl_pg = dist.new_group(backend="ddl")
+            # ddl takes CUDA tensors through its C++ Backend (ddl-torch) only
+            ddl_pg = dist.new_group(backend="ddl") if cpp_backend() is not None else None
 
     def slowest(t: float) -> float:
         return float(ddl.allreduce(np.array([t]), op="max")[0])
