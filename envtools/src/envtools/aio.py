@@ -7,19 +7,26 @@ running; ``asyncio.run`` then closes the loop, and each late result makes its Ru
 print a "RuntimeError: Event loop is closed" traceback next to envtools' one error line.
 So the loop is closed only after a success: after a failure it is left open (it holds
 nothing but a self-pipe) so that late results land in it unnoticed.
+
+asyncio is imported when a coroutine is run, not with this module: a clone imports
+``adding`` (for ``--add``) and would otherwise pay ~30 ms of start-up for nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import asyncio
 
 T = TypeVar("T")
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(coro)``, except that a failure leaves the loop open (see above)."""
+    import asyncio
+
     loop = asyncio.new_event_loop()
     ok = False
     try:
@@ -37,6 +44,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 def _finish(loop: asyncio.AbstractEventLoop) -> None:
     """As asyncio.run ends: cancel the Python tasks still pending (a failed gather leaves
     its other tasks running) and let them unwind, then close the async generators."""
+    import asyncio
+
     tasks = asyncio.all_tasks(loop)
     for task in tasks:
         task.cancel()
