@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import slurmcluster
+from .child import run_forwarding
 
 PREFIX = "ddlc"
 STATE_DIR = Path(os.environ.get("DDL_CLUSTER_STATE", "/run/ddl-cluster"))
@@ -489,29 +490,13 @@ def run_argv(c: Cluster, command: list[str]) -> tuple[list[str], dict[str, str]]
     return c.exec_argv(c.hosts[0], command), dict(os.environ, **c.job_env())
 
 
-def _child(argv: list[str], env: dict[str, str], grace_s: float = 10.0) -> int:
-    """Run argv, passing SIGINT/SIGTERM on; kill it if it outlives a signal by grace_s
-    (the caller then removes the cluster and must not wait on it forever)."""
-    proc = subprocess.Popen(argv, env=env)
-    signalled: list[float] = []
-
-    def forward(signum: int, frame: object) -> None:
-        signalled.append(time.monotonic())
-        proc.send_signal(signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while True:
-            try:
-                return proc.wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                if signalled and time.monotonic() - signalled[0] > grace_s:
-                    proc.kill()
-                    proc.wait()
-                    raise KeyboardInterrupt from None
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+def _child(argv: list[str], env: dict[str, str]) -> int:
+    """Run argv, passing Ctrl-C on (child.py); one that outlives it is killed and the
+    interrupt goes on, so that the caller removes the cluster."""
+    end = run_forwarding(argv, env)
+    if end.killed_after_signal:
+        raise KeyboardInterrupt
+    return end.returncode
 
 
 def _describe(c: Cluster) -> str:

@@ -36,13 +36,11 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from ..netaddr import local_addresses
+from .child import run_forwarding
 from .exitreport import ENV as EXIT_ENV
 from .exitreport import Collector, job_status
 from .launchcheck import check_plan, count_type
@@ -68,8 +66,6 @@ from .launcher import (
 )
 from .slurmalloc import allocation, in_allocation
 from .tfconfig import add_tf_config
-
-GRACE_S = 10.0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -235,35 +231,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_launcher(cmd: list[str], env: dict[str, str]) -> int:
     """Run the launcher as a child (not exec: its exit status is only part of the
-    answer), passing SIGINT/SIGTERM on. A launcher that does not wind down within GRACE_S
-    of the signal is killed: the caller's clean-up must not wait on it (prterun was seen
-    to take minutes under load). The status: its exit code, or 128+signal."""
+    answer), passing Ctrl-C on (child.py). The status: its exit code, or 128+signal."""
     try:
-        proc = subprocess.Popen(cmd, env=env)
+        return run_forwarding(cmd, env).status
     except OSError as e:
         print(f"ddlrun: error: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
         return 127
-    signalled: list[float] = []
-
-    def forward(signum: int, frame: object) -> None:
-        signalled.append(time.monotonic())
-        proc.send_signal(signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while True:
-            try:
-                rc = proc.wait(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                if signalled and time.monotonic() - signalled[0] > GRACE_S:
-                    proc.kill()
-                    rc = proc.wait()
-                    break
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    return 128 - rc if rc < 0 else rc
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import ddl_core
 from ddl_core import tensorflow as _dtf
 from ddl_core import timeline
 
-from ..common.basics import (  # noqa: F401 - re-exported Horovod API  # noqa: F401 - re-exported Horovod API
+from ..common.basics import (  # noqa: F401 - re-exported Horovod API
     Adasum,
     Average,
     HorovodInternalError,
