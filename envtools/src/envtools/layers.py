@@ -229,16 +229,11 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
     given, every file must also be vouched for by one, keyed by its path in the env or
     in the cache, with its stat and its record's sha256 (placement.vouched, inlined: it
     runs once per file of every linked directory)."""
-    # (this loop runs once per file of every linked directory, 52,000 in powerai: the
-    # checks are spelled out on st_mode's bits instead of calling stat.S_IS* and
-    # cachelinks.symlink_is_safe per file, which cost a third of a clone's placing)
     want = {it[0][len(rel_dir) + 1:]: it for it in items if it[2] != "directory"}
     found: dict[str, tuple] = {}
     found_links: set[str] = set()
     group_other_w = stat.S_IWGRP | stat.S_IWOTH
-    any_w = cachelinks.WRITE_BITS
     exec_bits = cachelinks.EXEC_BITS
-    fmt_mask, is_dir, is_reg, is_lnk = 0o170000, stat.S_IFDIR, stat.S_IFREG, stat.S_IFLNK
     missing = (None, None, None)
     stack = [""]
     while stack:
@@ -259,8 +254,7 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
                     name = pre + entry.name
                     st = entry.stat(follow_symlinks=False)
                     mode = st.st_mode
-                    fmt = mode & fmt_mask
-                    if fmt == is_dir:
+                    if stat.S_ISDIR(mode):
                         if mode & group_other_w:
                             return None
                         stack.append(name)
@@ -269,7 +263,7 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
                     kind = w[2]
                     if kind is None:
                         return None  # (not the package's: the cache was changed)
-                    if fmt == is_lnk:
+                    if stat.S_ISLNK(mode):
                         target = os.readlink(entry.name, dir_fd=fd)
                         inside = os.path.normpath(os.path.join(os.path.dirname(name), target))
                         if (kind != "softlink" or target.startswith("/")
@@ -277,13 +271,10 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
                             return None
                         found_links.add(name)
                         continue
-                    if kind == "softlink" or fmt != is_reg or mode & group_other_w:
+                    if kind == "softlink" or not stat.S_ISREG(mode) or mode & group_other_w:
                         return None
-                    if euid is not None:  # (cachelinks.symlink_is_safe)
-                        uid = st.st_uid
-                        if (euid == 0 or uid == euid or mode & any_w
-                                or (owner is not None and uid != owner)):
-                            return None
+                    if euid is not None and not cachelinks.symlink_is_safe(st, euid, owner):
+                        return None
                     if elf_checked:
                         pass
                     elif mode & exec_bits and cachelinks.stays_real(
