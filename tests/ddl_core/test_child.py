@@ -18,6 +18,7 @@ end = run_forwarding([sys.executable, "-c", sys.argv[2]], dict(os.environ), floa
 print(end.returncode, end.killed_after_signal, end.status, flush=True)
 """
 
+
 def _parent(setup: str, grace_s: float) -> subprocess.Popen[str]:
     """A parent whose child runs ``setup``, says it is ready, and sleeps."""
     child = f"{setup}; import sys, time; print('ready', flush=True); time.sleep(60)"
