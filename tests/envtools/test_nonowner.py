@@ -571,17 +571,24 @@ def test_install_plans_the_directory_links_a_clone_would(shared):
     prefix = record_index.load_prefix(shared.env)
     assert prefix.index_key is not None
     stored = layers.read_plan(shared.env, prefix.index_key)
-    assert stored is not None and stored[0]
+    assert stored is not None and stored.dirs
     records = prefix.records
     cache = clone._find_cache(shared.env, records)
     kept: set[int] = set()
     groups = clone._plan(records, cache, shared.env, str(shared.env), kept)
     planned = layers.plan(groups, range(len(records)), [], clone._IN_ARCHIVE)
-    assert stored[:2] == ({d: records[k].dist for d, k in planned.items()},
-                          {records[k].dist for k in kept})
+    assert (stored.dirs, stored.kept) == ({d: records[k].dist for d, k in planned.items()},
+                                          {records[k].dist for k in kept})
     # (the programs placed alone that must be real files: bin/demo, whose package
     # relocates files, so from the cache its $ORIGIN/../lib would not be the clone's)
-    assert stored[2] == frozenset({"bin/demo"})
+    assert stored.real == frozenset({"bin/demo"})
+    # with a listing of each directory it checked: its top, then every file of it
+    assert set(stored.listings) == set(planned)
+    for d, listing in stored.listings.items():
+        assert listing.startswith(b"\0d ")
+        names = set(listing.split(b"\0")[::3])
+        assert {it[0][len(d) + 1:].encode() for _k, items in groups for it in items
+                if it[0].startswith(d + "/")} <= names
     ctx = Ctx(dest_tmp=Path("/nonexistent"), new_prefix="/x", old_prefix=str(shared.env),
               src_root=str(shared.env), euid=shared.user.uid, link_mode="dirs",
               symlink_roots={k: str(cache[r.name]) for k, r in enumerate(records)},
@@ -594,21 +601,151 @@ def test_install_plans_the_directory_links_a_clone_would(shared):
     assert layers.read_plan(shared.env, (0, 0, 0)) is None
 
 
+def test_installs_listings_stand_for_the_checks_only_while_they_hold(shared):
+    """A clone of root's site env lists the cache directories it links with find and
+    skips layers.verify for each one whose listing is the one root's install stored.
+    Only a plan root wrote counts, and a directory changed since (a mode, here) is
+    checked again."""
+    from envtools.placement import Ctx, finish_prechecks, start_prechecks
+
+    from envtools import clone, layers, record_index
+
+    env = shared.root / "listed" / "env"  # (one of its own: other tests change the cache)
+    env.parent.mkdir(mode=0o755)
+    run_envtools("install", "--channel", shared.channel, "--prefix", env, "demo-meta")
+    prefix = record_index.load_prefix(env)
+    records = prefix.records
+    cache = clone._find_cache(env, records)
+    kept: set[int] = set()
+    groups = clone._plan(records, cache, env, str(env), kept)
+
+    def ctx_now() -> Ctx:
+        ctx = Ctx(dest_tmp=Path("/nonexistent"), new_prefix="/x", old_prefix=str(env),
+                  src_root=str(env), euid=shared.user.uid, link_mode="dirs",
+                  index_key=prefix.index_key,
+                  symlink_roots={k: str(cache[r.name]) for k, r in enumerate(records)})
+        clone._list_planned_early(ctx, records, cache)
+        return ctx
+
+    ctx = ctx_now()
+    layered = clone._plan_layers(ctx, records, cache, groups, [], kept)
+    planned = {it[0]: it[1] for _k, items in layered for it in items
+               if it[2] == layers.LAYER}
+    assert planned and ctx.listings is not None and set(ctx.listings) == set(planned)
+    finish_prechecks(ctx)  # (_list_planned_early started them)
+    assert ctx.prechecked == frozenset(planned)
+    d, target = sorted(planned.items())[0]
+    victim = next(p for p in Path(target).rglob("*") if p.is_file() and not p.is_symlink())
+    mode = victim.stat().st_mode
+    plan_file = env / layers.PLAN
+    try:
+        os.chmod(victim, 0o400)
+        start_prechecks(ctx, planned)
+        finish_prechecks(ctx)
+        assert d not in ctx.prechecked and ctx.prechecked
+        os.chmod(victim, mode)
+        os.chown(plan_file, shared.user.uid, -1)  # (not root's word any more)
+        other = ctx_now()
+        assert other.plan is not None and other.listings is None
+        assert clone._plan_layers(other, records, cache, groups, [], kept) == layered
+        finish_prechecks(other)
+        assert other.prechecked == frozenset()
+    finally:
+        os.chmod(victim, mode)
+        os.chown(plan_file, 0, -1)
+
+
 def test_a_library_that_climbs_out_of_its_directory_is_not_behind_a_link(tmp_path):
     """The kernel resolves `..` after following a directory link: a library whose RUNPATH
-    is $ORIGIN/.. would search the cache, not the clone, so its directory stays real."""
+    is $ORIGIN/.. searches the cache, not the clone. Its directory stays real unless
+    every library it finds that way is its own package's, at the same place in the env
+    (a wheel's bundled `$ORIGIN/../pkg.libs`)."""
     if shutil.which("gcc") is None:
         pytest.skip("needs gcc")
     from envtools.layers import verify
 
-    layer = tmp_path / "cache" / "pkg" / "lib" / "sub"
-    layer.mkdir(parents=True)
-    (tmp_path / "x.c").write_text("int x(void){return 1;}\n")
+    pkg, env = tmp_path / "cache" / "pkg", tmp_path / "env"
+    layer = pkg / "lib" / "sub"
+    for d in (layer, env / "lib" / "sub", env / "lib" / "other"):
+        d.mkdir(parents=True)
+    (tmp_path / "x.c").write_text("int y(void); int x(void){return y();}\n")
+    (tmp_path / "y.c").write_text("int y(void){return 1;}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", env / "lib" / "other" / "liby.so",
+                    tmp_path / "y.c"], check=True)
     items = [("lib/sub/libx.so", str(layer / "libx.so"), "hardlink", None, None, True, None, 1)]
-    for runpath, linkable in (("$ORIGIN", True), ("$ORIGIN/../other", False)):
+    # (liby: another package's in the env; then also this package's own, in its cache)
+    for runpath, own_liby, linkable in (("$ORIGIN", False, True),
+                                        ("$ORIGIN/../other", False, False),
+                                        ("$ORIGIN/../other", True, True)):
         (layer / "libx.so").unlink(missing_ok=True)
         subprocess.run(["gcc", "-shared", "-fPIC", "-o", layer / "libx.so", tmp_path / "x.c",
-                        f"-Wl,-rpath,{runpath}", "-Wl,--enable-new-dtags"], check=True)
+                        "-L", env / "lib" / "other", "-ly", f"-Wl,-rpath,{runpath}",
+                        "-Wl,--enable-new-dtags"], check=True)
         os.chmod(layer / "libx.so", 0o555)
-        got = verify(str(layer), items, "lib/sub", str(tmp_path / "env"), frozenset())
-        assert (got is not None) == linkable, runpath
+        shutil.copy2(layer / "libx.so", env / "lib" / "sub" / "libx.so")
+        if own_liby:
+            (pkg / "lib" / "other").mkdir(exist_ok=True)
+            shutil.copy2(env / "lib" / "other" / "liby.so", pkg / "lib" / "other" / "liby.so")
+        got = verify(str(layer), items, "lib/sub", str(env), frozenset())
+        assert (got is not None) == linkable, (runpath, own_liby)
+
+
+def test_a_source_python_cannot_compile_needs_no_bytecode(tmp_path):
+    """A .py without its .pyc keeps its directory from being linked (python would
+    compile it on every import), unless python cannot compile it at all (torch ships a
+    py3.12-only test module): then it writes no bytecode for it either."""
+    import sys
+
+    from envtools.clone import _IN_ARCHIVE
+
+    from envtools import bytecode, layers
+
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text("x = 1\n")
+    bad.write_text("def f(:\n")
+    assert bytecode.uncompilable(Path(sys.executable), [str(good), str(bad)]) == {str(bad)}
+    assert bytecode.uncompilable(tmp_path / "no-python", [str(bad)]) == set()
+    groups = [(0, [(f"share/t/{n}", str(tmp_path / n), "hardlink", None, None, True, None, 1)
+                   for n in ("bad.py", "data.bin")])]
+    assert layers.without_bytecode(groups) == {"share/t/bad.py": str(bad)}
+    assert layers.plan(groups, [0], [], _IN_ARCHIVE) == {}
+    assert layers.plan(groups, [0], [], _IN_ARCHIVE,
+                       no_bytecode=frozenset({"share/t/bad.py"})) == {"share/t": 0}
+
+
+def test_a_listing_stands_for_its_directory_only_while_it_is_the_same(tmp_path):
+    """find's listing of a directory covers what verify checks (names, types, modes,
+    owners, sizes, mtimes, inodes, link targets), and a walk along several directories'
+    listings stops at the first that differs, including one with an entry added at the
+    end of its listing."""
+    from envtools import layers
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a / "sub", b):
+        d.mkdir(parents=True)
+    (a / "sub" / "f").write_bytes(b"1")
+    (a / "l").symlink_to("sub/f")
+    (b / "g").write_bytes(b"2")
+    want = [layers.listing(str(a)), layers.listing(str(b))]
+    assert all(want) and b"sub/f\0f " in want[0] and b"\0l " in want[0]
+
+    def same() -> int:
+        return layers.same_listings(
+            layers.finish_listing(layers.start_listing([str(a), str(b)])), want)
+
+    assert same() == 2
+    os.utime(b / "g", ns=(0, 0))  # (b differs: a still counts)
+    assert same() == 1
+    want[1] = layers.listing(str(b))
+    os.chmod(a / "sub" / "f", 0o600)
+    assert same() == 0
+    os.chmod(a / "sub" / "f", 0o644)
+    want[0] = layers.listing(str(a))
+    # an entry more in a, listed after all of a's: a's listing is a prefix, yet a differs
+    out = layers.finish_listing(layers.start_listing([str(a), str(b)]))
+    extra = want[0] + b"zz\0f 644 0 1 1.0000000000 1\0\0"
+    assert layers.same_listings(extra + want[1], want) == 0
+    assert layers.same_listings(out, want) == 2
+    assert layers.same_listings(None, want) == 0
+    assert layers.start_listing(["relative/dir"]) is None
+    assert layers.finish_listing(layers.start_listing([str(tmp_path / "missing")])) is None

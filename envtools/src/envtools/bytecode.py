@@ -285,6 +285,35 @@ def _compile(python: Path, staging: Path, final: Path, rels: list[str],
     return made
 
 
+#: run by the env's python: print each source path read from stdin that it cannot compile
+_CHECKER = r"""
+import sys
+for line in sys.stdin:
+    path = line.rstrip("\n")
+    try:
+        with open(path, "rb") as fh:
+            compile(fh.read(), path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        print(path)
+"""
+
+
+def uncompilable(python: Path, sources: list[str]) -> set[str]:
+    """Which of ``sources`` (file paths) the env's ``python`` cannot compile: python
+    never writes bytecode for them (each import fails), so a directory holding one
+    needs no ``.pyc`` for it. Empty when that python does not run."""
+    if not sources or not python.exists():
+        return set()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    try:
+        p = subprocess.run([str(python), "-I", "-S", "-B", "-c", _CHECKER],
+                           input="".join(s + "\n" for s in sources), capture_output=True,
+                           text=True, env=env, timeout=300)
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return set(p.stdout.splitlines()) & set(sources) if p.returncode == 0 else set()
+
+
 def has_compiled(plan_fields: list[tuple]) -> bool:
     """Does a record (its plan fields) list bytecode the installer compiled?"""
     return any(f[1] == PYC_FILE for f in plan_fields)

@@ -293,6 +293,8 @@ def clone(
                        for k, r in enumerate(prefix.records)},
             index_key=prefix.index_key,
         )
+        if link_mode == "dirs" and not add and cache and ctx.euid != 0:
+            _list_planned_early(ctx, prefix.records, cache)
         # --link-mode dirs: the bytecode install compiled into a noarch: python package's
         # cache entry comes along (its directories are then complete: linked whole)
         kept_pycs: set[int] = set()
@@ -519,7 +521,10 @@ def write_layer_plan(prefix: Path, records: list[Record], index_key: tuple) -> N
     kept: set[int] = set()
     groups = _plan(records, cache, prefix, str(prefix), kept)
     linkable = [k for k, r in enumerate(records) if r.name in cache]
-    chosen = layers.plan(groups, linkable, [], _IN_ARCHIVE)
+    orphans = layers.without_bytecode(groups)  # (rel -> its file in the cache)
+    bad = bytecode.uncompilable(prefix / "bin" / "python", list(orphans.values()))
+    chosen = layers.plan(groups, linkable, [], _IN_ARCHIVE,
+                         frozenset(rel for rel, src in orphans.items() if src in bad))
     # each directory is checked against the cache as a clone checks it (layers.verify:
     # the files and their modes, programs that must be real, libraries that climb out
     # through $ORIGIN/..), and one that fails is split into its subdirectories as
@@ -538,12 +543,19 @@ def write_layer_plan(prefix: Path, records: list[Record], index_key: tuple) -> N
                     under[d].append(it)
                     break
     final: dict[str, int] = {}
+    listings: dict[str, bytes] = {}
     stack = [(d, f"{cache[records[k].name]}/{_cache_rel(records[k], d)}", under[d], k)
              for d, k in chosen.items()]
     while stack:
         d, src, items, k = stack.pop()
         if layers.verify(src, items, d, str(prefix), relocating) is not None:
             final[d] = k
+            # (what verify saw, for a clone to compare against: only where every file
+            # has the sha256 a clone's vouching needs)
+            got = layers.listing(src) if all(
+                it[6] for it in items if it[2] not in ("directory", "softlink")) else None
+            if got is not None:
+                listings[d] = got
             continue
         children: dict[str, list[Item]] = {}
         for it in items:
@@ -571,8 +583,9 @@ def write_layer_plan(prefix: Path, records: list[Record], index_key: tuple) -> N
             if st.st_mode & cachelinks.EXEC_BITS and cachelinks.stays_real(
                     rel, source, st, str(prefix), relocating):
                 real.add(rel)
-    layers.write_plan(prefix, index_key, {d: records[k].dist for d, k in final.items()},
-                      {records[k].dist for k in kept}, real)
+    layers.write_plan(prefix, index_key, layers.Plan(
+        {d: records[k].dist for d, k in final.items()}, {records[k].dist for k in kept},
+        frozenset(real), listings))
 
 
 def _planned_at_install(ctx: Ctx, records: list[Record], kept_pycs: set[int],
@@ -585,10 +598,10 @@ def _planned_at_install(ctx: Ctx, records: list[Record], kept_pycs: set[int],
     directory that is not one package's only gets files placed one by one."""
     if untracked_files or ctx.index_key is None:
         return None
-    got = layers.read_plan(Path(ctx.src_root), ctx.index_key)
+    got = ctx.plan or layers.read_plan(Path(ctx.src_root), ctx.index_key)
     if got is None:
         return None
-    dirs, kept, real = got
+    dirs, kept, real = got.dirs, got.kept, got.real
     key_of = {r.dist: k for k, r in enumerate(records)}
     if kept != {records[k].dist for k in kept_pycs}:
         return None
@@ -602,6 +615,44 @@ def _planned_at_install(ctx: Ctx, records: list[Record], kept_pycs: set[int],
     return chosen
 
 
+def _list_planned_early(ctx: Ctx, records: list[Record], cache: dict[str, Path]) -> None:
+    """``--link-mode dirs`` as a user: read install's plan now and, when root wrote it,
+    start listing the cache directories it links (placement.start_prechecks), so that
+    find runs while this process plans the files. Whether the plan holds for this clone
+    is decided later (:func:`_planned_at_install`); if not, nothing listed is used."""
+    if ctx.index_key is None:
+        return
+    plan = layers.read_plan(Path(ctx.src_root), ctx.index_key)
+    if plan is None:
+        return
+    ctx.plan = plan
+    if not _root_wrote(Path(ctx.src_root) / layers.PLAN, ctx.euid):
+        return
+    ctx.listings = plan.listings
+    by_dist = {r.dist: r for r in records}
+    targets: dict[str, str] = {}
+    for d, dist in plan.dirs.items():
+        r = by_dist.get(dist)
+        where = cache.get(r.name) if r is not None else None
+        if where is not None and not confine.first_unsafe([d]):
+            targets[d] = f"{where}/{_cache_rel(r, d)}"
+    placement.start_prechecks(ctx, targets)
+
+
+def _root_wrote(fp: Path, euid: int) -> bool:
+    """Is ``fp`` a file only root can have written (root's, no group or other write
+    bit, in directories only root can change all the way up)? Then what it says about
+    root's package cache is root's word, as the cache is: install's listings of the
+    directories it checked can stand for that check (placement.start_prechecks)."""
+    try:
+        st = os.lstat(fp)
+    except OSError:
+        return False
+    return (stat.S_ISREG(st.st_mode) and st.st_uid == 0
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            and cachelinks.trusted_dir(fp.parent, 0, euid))
+
+
 def _plan_layers(ctx: Ctx, records: list[Record], cache: dict[str, Path],
                  groups: list[tuple[int, list[Item]]],
                  untracked_files: list[str],
@@ -612,6 +663,7 @@ def _plan_layers(ctx: Ctx, records: list[Record], cache: dict[str, Path],
     checks each chunk's): a directory link is never made from a path that is refused."""
     chosen = _planned_at_install(ctx, records, kept_pycs, untracked_files)
     if chosen is None:
+        ctx.listings = None  # (install's listings go with its plan)
         for key, items in groups:
             confine.check_paths([it[0] for it in items],
                                 f"package {records[key].name} {records[key].version}")

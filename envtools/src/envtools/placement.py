@@ -97,6 +97,15 @@ class Ctx:
     #: with install's plan: the package files outside its layers that must be real
     #: (cachelinks.stays_real, answered at install; see :meth:`stays_real`)
     real_programs: frozenset[str] | None = None
+    #: with install's plan, written by root for root's cache: its listing of each
+    #: directory it checked (layers.Plan.listings) ...
+    listings: dict[str, bytes] | None = None
+    #: ... and the linked directories whose cache copy lists the same now, so that
+    #: layers.verify has nothing to add (:func:`start_prechecks`)
+    prechecked: frozenset[str] = frozenset()
+    _listing_jobs: list | None = None
+    #: install's plan for SRC, when it has one for these records (layers.read_plan)
+    plan: layers.Plan | None = None
     _vouch: dict | None = None
     _vouch_all: dict | None = None
     _dirs_ok: dict | None = None  # (cache directories checked by cachelinks.safe_subdir)
@@ -400,6 +409,62 @@ def place_or_fall_back(ctx: Ctx, item: Item) -> Placed:
         raise
 
 
+#: find processes listing the linked directories (one per core here: they run while
+#: the clone prepares, and are waited for before the placing processes start)
+LISTING_JOBS = 2
+
+
+def start_prechecks(ctx: Ctx, targets: dict[str, str]) -> None:
+    """Start listing the cache directories ``targets`` (``{dir: its cache directory}``)
+    that will be linked whole, where install left its listing of them
+    (:attr:`Ctx.listings`), in :data:`LISTING_JOBS` find processes with about equal
+    shares (by the length of their listings: about their files). Started as soon as
+    the plan is known, they run while the clone prepares its items."""
+    if not ctx.listings:
+        return
+    todo = sorted(((len(ctx.listings[d]), d, t) for d, t in targets.items()
+                   if d in ctx.listings), reverse=True)
+    shares: list[list[tuple[str, str]]] = [[] for _ in range(LISTING_JOBS)]
+    loads = [0] * LISTING_JOBS
+    for n, d, target in todo:
+        i = loads.index(min(loads))
+        shares[i].append((d, target))
+        loads[i] += n
+    ctx._listing_jobs = [(layers.start_listing([t for _d, t in share]),
+                          [d for d, _t in share]) for share in shares if share]
+
+
+def finish_prechecks(ctx: Ctx) -> None:
+    """Wait for :func:`start_prechecks`' listings; :attr:`Ctx.prechecked` becomes the
+    directories whose listing is install's, byte for byte."""
+    done: set[str] = set()
+    for proc, dirs in ctx._listing_jobs or []:
+        if not ctx.layers or not ctx.listings or proc is None:  # (plan unused: stop)
+            if proc is not None:
+                proc.kill()
+                proc.communicate()
+            continue
+        n = layers.same_listings(layers.finish_listing(proc),
+                                 [(ctx.listings or {})[d] for d in dirs])
+        done.update(dirs[:n])
+    ctx._listing_jobs = None
+    ctx.prechecked = frozenset(done)
+
+
+def _prechecked_entries(ctx: Ctx, items: list[Item]) -> dict[str, tuple]:
+    """The stat cache entries of a prechecked directory's files: SRC's (install wrote
+    them with the listing; the files' stats are the listed ones)."""
+    vouch = _vouch_table(ctx)
+    out: dict[str, tuple] = {}
+    for it in items:
+        if it[2] in ("directory", "softlink"):
+            continue
+        sc = vouch.get(it[0]) or vouch.get(it[1])
+        if sc is not None and (len(sc) == 3 or sc[3] == it[6]):
+            out[it[0]] = sc[:3]
+    return out
+
+
 def place_layer(ctx: Ctx, item: Item) -> tuple[dict[str, tuple], list[Item], int, int]:
     """Link a whole directory to the cache (layers.py) once :func:`layers.verify` says
     its cache copy holds exactly the package's files there, safe to link, and SRC's
@@ -429,7 +494,11 @@ def place_layer(ctx: Ctx, item: Item) -> tuple[dict[str, tuple], list[Item], int
     while stack:
         d, src, items = stack.pop()
         entries = None
-        if ctx.unit_symlinks and _dirs_trusted(ctx, src):
+        if not ctx.unit_symlinks or not _dirs_trusted(ctx, src):
+            pass
+        elif d in ctx.prechecked:  # (root's install checked what it lists still: verify)
+            entries = _prechecked_entries(ctx, items)
+        else:
             entries = layers.verify(src, items, d, ctx.src_root, ctx.relocating,
                                     euid=ctx.euid, owner=ctx.link_owner,
                                     elf_checked=ctx.elf_checked, vouch=_vouch_table(ctx))
@@ -714,10 +783,15 @@ def place_all(
     """
     total = sum(len(items) for _key, items in groups)
     if not os.environ.get("ENVTOOLS_WORKERS"):  # (set: exactly that many, for tests too)
-        n_workers = min(n_workers, total // 512)  # a fork and its page faults cost ~ 1 ms
+        # a fork and its page faults cost ~ 1 ms: worth it from ~500 files on (a
+        # directory link's files count, each is looked at: its size is their number)
+        files = sum(it[7] if it[2] == layers.LAYER else 1 for _key, items in groups
+                    for it in items)
+        n_workers = min(n_workers, files // 512)
     n_workers = max(1, min(n_workers, total))
     chunks = split_units(groups, max(1, min(n_workers * CHUNKS_PER_WORKER, total, MAX_CHUNKS)),
                          ctx.links_expected())
+    finish_prechecks(ctx)  # (before the fork: every process sees what they found)
     order = sorted(range(len(chunks)), key=lambda i: -sum(u.cost for u in chunks[i]))
     queue, w = os.pipe()  # (filled and closed before any fork: readers see its end)
     try:
