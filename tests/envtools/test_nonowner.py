@@ -516,6 +516,39 @@ def test_a_program_is_linked_only_where_it_runs_the_same(tmp_path):
     assert cachelinks.runs_from_cache("bin/prog", str(pkg), str(env))
 
 
+def test_an_rpath_serves_what_it_loads_from_its_own_origin(tmp_path):
+    """A program's DT_RPATH (not RUNPATH) is searched for its libraries' libraries too,
+    with $ORIGIN the program's directory; an entry leading out of the tree that holds
+    nothing is passed over, as the loader does."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    env, pkg = tmp_path / "tree" / "env", tmp_path / "tree" / "pkg"
+    for d in (env / "bin", env / "lib" / "sub", pkg / "bin", pkg / "lib" / "sub"):
+        d.mkdir(parents=True)
+    (tmp_path / "y.c").write_text("int y(void){return 1;}\n")
+    (tmp_path / "x.c").write_text("int y(void); int x(void){return y();}\n")
+    (tmp_path / "m.c").write_text("int x(void); int main(void){return x();}\n")
+    lib = env / "lib"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", lib / "liby.so", tmp_path / "y.c"],
+                   check=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", lib / "sub" / "libx.so", tmp_path / "x.c",
+                    "-L", lib, "-ly"], check=True)
+    subprocess.run(["gcc", "-o", env / "bin" / "prog", tmp_path / "m.c", "-L", lib / "sub",
+                    "-lx", f"-Wl,-rpath-link,{lib}", "-Wl,--disable-new-dtags",
+                    "-Wl,-rpath,$ORIGIN/../../nowhere:$ORIGIN/../lib/sub:$ORIGIN/../lib"],
+                   check=True)
+    assert subprocess.run([env / "bin" / "prog"]).returncode == 1  # (x() found y())
+    for rel in ("bin/prog", "lib/sub/libx.so"):
+        shutil.copy2(env / rel, pkg / rel)
+    # liby, which libx finds through the program's RPATH, is another package's
+    assert not cachelinks.runs_from_cache("bin/prog", str(pkg), str(env))
+    shutil.copy2(lib / "liby.so", pkg / "lib" / "liby.so")  # now its own
+    assert cachelinks.runs_from_cache("bin/prog", str(pkg), str(env))
+    (tmp_path / "tree" / "nowhere").mkdir()  # (found outside the trees: not its own)
+    shutil.copy2(lib / "sub" / "libx.so", tmp_path / "tree" / "nowhere" / "libx.so")
+    assert not cachelinks.runs_from_cache("bin/prog", str(pkg), str(env))
+
+
 def test_a_records_link_type_is_changed_in_place():
     """The record's bytes are kept; only its trailing link object changes, in either of
     the two forms records are written in, and nothing else is touched."""

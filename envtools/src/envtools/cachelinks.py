@@ -167,7 +167,8 @@ def stays_real(rel: str, source: str, st: os.stat_result, src_root: str,
 def runs_from_cache(rel: str, pkg: str, src_root: str) -> bool:
     """Does the program ``rel`` load the same libraries when run from its package's cache
     directory ``pkg`` (where ``$ORIGIN`` points when it is run through a symlink) as when
-    run from the env ``src_root`` (whose files the clone has)?
+    run from the env ``src_root`` (whose files the clone has)? The same question for a
+    library in a linked directory whose search path climbs out of it (layers.py).
 
     Each library it, and in turn each of those libraries, finds through a ``$ORIGIN``
     entry of its RUNPATH (or RPATH, the program's included) must be found at the same
@@ -177,7 +178,10 @@ def runs_from_cache(rel: str, pkg: str, src_root: str) -> bool:
     prog = _read_elf(os.path.join(pkg, rel))
     if prog is None:
         return False
-    inherited = prog.rpath if not prog.runpath else []
+    # (a DT_RPATH, unlike a DT_RUNPATH, also serves the libraries the object loads,
+    # with $ORIGIN still the object's own directory)
+    inherited = [] if prog.runpath else [(p, posixpath.dirname(rel) or ".")
+                                         for p in prog.rpath]
     todo, seen = [rel], {rel}
     while todo:
         r = todo.pop()
@@ -185,8 +189,8 @@ def runs_from_cache(rel: str, pkg: str, src_root: str) -> bool:
         if infos[0] is None or infos[1] is None:
             return False
         for lib in infos[1].needed:
-            hits = [_via_origin(root, r, info, lib, inherited if r != rel else [])
-                    for root, info in zip((src_root, pkg), infos, strict=True)]
+            hits = [_via_origin(root, _search_path(info, r, inherited if r != rel else []),
+                                lib) for root, info in zip((src_root, pkg), infos, strict=True)]
             if hits[0] != hits[1]:
                 return False
             if hits[1] is not None and hits[1] not in seen:
@@ -206,20 +210,32 @@ def _read_elf(path: str) -> elf.ElfInfo | None:
     return _ELF[path]
 
 
-def _via_origin(root: str, rel: str, info: elf.ElfInfo, lib: str,
-                inherited: list[str]) -> str | None:
-    """Where (relative to ``root``) the loader finds ``lib`` for ``rel`` through a
-    ``$ORIGIN`` entry, or None if an absolute entry comes first or none has it."""
-    origin = posixpath.dirname(rel) or "."
-    for path in [*(info.runpath or info.rpath), *inherited]:
+def _search_path(info: elf.ElfInfo, rel: str, inherited: list[tuple[str, str]]
+                 ) -> list[tuple[str, str]]:
+    """The entries the loader searches for the libraries ``rel`` needs, each with the
+    directory ``$ORIGIN`` stands for in it: its RUNPATH alone, or else its RPATH and
+    then the RPATHs of those that loaded it (``inherited``)."""
+    here = posixpath.dirname(rel) or "."
+    if info.runpath:
+        return [(p, here) for p in info.runpath]
+    return [(p, here) for p in info.rpath] + inherited
+
+
+def _via_origin(root: str, entries: list[tuple[str, str]], lib: str) -> str | None:
+    """Where (relative to ``root``) the loader finds ``lib`` through a ``$ORIGIN``
+    entry of ``entries`` (see :func:`_search_path`), or None if an absolute entry comes
+    first or none has it. An entry that climbs out of the tree leads to a different
+    place from each tree: a library found there is named with that place, so the two
+    trees never agree on it."""
+    for path, origin in entries:
         if "$ORIGIN" not in path and "${ORIGIN}" not in path:
             if os.path.isfile(os.path.join(path, lib)):
                 return None
             continue
         d = posixpath.normpath(path.replace("${ORIGIN}", origin).replace("$ORIGIN", origin))
-        if d.startswith("../") or d == "..":  # (outside the tree: not the same in both)
-            return "outside:" + d
         if os.path.isfile(os.path.join(root, d, lib)):
+            if d.startswith("../") or d == "..":  # (outside the tree)
+                return "outside:" + os.path.normpath(os.path.join(root, d, lib))
             return posixpath.join(d, lib)
     return None
 

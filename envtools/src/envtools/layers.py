@@ -300,11 +300,13 @@ def same_listings(out: bytes | None, wants: list[bytes]) -> int:
 
 def _namespace(d: str, dirs: dict[str, _Dir]) -> bool:
     """A directory right under site-packages without ``__init__.py`` (a namespace
-    package, or data) other than a distribution's metadata: others may install into it."""
+    package, or data) other than a distribution's metadata or the libraries its wheel
+    bundles (auditwheel's ``<dist>.libs``): others may install into it."""
     if not d.rpartition("/")[0].endswith("/site-packages"):
         return False
     e = dirs.get(d)
-    return not (e is not None and e.init) and not d.endswith((".dist-info", ".egg-info"))
+    return not (e is not None and e.init) and not d.endswith((".dist-info", ".egg-info",
+                                                              ".libs"))
 
 
 def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
