@@ -780,5 +780,7 @@ def test_a_listing_stands_for_its_directory_only_while_it_is_the_same(tmp_path):
     assert layers.same_listings(extra + want[1], want) == 0
     assert layers.same_listings(out, want) == 2
     assert layers.same_listings(None, want) == 0
+    assert layers.split_listing(out) == want  # (install lists all in one find)
+    assert layers.split_listing(None) == [] and layers.split_listing(b"x\0") == []
     assert layers.start_listing(["relative/dir"]) is None
     assert layers.finish_listing(layers.start_listing([str(tmp_path / "missing")])) is None

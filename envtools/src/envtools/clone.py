@@ -543,7 +543,7 @@ def write_layer_plan(prefix: Path, records: list[Record], index_key: tuple) -> N
                     under[d].append(it)
                     break
     final: dict[str, int] = {}
-    listings: dict[str, bytes] = {}
+    to_list: dict[str, str] = {}  # dir -> its cache directory, to be listed
     stack = [(d, f"{cache[records[k].name]}/{_cache_rel(records[k], d)}", under[d], k)
              for d, k in chosen.items()]
     while stack:
@@ -552,10 +552,8 @@ def write_layer_plan(prefix: Path, records: list[Record], index_key: tuple) -> N
             final[d] = k
             # (what verify saw, for a clone to compare against: only where every file
             # has the sha256 a clone's vouching needs)
-            got = layers.listing(src) if all(
-                it[6] for it in items if it[2] not in ("directory", "softlink")) else None
-            if got is not None:
-                listings[d] = got
+            if all(it[6] for it in items if it[2] not in ("directory", "softlink")):
+                to_list[d] = src
             continue
         children: dict[str, list[Item]] = {}
         for it in items:
@@ -583,6 +581,9 @@ def write_layer_plan(prefix: Path, records: list[Record], index_key: tuple) -> N
             if st.st_mode & cachelinks.EXEC_BITS and cachelinks.stays_real(
                     rel, source, st, str(prefix), relocating):
                 real.add(rel)
+    listed = layers.split_listing(layers.finish_listing(layers.start_listing(
+        list(to_list.values()))))
+    listings = dict(zip(to_list, listed, strict=True)) if len(listed) == len(to_list) else {}
     layers.write_plan(prefix, index_key, layers.Plan(
         {d: records[k].dist for d, k in final.items()}, {records[k].dist for k in kept},
         frozenset(real), listings))

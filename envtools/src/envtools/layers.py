@@ -276,8 +276,26 @@ def finish_listing(proc: subprocess.Popen | None) -> bytes | None:
 
 
 def listing(d: str) -> bytes | None:
-    """The :data:`LISTING_FORMAT` listing of one directory (at install)."""
+    """The :data:`LISTING_FORMAT` listing of one directory."""
     return finish_listing(start_listing([d]))
+
+
+def split_listing(out: bytes | None) -> list[bytes]:
+    """The listing of several directories cut into one per directory (at install: one
+    find for all of them). Each record is three NUL-terminated fields, and a directory's
+    listing starts with its top, the only record whose path is empty."""
+    if not out:
+        return []
+    fields = out.split(b"\0")  # (3 per record, and the empty rest after the last NUL)
+    if len(fields) % 3 != 1 or fields[0]:
+        return []
+    starts, pos = [], 0
+    for i in range(0, len(fields) - 1, 3):
+        if not fields[i]:
+            starts.append(pos)
+        pos += len(fields[i]) + len(fields[i + 1]) + len(fields[i + 2]) + 3
+    starts.append(len(out))
+    return [out[a:b] for a, b in zip(starts, starts[1:], strict=False)]
 
 
 def same_listings(out: bytes | None, wants: list[bytes]) -> int:
