@@ -646,6 +646,68 @@ fail1:
     return NULL;
 }
 
+/* A buffer format (numpy's native one-character codes) -> libddl dtype, or -1. */
+static int fmt_dtype(const char *f, Py_ssize_t itemsize) {
+    if (!f || !f[0] || f[1]) return -1; /* (a byte-order prefix, a struct: not here) */
+    switch (f[0]) {
+    case 'e': return itemsize == 2 ? DDL_FLOAT16 : -1;
+    case 'f': return itemsize == 4 ? DDL_FLOAT32 : -1;
+    case 'd': return itemsize == 8 ? DDL_FLOAT64 : -1;
+    case 'b': return itemsize == 1 ? DDL_INT8 : -1;
+    case 'B': return itemsize == 1 ? DDL_UINT8 : -1;
+    case 'i':
+    case 'l':
+    case 'q': return itemsize == 4 ? DDL_INT32 : itemsize == 8 ? DDL_INT64 : -1;
+    default: return -1;
+    }
+}
+
+/* p2p_fast(kind, handle, buffer, peer, tag) -> bool: a blocking send (kind K_SEND) or
+ * receive (K_RECV) of a C-contiguous buffer of one of libddl's dtypes to or from a peer
+ * of the communicator, everything checked here in C: 8-byte latency is mostly the layer
+ * above MPI. False (nothing done) when any argument is not that plain case: the Python
+ * layer then takes its general path, which names what is wrong. */
+static PyObject *py_p2p_fast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5 || !PyLong_CheckExact(args[0]) || !PyLong_CheckExact(args[1]) ||
+        !PyLong_CheckExact(args[3]) || !PyLong_CheckExact(args[4]))
+        Py_RETURN_FALSE;
+    int overflow = 0;
+    long kind = PyLong_AsLongAndOverflow(args[0], &overflow);
+    long peer = overflow ? -1 : PyLong_AsLongAndOverflow(args[3], &overflow);
+    long tag = overflow ? -1 : PyLong_AsLongAndOverflow(args[4], &overflow);
+    unsigned long long h = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    ddl_comm_t c = handle_of(h);
+    int size = 0;
+    if (overflow || (kind != K_SEND && kind != K_RECV) || peer < 0 || tag < 0 ||
+        tag > 32767 || ddl_comm_size(c, &size) != DDL_SUCCESS || peer >= size)
+        Py_RETURN_FALSE;
+    Py_buffer v;
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (kind == K_RECV ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(args[2], &v, flags) != 0) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    int dt = fmt_dtype(v.format, v.itemsize);
+    if (dt < 0 || v.itemsize <= 0) {
+        PyBuffer_Release(&v);
+        Py_RETURN_FALSE;
+    }
+    size_t n = (size_t)(v.len / v.itemsize);
+    ddl_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = kind == K_SEND ? ddl_comm_send(c, v.buf, n, (ddl_dtype_t)dt, (int)peer, (int)tag)
+                        : ddl_comm_recv(c, v.buf, n, (ddl_dtype_t)dt, (int)peer, (int)tag);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&v);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef request_methods[] = {
     {"test", (PyCFunction)request_test, METH_NOARGS, "True once finished (raises its error)."},
     {"wait", (PyCFunction)request_wait, METH_NOARGS, "Block until finished (raises its error)."},
@@ -1099,6 +1161,9 @@ static PyMethodDef methods[] = {
     {"comm_set_timeout", py_comm_set_timeout, METH_VARARGS, NULL},
     {"comm_info", py_comm_info, METH_VARARGS, NULL},
     {"comm_op", py_comm_op, METH_VARARGS, NULL},
+    {"p2p_fast", (PyCFunction)(void (*)(void))py_p2p_fast, METH_FASTCALL,
+     "p2p_fast(kind, handle, buffer, peer, tag) -> bool: a plain blocking send/recv, or "
+     "False when the arguments need the general path."},
     {"broadcast", py_broadcast, METH_VARARGS, NULL},
     {"allgather", py_allgather, METH_VARARGS, NULL},
     {"reduce_scatter", py_reduce_scatter, METH_VARARGS, NULL},

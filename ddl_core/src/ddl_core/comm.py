@@ -325,9 +325,7 @@ def _np_fast(x: Any, peer: Any, tag: Any, c: Comm) -> int:
 def send(x: Any, dest: int, tag: int = 0, *, comm: Comm | None = None) -> None:
     """Send x to `dest`; returns once x may be reused."""
     c = _world if comm is None and _world is not None else resolve(comm)
-    code = _np_fast(x, dest, tag, c)
-    if code >= 0:
-        _ddl.comm_op(K_SEND, c.handle, x, None, x.size, code, 0, dest, tag, None, None)
+    if _ddl.p2p_fast(K_SEND, c.handle, x, dest, tag):  # (a plain case, checked in C)
         return
     d = _peer(dest, c, "send")
     buf, code = _host(x, "send")
@@ -338,9 +336,7 @@ def recv(out: Any, source: int, tag: int = 0, *, comm: Comm | None = None) -> An
     """Receive into `out` from `source`: the message must have exactly out's size (else
     MismatchError naming both sizes; the message is consumed). Returns out."""
     c = _world if comm is None and _world is not None else resolve(comm)
-    code = _np_fast(out, source, tag, c)
-    if code >= 0:
-        _ddl.comm_op(K_RECV, c.handle, None, out, out.size, code, 0, source, tag, None, None)
+    if _ddl.p2p_fast(K_RECV, c.handle, out, source, tag):
         return out
     s = _peer(source, c, "recv")
     buf, code = _host(out, "recv")
