@@ -46,7 +46,7 @@ static const setting_t settings[] = {
     {"DDL_NCCL_OUTER", WORD, 0, 0, NULL, "nccl", 1},
     {"DDL_LIVENESS", NUM_INT, 0, 1, "0 or 1", "1", 1},
     {"DDL_TIMEOUT", NUM_REAL, 0.001, 1e9, "seconds", "300", 0},
-    {"DDL_SPIN_US", NUM_INT, -1, 1e9, "microseconds (-1: always spin)", "auto", 0},
+    {"DDL_SPIN_US", NUM_INT, -1, 1e9, "microseconds (-1: always spin)", "200", 0},
     {"DDL_CYCLE_TIME_MS", NUM_REAL, 0, 1e6, "milliseconds", "1", 0},
     {"DDL_WINDOW", NUM_INT, 1, 64, "pieces", "4", 0},
     {"DDL_LOG", NUM_INT, 0, 5, "a level", "0", 0},
@@ -211,7 +211,6 @@ static ddl_status_t parse_one(const setting_t *s, const char *text, ddl_config_t
         cfg->timeout_s = d;
     } else if (!strcmp(n, "DDL_SPIN_US")) {
         cfg->spin_s = d * 1e-6;
-        cfg->spin_auto = false;
     } else if (!strcmp(n, "DDL_CYCLE_TIME_MS")) {
         cfg->cycle_time_s = d / 1000.0;
     } else if (!strcmp(n, "DDL_WINDOW")) {
@@ -243,7 +242,6 @@ void ddl_config_defaults(ddl_config_t *cfg) {
     cfg->log_level = 0;
     cfg->timeout_s = 300.0;
     cfg->spin_s = 200e-6;
-    cfg->spin_auto = true;
     cfg->piece = 128 * 1024;
     cfg->window = 4;
     cfg->fusion_threshold = (size_t)64 * 1024 * 1024;
@@ -330,7 +328,6 @@ void ddl_config_apply(const ddl_config_t *cfg) {
     ddl_log_level = cfg->log_level;
     ddl_timeout_s = cfg->timeout_s;
     ddl_spin_s = cfg->spin_s;
-    ddl_spin_auto = cfg->spin_auto;
     ddl_stream_piece = cfg->piece;
     ddl_stream_window = cfg->window;
     ddl_g.fusion_threshold = cfg->fusion_threshold;

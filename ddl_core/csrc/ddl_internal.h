@@ -64,9 +64,6 @@ extern double ddl_timeout_s;
 /* The calling thread's deadline (ddl_set_thread_timeout), else DDL_TIMEOUT. */
 double ddl_deadline_s(void);
 extern double ddl_spin_s; /* DDL_SPIN_US: how long a wait spins before it pauses */
-extern bool ddl_spin_auto; /* DDL_SPIN_US unset: init chooses by the node's load */
-/* DDL_SPIN_US unset: spin longer when the node's ranks have a core each (p2p.c). */
-void ddl_choose_spin(int local_ranks);
 extern size_t ddl_stream_piece; /* DDL_PIECE: piece size of exchanges between nodes */
 extern int ddl_stream_window;   /* DDL_WINDOW: pieces each way in flight at once */
 
@@ -296,7 +293,6 @@ typedef struct {
     int log_level;           /* DDL_LOG */
     double timeout_s;        /* DDL_TIMEOUT */
     double spin_s;           /* DDL_SPIN_US, in seconds; negative: always spin */
-    bool spin_auto;          /* DDL_SPIN_US unset (ddl_choose_spin at init) */
     size_t piece;            /* DDL_PIECE */
     int window;              /* DDL_WINDOW */
     size_t fusion_threshold; /* DDL_FUSION_THRESHOLD */

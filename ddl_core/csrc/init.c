@@ -128,7 +128,6 @@ ddl_status_t ddl_init(void) {
     MPI_CHECK(MPI_Comm_rank(local_comm, &ddl_g.local_rank));
     MPI_CHECK(MPI_Comm_size(local_comm, &ddl_g.local_size));
     MPI_CHECK(MPI_Comm_free(&local_comm));
-    ddl_choose_spin(ddl_g.local_size);
 
     ddl_status_t rc = ddl_topo_build(&ddl_g.app, ddl_g.app.world.comm, cfg.dims, cfg.nlevels);
     if (rc == DDL_SUCCESS)

@@ -25,7 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "ddl_internal.h"
 
@@ -129,20 +128,14 @@ static ddl_status_t request_timeout(const ddl_mpicomm_t *c, const char *what) {
  * keeps moving while a rank pauses (socket buffers hold far more than 50 us of any link),
  * and short waits, the latency path, never pause. DDL_SPIN_US=-1 never pauses.
  *
- * Unset, it is chosen at init (ddl_choose_spin): 1000 us when the node's ranks fit its
- * cores, 200 us when they share them. A pause costs more than its 50 us (a VM's timer
- * slack: 60-110 us measured here), and a wait of a few hundred microseconds (a 2 MiB
- * rendezvous message, 0.5-0.7 ms on shared memory) paid it on both sides: send/recv at
- * 2 MiB reached 0.78-0.86x MPI's bandwidth with 200 us and 1.0x with 1000 us. */
+ * A pause costs more than its 50 us (a VM's timer slack: 60-110 us measured here), and a
+ * wait of a few hundred microseconds (a 2 MiB rendezvous message, 0.5-0.7 ms on shared
+ * memory) pays it on both sides: send/recv at 2 MiB reached 0.78-0.86x MPI's bandwidth
+ * with 200 us and 1.0x with DDL_SPIN_US=1000. A 1000 us default (where the node's ranks
+ * fit its cores) was tried and withdrawn: with it, a two-rank Horovod TensorFlow test
+ * that allreduces from several threads crashed in 2 of 13 runs (0 of 16 with 200 us),
+ * a race its timing exposes that is not found yet. */
 double ddl_spin_s = 200e-6;
-bool ddl_spin_auto = false;
-
-void ddl_choose_spin(int local_ranks) {
-    if (!ddl_spin_auto) return;
-    /* (the node's cores, not this process's affinity: mpirun binds each rank to one) */
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    ddl_spin_s = cpus > 0 && local_ranks <= cpus ? 1e-3 : 200e-6;
-}
 
 typedef struct {
     double start, deadline;
