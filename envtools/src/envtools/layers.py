@@ -99,13 +99,11 @@ def shared(d: str) -> bool:
 class _Dir:
     """What the files directly in one directory say about it."""
 
-    __slots__ = ("keys", "dirty", "py", "pyc", "init")
+    __slots__ = ("keys", "dirty", "init")
 
     def __init__(self) -> None:
         self.keys: set[int] = set()  # the packages with files here
         self.dirty = False  # a file here must be the clone's own
-        self.py: set[str] = set()  # stems of the .py files here
-        self.pyc: set[str] = set()  # stems of the .pyc files in its __pycache__
         self.init = False  # holds __init__.py (a regular python package)
 
 
@@ -140,13 +138,12 @@ def plan(groups: list[tuple[int, list[tuple]]], linkable: Iterable[int],
             if (not ok or placeholder or not from_cache or path_type not in in_archive
                     or name.endswith(".pth")):
                 e.dirty = True
-            if name.endswith(".py") and rel not in no_bytecode:
-                e.py.add(name[:-3])
-                e.init = e.init or name == "__init__.py"
-            elif name.endswith(".pyc") and d.endswith("/__pycache__"):
-                at(d[:-12]).pyc.add(name.split(".", 1)[0])
+            e.init = e.init or name == "__init__.py"
     for rel in untracked:
         at(rel.rpartition("/")[0]).dirty = True
+    # (python would compile these on every import: it cannot write __pycache__ there)
+    needs_pyc = {rel.rpartition("/")[0] for rel in without_bytecode(groups)
+                 if rel not in no_bytecode}
     # fold each directory into its parent, deepest first: a directory may be a link
     # only if nothing under it says otherwise and one package owns all of it
     depth = {d: d.count("/") + 1 if d else 0 for d in dirs}
@@ -164,7 +161,7 @@ def plan(groups: list[tuple[int, list[tuple]]], linkable: Iterable[int],
         b = bad.get(d, False)
         if e is not None:
             k |= e.keys
-            b = b or e.dirty or bool(e.py - e.pyc)
+            b = b or e.dirty or d in needs_pyc
         bad[d] = b = b or len(k) > 1
         if d:
             parent = d.rpartition("/")[0]
@@ -183,8 +180,9 @@ def plan(groups: list[tuple[int, list[tuple]]], linkable: Iterable[int],
 
 
 def without_bytecode(groups: list[tuple[int, list[tuple]]]) -> dict[str, str]:
-    """The ``.py`` files that come without their ``.pyc`` (which keep their directory
-    from being linked: :func:`plan`): ``{rel: source}``."""
+    """The ``.py`` files that come without their ``.pyc`` in the ``__pycache__`` beside
+    them (which keeps their directory from being linked: :func:`plan`): ``{rel:
+    source}``."""
     py: dict[str, tuple[str, str]] = {}
     pyc: set[str] = set()
     for _key, items in groups:

@@ -445,7 +445,7 @@ def finish_prechecks(ctx: Ctx) -> None:
                 proc.communicate()
             continue
         n = layers.same_listings(layers.finish_listing(proc),
-                                 [(ctx.listings or {})[d] for d in dirs])
+                                 [ctx.listings[d] for d in dirs])
         done.update(dirs[:n])
     ctx._listing_jobs = None
     ctx.prechecked = frozenset(done)
