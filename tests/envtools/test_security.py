@@ -496,15 +496,22 @@ TAMPER = ["replaced", "edited", "symlink", "writable-dir"]
 
 
 @pytest.mark.parametrize("how", TAMPER)
-@pytest.mark.parametrize(("mode", "what"), [("auto", "include/demo.h"),
-                                            ("dirs", "share/demo-meta/README")])
-def test_a_nonowner_clone_links_only_vouched_cache_files(world, case, how, mode, what):
+@pytest.mark.parametrize(("mode", "what", "workers"),
+                         [("auto", "include/demo.h", None),
+                          ("dirs", "share/demo-meta/README", None),
+                          ("dirs", "share/demo-meta/README", "3")])
+def test_a_nonowner_clone_links_only_vouched_cache_files(world, case, monkeypatch, how, mode,
+                                                         what, workers):
     """A user's clone of a root-owned site links each cache file (or, with --link-mode
     dirs, a directory of them) only as a hardlink or a copy would use it: vouched for by
     the site's stat cache or hashed. A changed cache file (replaced, or edited in place)
     is refused, and so is one replaced by a link (even to the same bytes: a link's
     target can change later). Under a package directory others may write, files are
-    copied, not linked."""
+    copied, not linked. With three placing processes, each links the directories it
+    put aside while find listed them only once the main process sends what the
+    listings found."""
+    if workers:
+        monkeypatch.setenv("ENVTOOLS_WORKERS", workers)
     site = _trusted_site(world, case)
     good = case / "good"
     p = as_who("user", world, "clone", "--link-mode", mode, site, good)

@@ -21,7 +21,7 @@ import mmap
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from envtools import cachelinks, confine, layers, linking, procs
@@ -103,6 +103,9 @@ class Ctx:
     #: ... and the linked directories whose cache copy lists the same now, so that
     #: layers.verify has nothing to add (:func:`start_prechecks`)
     prechecked: frozenset[str] = frozenset()
+    #: the directories being listed until :func:`finish_prechecks`: each process
+    #: places their links last, once the listings are in (:func:`place_deferred`)
+    listing: frozenset[str] = frozenset()
     _listing_jobs: list | None = None
     #: install's plan for SRC, when it has one for these records (layers.read_plan)
     plan: layers.Plan | None = None
@@ -432,6 +435,7 @@ def start_prechecks(ctx: Ctx, targets: dict[str, str]) -> None:
         loads[i] += n
     ctx._listing_jobs = [(layers.start_listing([t for _d, t in share]),
                           [d for d, _t in share]) for share in shares if share]
+    ctx.listing = frozenset(d for _n, d, _t in todo)
 
 
 def finish_prechecks(ctx: Ctx) -> None:
@@ -441,14 +445,14 @@ def finish_prechecks(ctx: Ctx) -> None:
     for proc, dirs in ctx._listing_jobs or []:
         if not ctx.layers or not ctx.listings or proc is None:  # (plan unused: stop)
             if proc is not None:
-                proc.kill()
-                proc.communicate()
+                proc.stop()
             continue
         n = layers.same_listings(layers.finish_listing(proc),
                                  [ctx.listings[d] for d in dirs])
         done.update(dirs[:n])
     ctx._listing_jobs = None
     ctx.prechecked = frozenset(done)
+    ctx.listing = frozenset()
 
 
 def _prechecked_entries(ctx: Ctx, items: list[Item]) -> dict[str, tuple]:
@@ -568,6 +572,9 @@ class Outcome:
     counts: dict[str, int]  # how -> files
     rewritten: dict[str, tuple[str, int]]  # relocated files: rel -> (sha256, size) written
     files: int = 0  # items placed
+    #: directories to link once their listings are in (:func:`place_deferred`):
+    #: (package key, item)
+    deferred: list[tuple[int, Item]] = field(default_factory=list)
 
 
 #: what placing costs, in hardlinks (5-7 us each on local ext4), so that each process
@@ -677,6 +684,7 @@ def place_chunks(
     rewritten: dict[str, tuple[str, int]] = {}
     known: dict[str, tuple] = {}  # rel -> (size, mtime_ns, ino[, sha256]): hashing.py
     link, symlink, lstat = os.link, os.symlink, os.lstat
+    deferred: list[tuple[int, Item]] = []
     n = links = syms = 0
     while len(claimed := os.read(queue, 2)) == 2:
         units = chunks[int.from_bytes(claimed, "little")]
@@ -729,23 +737,12 @@ def place_chunks(
                             ctx.hardlink_ok = False
                         elif symlinks and e.errno in cachelinks.SYMLINK_GIVE_UP:
                             ctx.symlinks = ctx.unit_symlinks = symlinks = False
-                if path_type == layers.LAYER:
-                    entries, subs, n_linked, n_in = place_layer(ctx, item)
-                    known.update(entries)
-                    if n_linked:
-                        counts[LINKED_DIR] = counts.get(LINKED_DIR, 0) + n_linked
-                        counts[IN_LINKED_DIR] = counts.get(IN_LINKED_DIR, 0) + n_in
+                if path_type != layers.LAYER:
+                    _place_items(ctx, [item], counts, known, unit_rewritten)
+                elif rel in ctx.listing and not any(s[3] for s in ctx.layers[rel]):
+                    deferred.append((unit.key, item))  # (its record does not change)
                 else:
-                    subs = [item]
-                for sub in subs:
-                    rel, how, sha, key, cache_key = place_or_fall_back(ctx, sub)
-                    counts[how] = counts.get(how, 0) + 1
-                    if how == RELOCATED:
-                        unit_rewritten[rel] = (sha, key[0])
-                    if sha and key:
-                        known[rel] = (*key, sha)
-                    if cache_key:  # vouches for the cache file to clones of this clone
-                        known[sub[1]] = cache_key
+                    _place_layer_item(ctx, item, counts, known, unit_rewritten)
             rewritten.update(unit_rewritten)
             if unit.writes_record:
                 on_unit(unit.key, unit_rewritten)
@@ -756,7 +753,59 @@ def place_chunks(
     if syms:
         counts[CACHE_SYMLINK] = counts.get(CACHE_SYMLINK, 0) + syms
     store_stat_part(ctx.dest_tmp, part, known)
-    return Outcome(counts, rewritten, n)
+    return Outcome(counts, rewritten, n, deferred)
+
+
+def _place_items(ctx: Ctx, items: list[Item], counts: dict[str, int],
+                 known: dict[str, tuple], rewritten: dict[str, tuple[str, int]]) -> None:
+    """Place items one by one (:func:`place_or_fall_back`), adding to what the caller
+    keeps: counts by method, stat cache entries, relocated files."""
+    for sub in items:
+        rel, how, sha, key, cache_key = place_or_fall_back(ctx, sub)
+        counts[how] = counts.get(how, 0) + 1
+        if how == RELOCATED:
+            rewritten[rel] = (sha, key[0])
+        if sha and key:
+            known[rel] = (*key, sha)
+        if cache_key:  # vouches for the cache file to clones of this clone
+            known[sub[1]] = cache_key
+
+
+def _place_layer_item(ctx: Ctx, item: Item, counts: dict[str, int], known: dict[str, tuple],
+                      rewritten: dict[str, tuple[str, int]]) -> None:
+    """A directory to link whole (:func:`place_layer`), and whatever of it must be
+    placed file by file."""
+    entries, subs, n_linked, n_in = place_layer(ctx, item)
+    known.update(entries)
+    if n_linked:
+        counts[LINKED_DIR] = counts.get(LINKED_DIR, 0) + n_linked
+        counts[IN_LINKED_DIR] = counts.get(IN_LINKED_DIR, 0) + n_in
+    _place_items(ctx, subs, counts, known, rewritten)
+
+
+def place_deferred(ctx: Ctx, deferred: list[tuple[int, Item]], part: str) -> Outcome:
+    """Link the directories :func:`place_chunks` left for later because their listings
+    were still being made: now that :func:`finish_prechecks` has them (in a child: the
+    parent's verdict, :attr:`Ctx.prechecked`, sent through a pipe), each is a link
+    if its listing is install's, or goes through :func:`layers.verify` (and, where that
+    fails, file by file) as any other. Their files are never relocated (such a directory
+    is not put aside), so no record changes. What it placed goes into stat cache part
+    ``part``."""
+    counts: dict[str, int] = {}
+    known: dict[str, tuple] = {}
+    rewritten: dict[str, tuple[str, int]] = {}
+    for key, item in deferred:
+        ctx.unit = key
+        ctx.unit_symlinks = bool(ctx.symlinks and ctx.symlink_roots
+                                 and key in ctx.symlink_roots)
+        _place_layer_item(ctx, item, counts, known, rewritten)
+    if rewritten:  # (plan() keeps relocated files out of every linked directory)
+        raise EnvtoolsError(f"{sorted(rewritten)[0]}: a relocated file in a directory "
+                            "placed late", "report this; run the clone with "
+                            "--link-mode auto meanwhile")
+    if deferred:
+        store_stat_part(ctx.dest_tmp, part, known)
+    return Outcome(counts, {}, 0)
 
 
 #: chunks per placing process: the processes take chunks, biggest first, until none is
@@ -791,7 +840,6 @@ def place_all(
     n_workers = max(1, min(n_workers, total))
     chunks = split_units(groups, max(1, min(n_workers * CHUNKS_PER_WORKER, total, MAX_CHUNKS)),
                          ctx.links_expected())
-    finish_prechecks(ctx)  # (before the fork: every process sees what they found)
     order = sorted(range(len(chunks)), key=lambda i: -sum(u.cost for u in chunks[i]))
     queue, w = os.pipe()  # (filled and closed before any fork: readers see its end)
     try:
@@ -800,6 +848,10 @@ def place_all(
         os.close(w)
     children: list[tuple[int, int]] = []  # (pid, read end of its report pipe)
     me = os.getpid()
+    # While find lists the directories to link, every process places everything else
+    # and puts those directories aside; this one then tells each child what the
+    # listings found, through a pipe of its own (see place_deferred).
+    verdicts = [os.pipe() for _ in range(1, n_workers)] if ctx.listing else []
     try:
         for worker in range(1, n_workers):
             r, w = os.pipe()
@@ -809,12 +861,26 @@ def place_all(
             try:
                 pid = os.fork()
                 if pid == 0:  # child: place, report, and leave without running anything else
-                    _child(ctx, chunks, queue, on_unit, r, w, f"placed-{worker}", me)
+                    _child(ctx, chunks, queue, on_unit, r, w, f"placed-{worker}", me,
+                           verdicts, worker - 1)
             finally:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
             os.close(w)
             children.append((pid, r))
+        for vr, _vw in verdicts:
+            os.close(vr)
         out = place_chunks(ctx, chunks, queue, advance, on_unit, "placed-0")
+        finish_prechecks(ctx)
+        verdict = marshal.dumps(sorted(ctx.prechecked))
+        while verdicts:
+            _vr, vw = verdicts.pop()
+            try:
+                linking.write_all(vw, verdict)
+            except OSError:
+                pass  # (that child failed: its report says why)
+            finally:
+                os.close(vw)
+        _add_counts(out, place_deferred(ctx, out.deferred, "placed-0-late"))
         while children:
             pid, r = children[0]
             with os.fdopen(r, "rb") as fh:
@@ -827,8 +893,7 @@ def place_all(
             if status != "ok":
                 _raise_child_error(payload)
             counts, rewritten, n = payload
-            for how, k in counts.items():
-                out.counts[how] = out.counts.get(how, 0) + k
+            _add_counts(out, Outcome(counts, {}))
             out.rewritten.update(rewritten)
             advance(n)
         recorded = {u.key for chunk in chunks for u in chunk if u.writes_record}
@@ -839,6 +904,8 @@ def place_all(
         return out
     finally:
         os.close(queue)
+        for _vr, vw in verdicts:  # (only on failure: a child waiting gets its end)
+            os.close(vw)
         for pid, r in children:  # only on failure: stop them before the caller cleans up
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -848,11 +915,24 @@ def place_all(
                 pass
 
 
+def _read_to_end(fd: int) -> bytes:
+    """Everything written to a pipe until its last writer closed it."""
+    parts = []
+    while chunk := os.read(fd, 65536):
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _add_counts(out: Outcome, more: Outcome) -> None:
+    for how, k in more.counts.items():
+        out.counts[how] = out.counts.get(how, 0) + k
+
+
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def _child(ctx: Ctx, chunks: list[list[Unit]], queue: int, on_unit: Callable, r: int,
-           w: int, part: str, parent: int) -> None:
+           w: int, part: str, parent: int, verdicts: list[tuple[int, int]], mine: int) -> None:
     """A forked placement process: never returns (os._exit), whatever happens. It is
     killed when ``parent`` dies (even by SIGKILL, which runs no clean-up code there): a
     worker left running would go on filling a temporary directory nobody renames."""
@@ -863,8 +943,17 @@ def _child(ctx: Ctx, chunks: list[list[Unit]], queue: int, on_unit: Callable, r:
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
         os.close(r)
+        for i, (vr, vw) in enumerate(verdicts):  # (only the parent writes: EOF is its)
+            os.close(vw)
+            if i != mine:
+                os.close(vr)
+        ctx._listing_jobs = None  # (the parent's to finish)
         try:
             o = place_chunks(ctx, chunks, queue, lambda n: None, on_unit, part)
+            if o.deferred:
+                ctx.prechecked = frozenset(marshal.loads(_read_to_end(verdicts[mine][0])))
+                ctx.listing = frozenset()
+                _add_counts(o, place_deferred(ctx, o.deferred, part + "-late"))
             out = ("ok", (o.counts, o.rewritten, o.files))
         except EnvtoolsError as e:
             out = ("error", ("envtools", e.exit_code, "", e.message, e.hint))
