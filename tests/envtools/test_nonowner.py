@@ -615,8 +615,11 @@ def test_install_plans_the_directory_links_a_clone_would(shared):
     # (the programs placed alone that must be real files: bin/demo, whose package
     # relocates files, so from the cache its $ORIGIN/../lib would not be the clone's)
     assert stored.real == frozenset({"bin/demo"})
-    # with a listing of each directory it checked: its top, then every file of it
-    assert set(stored.listings) == set(planned)
+    # with a listing of each directory it checked: its top, then every file of it,
+    # and the cache directory it listed
+    assert set(stored.listings) == set(planned) == set(stored.targets)
+    for d, k in planned.items():
+        assert stored.targets[d] == f"{cache[records[k].name]}/{clone._cache_rel(records[k], d)}"
     for d, listing in stored.listings.items():
         assert listing.startswith(b"\0d ")
         names = set(listing.split(b"\0")[::3])
@@ -685,6 +688,63 @@ def test_installs_listings_stand_for_the_checks_only_while_they_hold(shared):
         assert other.prechecked == frozenset()
     finally:
         os.chmod(victim, mode)
+        os.chown(plan_file, 0, -1)
+
+
+def test_listings_start_before_the_records_and_count_only_for_the_same_directories(shared):
+    """A clone as a user starts find on the cache directories root's plan names before
+    it reads the env's records, and uses what it listed only if the records lead to
+    exactly those directories; otherwise it lists the ones they lead to."""
+    from envtools.placement import Ctx, finish_prechecks
+
+    from envtools import clone, layers, placement, record_index
+
+    env = shared.root / "listed-first" / "env"
+    env.parent.mkdir(mode=0o755)
+    run_envtools("install", "--channel", shared.channel, "--prefix", env, "demo-meta")
+    prefix = record_index.load_prefix(env)
+    records = prefix.records
+    cache = clone._find_cache(env, records)
+    kept: set[int] = set()
+    groups = clone._plan(records, cache, env, str(env), kept)
+
+    def ctx_now() -> Ctx:
+        return Ctx(dest_tmp=Path("/nonexistent"), new_prefix="/x", old_prefix=str(env),
+                   src_root=str(env), euid=shared.user.uid, link_mode="dirs",
+                   index_key=prefix.index_key,
+                   symlink_roots={k: str(cache[r.name]) for k, r in enumerate(records)})
+
+    early = clone._list_plan_first(env)
+    assert early is not None and early.dirs == frozenset(early.plan.listings)
+    ctx = ctx_now()
+    clone._list_planned_early(ctx, records, cache, early)
+    assert ctx._listing_jobs is early.jobs  # (the same directories: adopted)
+    layered = clone._plan_layers(ctx, records, cache, groups, [], kept)
+    planned = {it[0] for _k, items in layered for it in items if it[2] == layers.LAYER}
+    finish_prechecks(ctx)
+    assert ctx.prechecked == frozenset(planned) == early.dirs
+
+    # records that lead elsewhere (a package's cache directory seen through another
+    # path, here a symlink to it): what was listed first is dropped, those are listed
+    name = records[0].name
+    alias = shared.root / "listed-first" / "alias"
+    alias.symlink_to(cache[name])
+    elsewhere = {**cache, name: alias}
+    early = clone._list_plan_first(env)
+    ctx = ctx_now()
+    clone._list_planned_early(ctx, records, elsewhere, early)
+    assert ctx._listing_jobs is not early.jobs
+    assert all(job is None or job.proc.poll() is not None for job, _d in early.jobs)
+    listed = [d for _job, dirs in ctx._listing_jobs for d in dirs]
+    assert any(d in planned for d in listed)
+    placement.stop_listings(ctx._listing_jobs)
+
+    # a plan that is not root's word: nothing is started first
+    plan_file = env / layers.PLAN
+    os.chown(plan_file, shared.user.uid, -1)
+    try:
+        assert clone._list_plan_first(env) is None
+    finally:
         os.chown(plan_file, 0, -1)
 
 

@@ -61,7 +61,7 @@ import re
 import stat
 import subprocess
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from envtools import cachelinks, elf
@@ -198,7 +198,7 @@ def without_bytecode(groups: list[tuple[int, list[tuple]]]) -> dict[str, str]:
 
 #: the plan install made for the env (clone.write_layer_plan)
 PLAN = Path("conda-meta") / "envtools" / "layers.marshal"
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 
 
 @dataclass
@@ -212,6 +212,10 @@ class Plan:
     #: checked it (:func:`verify`): a clone whose listing is the same byte for byte
     #: checks nothing more (placement.start_prechecks)
     listings: dict[str, bytes]
+    #: per listed directory, the cache directory install listed: a clone starts find
+    #: on these before it has read the env's records (which name the same ones, or
+    #: the listings are not used: clone._list_planned_early)
+    targets: dict[str, str] = field(default_factory=dict)
 
 
 def write_plan(prefix: Path, index_key: tuple, plan: Plan) -> None:
@@ -219,26 +223,28 @@ def write_plan(prefix: Path, index_key: tuple, plan: Plan) -> None:
     fp = prefix / PLAN
     fp.parent.mkdir(parents=True, exist_ok=True)
     fp.write_bytes(marshal.dumps((PLAN_VERSION, tuple(index_key), plan.dirs,
-                                  sorted(plan.kept), sorted(plan.real), plan.listings)))
+                                  sorted(plan.kept), sorted(plan.real), plan.listings,
+                                  plan.targets)))
 
 
 def read_plan(prefix: Path, index_key: tuple) -> Plan | None:
     """The stored plan, if it was made for the records of that index; else None."""
     try:
         with open(prefix / PLAN, "rb") as fh:
-            version, key, dirs, kept, real, listings = marshal.loads(fh.read())
+            version, key, dirs, kept, real, listings, targets = marshal.loads(fh.read())
     except (OSError, EOFError, ValueError, TypeError):
         return None
     if version != PLAN_VERSION or tuple(key) != tuple(index_key) or not isinstance(dirs, dict):
         return None
     if not all(isinstance(d, str) and isinstance(v, str) for d, v in dirs.items()):
         return None
-    if not isinstance(listings, dict):
-        listings = {}
+    if not isinstance(listings, dict) or not isinstance(targets, dict):
+        listings, targets = {}, {}
     return Plan(dirs, {k for k in kept if isinstance(k, str)},
                 frozenset(r for r in real if isinstance(r, str)),
                 {d: v for d, v in listings.items()
-                 if isinstance(d, str) and isinstance(v, bytes)})
+                 if isinstance(d, str) and isinstance(v, bytes)},
+                {d: t for d, t in targets.items() if isinstance(d, str) and isinstance(t, str)})
 
 
 #: how find(1) lists a linked directory's cache copy (:func:`listing`): per entry, its

@@ -420,22 +420,36 @@ LISTING_JOBS = 2
 def start_prechecks(ctx: Ctx, targets: dict[str, str]) -> None:
     """Start listing the cache directories ``targets`` (``{dir: its cache directory}``)
     that will be linked whole, where install left its listing of them
-    (:attr:`Ctx.listings`), in :data:`LISTING_JOBS` find processes with about equal
-    shares (by the length of their listings: about their files). Started as soon as
-    the plan is known, they run while the clone prepares its items."""
-    if not ctx.listings:
-        return
-    todo = sorted(((len(ctx.listings[d]), d, t) for d, t in targets.items()
-                   if d in ctx.listings), reverse=True)
+    (:attr:`Ctx.listings`): :func:`start_listings`. Started as soon as the plan is
+    known, they run while the clone prepares and places everything else."""
+    if ctx.listings:
+        ctx._listing_jobs, ctx.listing = start_listings(ctx.listings, targets)
+
+
+def start_listings(listings: dict[str, bytes], targets: dict[str, str],
+                   ) -> tuple[list[tuple[layers.Listing | None, list[str]]], frozenset[str]]:
+    """find(1) over the directories of ``targets`` that ``listings`` has, in
+    :data:`LISTING_JOBS` processes with about equal shares (by the length of their
+    listings: about their files): the jobs, each with its directories in order, and
+    the directories listed."""
+    todo = sorted(((len(listings[d]), d, t) for d, t in targets.items() if d in listings),
+                  reverse=True)
     shares: list[list[tuple[str, str]]] = [[] for _ in range(LISTING_JOBS)]
     loads = [0] * LISTING_JOBS
     for n, d, target in todo:
         i = loads.index(min(loads))
         shares[i].append((d, target))
         loads[i] += n
-    ctx._listing_jobs = [(layers.start_listing([t for _d, t in share]),
-                          [d for d, _t in share]) for share in shares if share]
-    ctx.listing = frozenset(d for _n, d, _t in todo)
+    jobs = [(layers.start_listing([t for _d, t in share]), [d for d, _t in share])
+            for share in shares if share]
+    return jobs, frozenset(d for _n, d, _t in todo)
+
+
+def stop_listings(jobs: list[tuple[layers.Listing | None, list[str]]]) -> None:
+    """Stop listings that will not be used."""
+    for job, _dirs in jobs:
+        if job is not None:
+            job.stop()
 
 
 def finish_prechecks(ctx: Ctx) -> None:
@@ -444,8 +458,7 @@ def finish_prechecks(ctx: Ctx) -> None:
     done: set[str] = set()
     for proc, dirs in ctx._listing_jobs or []:
         if not ctx.layers or not ctx.listings or proc is None:  # (plan unused: stop)
-            if proc is not None:
-                proc.stop()
+            stop_listings([(proc, dirs)])
             continue
         n = layers.same_listings(layers.finish_listing(proc),
                                  [ctx.listings[d] for d in dirs])
