@@ -963,7 +963,8 @@ def _child(ctx: Ctx, chunks: list[list[Unit]], queue: int, on_unit: Callable, r:
         ctx._listing_jobs = None  # (the parent's to finish)
         try:
             o = place_chunks(ctx, chunks, queue, lambda n: None, on_unit, part)
-            if o.deferred:
+            if verdicts:  # (read even with nothing put aside: a verdict over 64 KiB
+                # would otherwise stop the parent in its write for ever)
                 ctx.prechecked = frozenset(marshal.loads(_read_to_end(verdicts[mine][0])))
                 ctx.listing = frozenset()
                 _add_counts(o, place_deferred(ctx, o.deferred, part + "-late"))
