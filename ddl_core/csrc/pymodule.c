@@ -355,6 +355,8 @@ typedef struct {
     PyObject *error;    /* the exception it failed with: every later test()/wait() raises it */
     ddl_request_timing_t timing; /* kept when it finished */
     int have_timing;
+    int waiters;            /* threads inside ddl_wait on it (the GIL released) */
+    ddl_request_t orphan;   /* finished while others still wait: the last of them frees it */
 } RequestObject;
 
 /* An allgatherv's result lives in libddl's request: copy it out before the request goes. */
@@ -385,8 +387,12 @@ static void request_release(RequestObject *r) {
     if (r->req) {
         ddl_request_t q = r->req;
         r->req = NULL;
-        Py_BEGIN_ALLOW_THREADS ddl_request_free(q); /* waits if still pending */
-        Py_END_ALLOW_THREADS
+        if (r->waiters) {
+            r->orphan = q; /* another thread is inside ddl_wait(q): it frees q on return */
+        } else {
+            Py_BEGIN_ALLOW_THREADS ddl_request_free(q); /* waits if still pending */
+            Py_END_ALLOW_THREADS
+        }
     }
     if (r->have_send) PyBuffer_Release(&r->send);
     if (r->have_recv) PyBuffer_Release(&r->recv);
@@ -400,19 +406,22 @@ static void request_dealloc(RequestObject *r) {
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
-/* The request finished (done): keep what it produced, release it, raise its error. */
+/* The request finished (done): keep what it produced, release it, raise its error. Its
+ * outcome (finished, error) is set before the release, which may let other threads run. */
 static PyObject *request_done(RequestObject *r, ddl_status_t st) {
-    r->finished = 1;
     r->have_timing = r->req && ddl_request_timing(r->req, &r->timing) == DDL_SUCCESS;
     int kept = st == DDL_SUCCESS && r->kind == 4 ? keep_gathered(r) : 0;
-    request_release(r);
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
     if (st != DDL_SUCCESS) {
         raise_status(st);
-        PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
         PyErr_NormalizeException(&type, &value, &tb);
         Py_XINCREF(value);
         r->error = value;
+    }
+    r->finished = 1;
+    request_release(r);
+    if (type) {
         PyErr_Restore(type, value, tb);
         return NULL;
     }
@@ -446,8 +455,19 @@ static PyObject *request_wait(RequestObject *r, PyObject *noargs) {
     if (r->finished) Py_RETURN_NONE;
     ddl_status_t st;
     ddl_request_t q = r->req;
+    r->waiters++; /* (two threads may wait on one request: q lives until both are back) */
     Py_BEGIN_ALLOW_THREADS st = ddl_wait(q);
     Py_END_ALLOW_THREADS
+    if (--r->waiters == 0 && r->orphan) {
+        ddl_request_t o = r->orphan;
+        r->orphan = NULL;
+        Py_BEGIN_ALLOW_THREADS ddl_request_free(o); /* (finished: nothing to wait for) */
+        Py_END_ALLOW_THREADS
+    }
+    if (r->finished) { /* another waiter saw it finish first */
+        if (r->error) return request_reraise(r);
+        Py_RETURN_NONE;
+    }
     if (!request_done(r, st)) return NULL;
     Py_RETURN_NONE;
 }
@@ -781,7 +801,8 @@ static PyObject *py_submit(PyObject *self, PyObject *args, PyObject *kwargs) {
     r->es = ddl_dtype_size((ddl_dtype_t)dtype);
     r->gathered = NULL;
     r->error = NULL;
-    r->have_timing = 0;
+    r->have_timing = r->waiters = 0;
+    r->orphan = NULL;
     size_t rcount = 0, scount = 0;
     if (kind == 4) {
         if (get_buf(send, &r->send, 0, dtype, &scount, "the input") < 0) goto fail;
@@ -880,6 +901,8 @@ static PyObject *py_p2p(PyObject *self, PyObject *args) {
     r->size = 0;
     r->gathered = NULL;
     r->error = NULL;
+    r->have_timing = r->waiters = 0;
+    r->orphan = NULL;
     size_t count = 0;
     Py_buffer *view = is_send ? &r->send : &r->recv;
     if (get_buf(obj, view, !is_send, dtype, &count, is_send ? "the input" : "the output") < 0) {

@@ -418,8 +418,10 @@ class Handle:
         return self._result
 
     def _trace(self) -> None:
-        row, kind, nbytes = self._tl  # type: ignore[misc]
-        self._tl = None
+        tl, self._tl = self._tl, None  # (once, whichever of several waiters gets here)
+        if tl is None:
+            return
+        row, kind, nbytes = tl
         timing = getattr(self._req, "timing", None)
         if timing is not None:
             timeline.request(row, kind, nbytes, timing())

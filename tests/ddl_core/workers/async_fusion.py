@@ -56,6 +56,34 @@ ref = reference([data(q, 50 * n, DTYPES["float64"], "sum") for q in range(n)],
 if not same(rs, ref):
     bad.append("reduce_scatter_async")
 
+# One handle waited for by several threads at once: each gets the result, or each the
+# request's error (a shape mismatch), and the request is freed once, after the last.
+import threading  # noqa: E402
+
+for mismatch in (False, True) if n > 1 else (False,):
+    x = data(r, 3000 + (r if mismatch else 0), DTYPES["float32"], "sum")
+    h = ddl.allreduce_async(x, name=f"shared-{mismatch}", shape=x.shape)
+    seen: list[object] = []
+
+    def waiter(h: ddl.Handle = h, seen: list[object] = seen) -> None:
+        try:
+            seen.append(h.wait())
+        except ddl.MismatchError as exc:
+            seen.append(exc)
+
+    ts = [threading.Thread(target=waiter) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if mismatch and not (len(seen) == 4 and all(isinstance(s, ddl.MismatchError)
+                                                 for s in seen)):
+        bad.append(f"shared handle, mismatch: {seen}")
+    want = reference([data(q, 3000, DTYPES["float32"], "sum") for q in range(n)],
+                     DTYPES["float32"], "sum")
+    if not mismatch and not (len(seen) == 4 and all(same(s, want) for s in seen)):
+        bad.append("shared handle: a waiter's result differs")
+
 # In place, and a handle polled until done.
 x = data(r, 5000, DTYPES["float32"], "sum")
 h = ddl.allreduce_async(x, out=x)
