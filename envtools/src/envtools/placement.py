@@ -796,14 +796,14 @@ def _place_layer_item(ctx: Ctx, item: Item, counts: dict[str, int], known: dict[
     _place_items(ctx, subs, counts, known, rewritten)
 
 
-def place_deferred(ctx: Ctx, deferred: list[tuple[int, Item]], part: str) -> Outcome:
+def place_deferred(ctx: Ctx, deferred: list[tuple[int, Item]], part: str) -> dict[str, int]:
     """Link the directories :func:`place_chunks` left for later because their listings
     were still being made: now that :func:`finish_prechecks` has them (in a child: the
     parent's verdict, :attr:`Ctx.prechecked`, sent through a pipe), each is a link
     if its listing is install's, or goes through :func:`layers.verify` (and, where that
     fails, file by file) as any other. Their files are never relocated (such a directory
     is not put aside), so no record changes. What it placed goes into stat cache part
-    ``part``."""
+    ``part``; returns how many of each kind it placed."""
     counts: dict[str, int] = {}
     known: dict[str, tuple] = {}
     rewritten: dict[str, tuple[str, int]] = {}
@@ -818,7 +818,7 @@ def place_deferred(ctx: Ctx, deferred: list[tuple[int, Item]], part: str) -> Out
                             "--link-mode auto meanwhile")
     if deferred:
         store_stat_part(ctx.dest_tmp, part, known)
-    return Outcome(counts, {}, 0)
+    return counts
 
 
 #: chunks per placing process: the processes take chunks, biggest first, until none is
@@ -893,7 +893,7 @@ def place_all(
                 pass  # (that child failed: its report says why)
             finally:
                 os.close(vw)
-        _add_counts(out, place_deferred(ctx, out.deferred, "placed-0-late"))
+        _add_counts(out.counts, place_deferred(ctx, out.deferred, "placed-0-late"))
         while children:
             pid, r = children[0]
             with os.fdopen(r, "rb") as fh:
@@ -906,7 +906,7 @@ def place_all(
             if status != "ok":
                 _raise_child_error(payload)
             counts, rewritten, n = payload
-            _add_counts(out, Outcome(counts, {}))
+            _add_counts(out.counts, counts)
             out.rewritten.update(rewritten)
             advance(n)
         recorded = {u.key for chunk in chunks for u in chunk if u.writes_record}
@@ -928,17 +928,9 @@ def place_all(
                 pass
 
 
-def _read_to_end(fd: int) -> bytes:
-    """Everything written to a pipe until its last writer closed it."""
-    parts = []
-    while chunk := os.read(fd, 65536):
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-def _add_counts(out: Outcome, more: Outcome) -> None:
-    for how, k in more.counts.items():
-        out.counts[how] = out.counts.get(how, 0) + k
+def _add_counts(counts: dict[str, int], more: dict[str, int]) -> None:
+    for how, k in more.items():
+        counts[how] = counts.get(how, 0) + k
 
 
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -965,9 +957,10 @@ def _child(ctx: Ctx, chunks: list[list[Unit]], queue: int, on_unit: Callable, r:
             o = place_chunks(ctx, chunks, queue, lambda n: None, on_unit, part)
             if verdicts:  # (read even with nothing put aside: a verdict over 64 KiB
                 # would otherwise stop the parent in its write for ever)
-                ctx.prechecked = frozenset(marshal.loads(_read_to_end(verdicts[mine][0])))
+                with os.fdopen(verdicts[mine][0], "rb") as fh:  # (to its writer's end)
+                    ctx.prechecked = frozenset(marshal.loads(fh.read()))
                 ctx.listing = frozenset()
-                _add_counts(o, place_deferred(ctx, o.deferred, part + "-late"))
+                _add_counts(o.counts, place_deferred(ctx, o.deferred, part + "-late"))
             out = ("ok", (o.counts, o.rewritten, o.files))
         except EnvtoolsError as e:
             out = ("error", ("envtools", e.exit_code, "", e.message, e.hint))
