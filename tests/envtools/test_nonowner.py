@@ -637,16 +637,15 @@ def test_install_plans_the_directory_links_a_clone_would(shared):
     assert layers.read_plan(shared.env, (0, 0, 0)) is None
 
 
-def test_installs_listings_stand_for_the_checks_only_while_they_hold(shared):
-    """A clone of root's site env lists the cache directories it links with find and
-    skips layers.verify for each one whose listing is the one root's install stored.
-    Only a plan root wrote counts, and a directory changed since (a mode, here) is
-    checked again."""
-    from envtools.placement import Ctx, finish_prechecks, start_prechecks
+def _site_of_its_own(shared, name: str) -> SimpleNamespace:
+    """root's install of demo-meta at a prefix of its own (other tests change the shared
+    cache), with what a user's clone reads of it, and a user's placement context for it
+    (``ctx()``: a new one each call, nothing listed yet)."""
+    from envtools.placement import Ctx
 
-    from envtools import clone, layers, record_index
+    from envtools import clone, record_index
 
-    env = shared.root / "listed" / "env"  # (one of its own: other tests change the cache)
+    env = shared.root / name / "env"
     env.parent.mkdir(mode=0o755)
     run_envtools("install", "--channel", shared.channel, "--prefix", env, "demo-meta")
     prefix = record_index.load_prefix(env)
@@ -655,11 +654,30 @@ def test_installs_listings_stand_for_the_checks_only_while_they_hold(shared):
     kept: set[int] = set()
     groups = clone._plan(records, cache, env, str(env), kept)
 
+    def ctx() -> Ctx:
+        return Ctx(dest_tmp=Path("/nonexistent"), new_prefix="/x", old_prefix=str(env),
+                   src_root=str(env), euid=shared.user.uid, link_mode="dirs",
+                   index_key=prefix.index_key,
+                   symlink_roots={k: str(cache[r.name]) for k, r in enumerate(records)})
+
+    return SimpleNamespace(env=env, records=records, cache=cache, kept=kept, groups=groups,
+                           ctx=ctx)
+
+
+def test_installs_listings_stand_for_the_checks_only_while_they_hold(shared):
+    """A clone of root's site env lists the cache directories it links with find and
+    skips layers.verify for each one whose listing is the one root's install stored.
+    Only a plan root wrote counts, and a directory changed since (a mode, here) is
+    checked again."""
+    from envtools.placement import Ctx, finish_prechecks, start_prechecks
+
+    from envtools import clone, layers
+
+    site = _site_of_its_own(shared, "listed")
+    env, records, cache, kept, groups = site.env, site.records, site.cache, site.kept, site.groups
+
     def ctx_now() -> Ctx:
-        ctx = Ctx(dest_tmp=Path("/nonexistent"), new_prefix="/x", old_prefix=str(env),
-                  src_root=str(env), euid=shared.user.uid, link_mode="dirs",
-                  index_key=prefix.index_key,
-                  symlink_roots={k: str(cache[r.name]) for k, r in enumerate(records)})
+        ctx = site.ctx()
         clone._list_planned_early(ctx, records, cache)
         return ctx
 
@@ -695,24 +713,13 @@ def test_listings_start_before_the_records_and_count_only_for_the_same_directori
     """A clone as a user starts find on the cache directories root's plan names before
     it reads the env's records, and uses what it listed only if the records lead to
     exactly those directories; otherwise it lists the ones they lead to."""
-    from envtools.placement import Ctx, finish_prechecks
+    from envtools.placement import finish_prechecks
 
-    from envtools import clone, layers, placement, record_index
+    from envtools import clone, layers, placement
 
-    env = shared.root / "listed-first" / "env"
-    env.parent.mkdir(mode=0o755)
-    run_envtools("install", "--channel", shared.channel, "--prefix", env, "demo-meta")
-    prefix = record_index.load_prefix(env)
-    records = prefix.records
-    cache = clone._find_cache(env, records)
-    kept: set[int] = set()
-    groups = clone._plan(records, cache, env, str(env), kept)
-
-    def ctx_now() -> Ctx:
-        return Ctx(dest_tmp=Path("/nonexistent"), new_prefix="/x", old_prefix=str(env),
-                   src_root=str(env), euid=shared.user.uid, link_mode="dirs",
-                   index_key=prefix.index_key,
-                   symlink_roots={k: str(cache[r.name]) for k, r in enumerate(records)})
+    site = _site_of_its_own(shared, "listed-first")
+    env, records, cache, kept, groups = site.env, site.records, site.cache, site.kept, site.groups
+    ctx_now = site.ctx
 
     early = clone._list_plan_first(env)
     assert early is not None and early.dirs == frozenset(early.plan.listings)
