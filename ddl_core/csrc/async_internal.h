@@ -97,6 +97,12 @@ typedef struct {
  * no other thread uses) and its own table of names. Engines share nothing, so the
  * requests of disjoint communicators progress independently, and a name is matched
  * within its communicator only (as Horovod matches per process set). */
+/* The buffers a cycle fills: what this rank had queued, what runs, what failed. Used by
+ * whichever thread holds the engine's claim (ddl_engine_t.cycling). */
+typedef struct {
+    ddl_reqvec_t snap, batch, stalled;
+} ddl_cycle_bufs_t;
+
 typedef struct ddl_engine_s {
     pthread_mutex_t lock;
     pthread_cond_t work; /* the progress thread waits here */
@@ -112,6 +118,15 @@ typedef struct ddl_engine_s {
     int running;
     pthread_t thread;
     int hurry; /* someone blocks on a queued request: negotiate without the cycle time */
+    int cycling; /* a thread (the progress thread or a waiter) owns the progress context's
+                  * communicators: negotiating and running a batch, or looking for a peer's
+                  * negotiation */
+    int more;    /* agreed: after the last negotiation some rank still had requests queued */
+    double last_cycle; /* when the last negotiation began */
+    double last_submit; /* when the last request was submitted */
+    double idle_until;  /* the idle progress thread's next look (0: not idle) */
+    int claim_waiters;  /* the progress thread waits for a waiter's cycle to end */
+    ddl_cycle_bufs_t bufs;
     ddl_ctx_t *ctx; /* the progress context: ddl_g.progress, or the communicator's */
     struct ddl_negstate_s *neg; /* negotiate.c's table of names and buffers */
     struct ddl_engine_s *next_engine; /* the list of live engines (ddl_progress_hurry) */

@@ -1090,11 +1090,13 @@ static PyObject *py_async_stats(PyObject *self, PyObject *args) {
 
 static PyObject *py_negotiation_stats(PyObject *self, PyObject *args) {
     (void)self, (void)args;
-    uint64_t c, f, n, p;
+    uint64_t c, f, n, p, w;
     CALL(ddl_negotiation_stats(&c, &f, &n, &p));
-    return Py_BuildValue("{s:K,s:K,s:K,s:K}", "cycles", (unsigned long long)c, "full_cycles",
-                         (unsigned long long)f, "names", (unsigned long long)n, "pending",
-                         (unsigned long long)p);
+    CALL(ddl_waiter_stats(&w));
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K}", "cycles", (unsigned long long)c,
+                         "full_cycles", (unsigned long long)f, "names", (unsigned long long)n,
+                         "pending", (unsigned long long)p, "waiter_cycles",
+                         (unsigned long long)w);
 }
 
 /* join() -> the rank that joined last (ddl_join). */

@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 #define DDL_VERSION_MAJOR 2
-#define DDL_VERSION_MINOR 0
+#define DDL_VERSION_MINOR 1
 #define DDL_VERSION_PATCH 0
 
 typedef enum {
@@ -448,6 +448,9 @@ ddl_status_t ddl_async_stats(uint64_t *batches, uint64_t *fused_buffers,
  * on this rank now (submitted, not yet taken into a batch). */
 ddl_status_t ddl_negotiation_stats(uint64_t *cycles, uint64_t *full_cycles, uint64_t *names,
                                    uint64_t *pending);
+/* Of those cycles, how many a thread waiting in ddl_wait ran itself (when no other
+ * thread was negotiating) rather than the progress thread. */
+ddl_status_t ddl_waiter_stats(uint64_t *cycles);
 /* Fusion settings (bytes, at most 2^40; milliseconds). The threshold must be the same on
  * every rank (see ddl_set_algorithm); the cycle time is this rank's own. */
 ddl_status_t ddl_set_fusion(size_t threshold_bytes, double cycle_time_ms);
@@ -472,7 +475,7 @@ const char *ddl_dtype_name(ddl_dtype_t dtype);
 const char *ddl_op_name(ddl_op_t op);
 const char *ddl_algo_name(ddl_algo_t algo);
 size_t ddl_dtype_size(ddl_dtype_t dtype);
-/* "libddl 2.0.0 (Open MPI v5.0.11 ...)" */
+/* "libddl 2.1.0 (Open MPI v5.0.11 ...)" */
 const char *ddl_version_string(void);
 
 #ifdef __cplusplus

@@ -84,6 +84,19 @@ for mismatch in (False, True) if n > 1 else (False,):
     if not mismatch and not (len(seen) == 4 and all(same(s, want) for s in seen)):
         bad.append("shared handle: a waiter's result differs")
 
+# A thread that waits runs the negotiation itself when no other thread is at it (libddl's
+# ddl_wait), rather than handing it to the progress thread and sleeping. With fusion off
+# the progress thread is woken at each submission and may win every race for it.
+before = ddl.async_stats()["waiter_cycles"]
+for i in range(20):
+    y = data(r, 8 + i, DTYPES["float32"], "sum", salt=i)
+    got = ddl.allreduce_async(y, name="one-at-a-time", shape=y.shape).wait()
+    if not same(got, reference([data(q, 8 + i, DTYPES["float32"], "sum", salt=i)
+                                for q in range(n)], DTYPES["float32"], "sum")):
+        bad.append(f"waited request #{i}")
+if fusion_on and ddl.async_stats()["waiter_cycles"] == before:
+    bad.append(f"no waiting thread ran a cycle itself: {ddl.async_stats()}")
+
 # In place, and a handle polled until done.
 x = data(r, 5000, DTYPES["float32"], "sum")
 h = ddl.allreduce_async(x, out=x)
