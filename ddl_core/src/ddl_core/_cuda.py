@@ -136,8 +136,13 @@ def _from_dlpack(x: Any) -> DeviceArray | None:
     return DeviceArray(ptr, count, ddl_code, int(dev_id), 0, shape, (x, cap))
 
 
+_HOST_TYPES = frozenset({np.ndarray, bytes, bytearray, memoryview})
+
+
 def device_array(x: Any) -> DeviceArray | None:
     """The DeviceArray for x when x lives in GPU memory, else None (a host object)."""
+    if type(x) in _HOST_TYPES:  # (the common case, answered before any attribute lookup)
+        return None
     mod = type(x).__module__
     if mod.startswith("torch"):
         return _from_torch(x)
