@@ -182,19 +182,21 @@ static void run_cycle(ddl_engine_t *e) {
     e->fresh = 0;
     e->fresh_bytes = 0;
     e->hurry = 0;
+    e->last_cycle = ddl_now(); /* (engine fields change under e->lock: the idle progress
+                                * thread reads them while a waiter cycles) */
     pthread_mutex_unlock(&e->lock);
-    e->last_cycle = ddl_now();
     __atomic_add_fetch(&stat_cycles, 1, __ATOMIC_RELAXED);
     b->batch.n = b->stalled.n = 0;
     /* The negotiation waits with the deadline of the oldest request (DDL_TIMEOUT when
      * only joining), and counts as a collective of the progress context for messages. */
     ddl_set_thread_timeout(b->snap.n ? b->snap.v[0]->timeout : 0);
     ddl_coll_begin(e->ctx, "negotiation", 0);
+    int more = 0;
     ddl_status_t st = oom ? ddl_fail(DDL_ERR_NO_MEMORY, "no memory for the queue")
-                          : ddl_negotiate(e, &b->snap, &b->batch, &b->stalled, &e->more);
+                          : ddl_negotiate(e, &b->snap, &b->batch, &b->stalled, &more);
     if (st != DDL_SUCCESS) { /* no agreement: fail everything this rank has queued */
-        e->more = 0;
         pthread_mutex_lock(&e->lock);
+        e->more = 0;
         for (size_t i = 0; i < b->snap.n; i++) unlink_locked(e, b->snap.v[i]);
         pthread_mutex_unlock(&e->lock);
         for (size_t i = 0; i < b->snap.n; i++) complete(b->snap.v[i], st);
@@ -202,6 +204,7 @@ static void run_cycle(ddl_engine_t *e) {
     }
     double agreed = ddl_now();
     pthread_mutex_lock(&e->lock);
+    e->more = more;
     for (size_t i = 0; i < b->batch.n; i++) {
         b->batch.v[i]->t_negotiated = agreed;
         if (!b->batch.v[i]->synthetic) unlink_locked(e, b->batch.v[i]);
