@@ -26,7 +26,17 @@ import numpy as np
 
 from . import _cuda, _ddl, timeline
 from . import comm as _comm
-from ._buffers import _NP_CODE, BF16_CODE, DTYPES, OP_CODE, OPS, as_buffer, empty_like, op_code
+from ._buffers import (
+    _NP_CODE,
+    BF16_CODE,
+    DTYPE_CODE,
+    DTYPES,
+    OP_CODE,
+    OPS,
+    as_buffer,
+    empty_like,
+    op_code,
+)
 from ._ddl import (
     DDLError,
     DDLTimeoutError,
@@ -533,13 +543,16 @@ def reduce_scatter_async(x: Any, op: str = "sum", out: Any = None, *, name: str 
 
 
 class _Gathered(Handle):
-    """An allgatherv: the result is built from libddl's buffer once the request is done."""
+    """An allgatherv: the result is built from libddl's buffer once the request is done.
+    rows_only: x's rows hold no elements, and one byte per row travelled instead (the
+    element counts alone cannot say how many rows each rank had)."""
 
-    __slots__ = ("_like",)
+    __slots__ = ("_like", "_rows_only")
 
-    def __init__(self, req: Any, x: Any) -> None:
+    def __init__(self, req: Any, x: Any, rows_only: bool = False) -> None:
         super().__init__(req, None, x)
         self._like = x
+        self._rows_only = rows_only
 
     def wait(self) -> Any:
         self._req.wait()
@@ -547,8 +560,19 @@ class _Gathered(Handle):
             self._trace()
         if self._result is None:
             data, counts = self._req.gathered()
-            self._result = _from_bytes(self._like, data, sum(counts))
+            self._result = (_empty_rows(self._like, sum(counts)) if self._rows_only
+                            else _from_bytes(self._like, data, sum(counts)))
         return self._result
+
+
+def _empty_rows(like: Any, rows: int) -> Any:
+    """`rows` rows shaped like like's, which hold no elements, of like's kind and dtype."""
+    shape = (rows, *tuple(like.shape)[1:])
+    if type(like).__module__.startswith("torch"):
+        import torch
+
+        return torch.empty(shape, dtype=like.dtype)
+    return np.empty(shape, dtype=like.dtype)
 
 
 def _from_bytes(like: Any, data: bytearray, count: int) -> Any:
@@ -576,6 +600,17 @@ def allgatherv_async(x: Any, *, name: str | None = None, shape: Any = None,
     if on_gpu:
         raise ValueError("allgatherv_async takes host memory")
     buf, code = as_buffer(x)
+    dims = tuple(getattr(x, "shape", ()) or ())
+    if len(dims) > 1 and 0 in dims[1:]:
+        # Rows of no elements: one byte per row travels, so every rank learns how many rows
+        # each had (the result's first dimension). Ranks still disagree on the dtype or
+        # on rows that hold elements as a MismatchError; trailing dimensions that are all
+        # empty are not compared.
+        buf = np.zeros(dims[0], np.uint8)
+        if "shape" in kw and kw["shape"] is not None:
+            kw["shape"] = (dims[0], 1)
+        return _traced(_Gathered(_ddl.submit(4, buf, None, DTYPE_CODE["uint8"], 0, 0, **kw), x,
+                                 rows_only=True), "allgather", name, buf)
     return _traced(_Gathered(_ddl.submit(4, buf, None, code, 0, 0, **kw), x), "allgather",
                    name, buf)
 

@@ -124,6 +124,13 @@ if mode == "order":
                            for q in range(n)])
     if not same(hs["gatherv"].wait(), want):
         bad.append("named allgatherv_async")
+    # Rows of no elements (Horovod's allgather of a (k, 0) tensor): the result still has
+    # every rank's rows, in numpy and torch, of the input's dtype.
+    for zero in (np.zeros((r + 1, 0), np.float32), np.zeros((2, 0, 3), np.int64)):
+        got = ddl.allgatherv_async(zero, name=f"empty-rows-{zero.ndim}", shape=zero.shape).wait()
+        rows = sum(q + 1 for q in range(n)) if zero.ndim == 2 else 2 * n
+        if got.shape != (rows, *zero.shape[1:]) or got.dtype != zero.dtype:
+            bad.append(f"allgatherv_async of empty rows {zero.shape}: {got.shape} {got.dtype}")
     ref = reference([data(q, 4 * n, DTYPES["float64"], "sum", salt=5) for q in range(n)],
                     DTYPES["float64"], "sum")[4 * r:4 * (r + 1)]
     if not same(hs["rs"].wait(), ref):
