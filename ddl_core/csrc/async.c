@@ -112,6 +112,12 @@ static void unlink_locked(ddl_engine_t *e, struct ddl_request_s *r) {
     e->pending--;
 }
 
+/* Whether a request is still in the pending list (under e->lock): not yet taken into a
+ * batch. */
+static int queued_locked(const ddl_engine_t *e, const struct ddl_request_s *r) {
+    return r->prev != NULL || e->head == r;
+}
+
 /* How a request describes itself in messages: "allreduce 'grad.fc1'" or "unnamed
  * allreduce #3". */
 void ddl_req_describe(const struct ddl_request_s *r, char *out, size_t n) {
@@ -700,9 +706,11 @@ ddl_status_t ddl_wait(ddl_request_t req) {
             pthread_mutex_lock(&e->lock);
             release_locked(e);
         }
-        if (!req->done && e->pending) {
-            /* Not run yet (a peer has not submitted it, or the progress thread is at it):
-             * no point waiting out the cycle time for more requests to fuse. */
+        if (!req->done && queued_locked(e, req)) {
+            /* Still queued (a peer has not submitted it, or the progress thread is about
+             * to take it): no point waiting out the cycle time for more requests to fuse.
+             * (One already in the progress thread's batch leaves the next batch its cycle
+             * time.) */
             e->hurry = 1;
             pthread_cond_broadcast(&e->work);
         }
