@@ -486,9 +486,7 @@ def allreduce_async(x: Any, op: str = "sum", out: Any = None, *, name: str | Non
     """
     o = op_code(op)
     on_gpu = _cuda.device_array(x) is not None  # (resolved once: it costs ~0.3 us)
-    kw = _named(on_gpu, name, shape)
-    if comm is not None:
-        kw |= _queue(comm)
+    kw = _named(on_gpu, name, shape) | _queue(comm)
     if on_gpu:
         _gpu_on_world(comm, "allreduce_async")
         return Handle(_DONE, allreduce(x, op, out), None)
@@ -502,7 +500,7 @@ def broadcast_async(x: Any, root: int = 0, *, name: str | None = None,
                     shape: Any = None, comm: Comm | None = None) -> Handle:
     """Queue a broadcast of root's x into x; name=, shape= and comm= as for
     allreduce_async (root: a rank of comm)."""
-    on_gpu = _cuda.device_array(x) is not None  # (resolved once: it costs ~0.3 us)
+    on_gpu = _cuda.device_array(x) is not None
     kw = _named(on_gpu, name, shape) | _queue(comm)
     if on_gpu:
         _gpu_on_world(comm, "broadcast_async")
@@ -516,7 +514,7 @@ def allgather_async(x: Any, out: Any = None, *, name: str | None = None,
                     shape: Any = None, comm: Comm | None = None) -> Handle:
     """Queue an allgather (every rank's x has the same count); name= and shape= as for
     allreduce_async (shapes: all dimensions but the first must agree); comm= likewise."""
-    on_gpu = _cuda.device_array(x) is not None  # (resolved once: it costs ~0.3 us)
+    on_gpu = _cuda.device_array(x) is not None
     kw = _named(on_gpu, name, shape) | _queue(comm)
     if on_gpu:
         _gpu_on_world(comm, "allgather_async")
@@ -531,7 +529,7 @@ def reduce_scatter_async(x: Any, op: str = "sum", out: Any = None, *, name: str 
                          shape: Any = None, comm: Comm | None = None) -> Handle:
     """Queue a reduce_scatter; name=, shape= (of x) and comm= as for allreduce_async."""
     o = op_code(op)
-    on_gpu = _cuda.device_array(x) is not None  # (resolved once: it costs ~0.3 us)
+    on_gpu = _cuda.device_array(x) is not None
     kw = _named(on_gpu, name, shape) | _queue(comm)
     if on_gpu:
         _gpu_on_world(comm, "reduce_scatter_async")
@@ -595,7 +593,7 @@ def allgatherv_async(x: Any, *, name: str | None = None, shape: Any = None,
     allgather): wait() returns every rank's x concatenated along the first axis, in rank
     order (numpy for numpy and buffers, torch for torch). name= and shape= as for
     allreduce_async; with shape=, all dimensions but the first must agree. comm= likewise."""
-    on_gpu = _cuda.device_array(x) is not None  # (resolved once: it costs ~0.3 us)
+    on_gpu = _cuda.device_array(x) is not None
     kw = _named(on_gpu, name, shape) | _queue(comm)
     if on_gpu:
         raise ValueError("allgatherv_async takes host memory")
@@ -607,7 +605,7 @@ def allgatherv_async(x: Any, *, name: str | None = None, shape: Any = None,
         # on rows that hold elements as a MismatchError; trailing dimensions that are all
         # empty are not compared.
         buf = np.zeros(dims[0], np.uint8)
-        if "shape" in kw and kw["shape"] is not None:
+        if kw.get("shape") is not None:
             kw["shape"] = (dims[0], 1)
         return _traced(_Gathered(_ddl.submit(4, buf, None, DTYPE_CODE["uint8"], 0, 0, **kw), x,
                                  rows_only=True), "allgather", name, buf)

@@ -339,13 +339,8 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
         # The blocking common case skips the handle table (a handle, two closures and
         # their lookups: about a quarter of what this layer adds to a small allreduce).
         buf = _host_view(tensor)
-        try:  # as _submitted(), without its call
-            h = ddl_core.allreduce_async(buf, op=dop, out=buf, shape=buf.shape,
-                                         name=None if name is None else f"allreduce.{name}")
-        except ddl_core.InvalidArgumentError:
-            raise
-        except ddl_core.DDLError as exc:
-            raise HorovodInternalError(str(exc)) from exc
+        h = _submitted(ddl_core.allreduce_async, buf, op=dop, out=buf, shape=buf.shape,
+                       name=None if name is None else f"allreduce.{name}")
         try:  # as synchronize(): any failure of the collective is Horovod's error
             h.wait()
         except ddl_core.DDLError as exc:
