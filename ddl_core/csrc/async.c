@@ -356,8 +356,17 @@ static void engine_stop(ddl_engine_t *e) {
 
 ddl_status_t ddl_progress_start(void) { return engine_start(&world_engine, &ddl_g.progress); }
 
+/* Every engine, the sub-communicators' too: a progress thread left running looks at its
+ * communicator after MPI_Finalize, a fatal MPI error at exit for a program that never
+ * freed a split communicator. */
 ddl_status_t ddl_progress_stop(void) {
-    engine_stop(&world_engine);
+    for (;;) {
+        pthread_mutex_lock(&engines_lock);
+        ddl_engine_t *e = engines;
+        pthread_mutex_unlock(&engines_lock);
+        if (!e) break;
+        engine_stop(e);
+    }
     return DDL_SUCCESS;
 }
 
