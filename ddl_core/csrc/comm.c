@@ -83,6 +83,17 @@ ddl_status_t ddl_comm_size(ddl_comm_t c, int *size) {
     return DDL_SUCCESS;
 }
 
+ddl_status_t ddl_comm_topology(ddl_comm_t c, int *nlevels, int dims[DDL_MAX_LEVELS]) {
+    double saved;
+    DDL_CHECK(ddl_comm_enter(c, "ddl_comm_topology", &saved));
+    ddl_comm_leave(saved);
+    if (!nlevels || !dims)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_comm_topology: NULL output pointer");
+    *nlevels = c->ctx->topo.nlevels;
+    for (int i = 0; i < *nlevels; i++) dims[i] = c->ctx->topo.dims[i];
+    return DDL_SUCCESS;
+}
+
 ddl_status_t ddl_comm_world_rank(ddl_comm_t c, int rank, int *world_rank) {
     double saved;
     DDL_CHECK(ddl_comm_enter(c, "ddl_comm_world_rank", &saved));

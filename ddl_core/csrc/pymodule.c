@@ -597,6 +597,18 @@ static PyObject *py_comm_info(PyObject *self, PyObject *args) {
     return Py_BuildValue("iiN", rank, size, members);
 }
 
+static PyObject *py_comm_topology(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    int n, dims[DDL_MAX_LEVELS];
+    ddl_status_t st = ddl_comm_topology(handle_of(h), &n, dims);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t && i < n; i++) PyTuple_SET_ITEM(t, i, PyLong_FromLong(dims[i]));
+    return t;
+}
+
 static int opt_buf(PyObject *o, Py_buffer *v, int writable, const void **p) {
     *p = NULL;
     v->obj = NULL;
@@ -1185,6 +1197,7 @@ static PyMethodDef methods[] = {
     {"comm_free", py_comm_free, METH_VARARGS, NULL},
     {"comm_set_timeout", py_comm_set_timeout, METH_VARARGS, NULL},
     {"comm_info", py_comm_info, METH_VARARGS, NULL},
+    {"comm_topology", py_comm_topology, METH_VARARGS, NULL},
     {"comm_op", py_comm_op, METH_VARARGS, NULL},
     {"p2p_fast", (PyCFunction)(void (*)(void))py_p2p_fast, METH_FASTCALL,
      "p2p_fast(kind, handle, buffer, peer, tag) -> bool: a plain blocking send/recv, or "

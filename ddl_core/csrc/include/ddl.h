@@ -361,6 +361,9 @@ ddl_status_t ddl_comm_rank(ddl_comm_t comm, int *rank);
 ddl_status_t ddl_comm_size(ddl_comm_t comm, int *size);
 /* The world rank of member `rank`. */
 ddl_status_t ddl_comm_world_rank(ddl_comm_t comm, int rank, int *world_rank);
+/* The communicator's own grid, innermost level first (as ddl_topology for the world):
+ * the grid of the job restricted to its members, levels of one rank dropped. */
+ddl_status_t ddl_comm_topology(ddl_comm_t comm, int *nlevels, int dims[DDL_MAX_LEVELS]);
 
 ddl_status_t ddl_comm_allreduce(ddl_comm_t comm, const void *sendbuf, void *recvbuf,
                                 size_t count, ddl_dtype_t dtype, ddl_op_t op);

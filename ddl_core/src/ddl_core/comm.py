@@ -54,6 +54,12 @@ class Comm:
     def is_world(self) -> bool:
         return self._world
 
+    @property
+    def topology(self) -> tuple[int, ...]:
+        """This communicator's own grid, innermost level first: the job's grid restricted
+        to its members (what its algorithm choice and cost model work on)."""
+        return _ddl.comm_topology(self.handle)
+
     def split(self, color: int | None, key: int = 0) -> Comm | None:
         """Collective over this communicator: ranks with the same color form one new
         communicator ordered by (key, rank); color None takes no part and gets None."""
