@@ -304,6 +304,7 @@ ddl_status_t ddl_comm_free(ddl_comm_t *cp) {
         ddl_topo_free(&c->prog);
         MPI_Comm_free(&c->prog.world.comm);
     }
+    ddl_shm_release(&c->own);
     ddl_topo_free(&c->own);
     if (c->own.world.comm != MPI_COMM_NULL) MPI_Comm_free(&c->own.world.comm);
     if (c->p2p != MPI_COMM_NULL) MPI_Comm_free(&c->p2p);

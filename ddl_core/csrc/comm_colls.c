@@ -22,8 +22,15 @@
 
 /* reduce switches from allreduce-then-drop to reduce-scatter + gather from here. */
 #define REDUCE_SPLIT_MIN ((size_t)256 * 1024)
+/* Two ranks: from here reduce is pipelined over chunks of REDUCE_CHUNK (each lands in a
+ * cache-warm buffer and is reduced from there), through shared memory where the two share
+ * a node (shm.c; it beat MPI_Reduce from 4 KiB, where MPI leaves its eager protocol) and
+ * over MPI messages otherwise. */
+#define REDUCE_SHM_MIN ((size_t)4 * 1024)
+#define REDUCE_PAIR_MIN ((size_t)64 * 1024)
+#define REDUCE_CHUNK ((size_t)256 * 1024)
 /* Tags of DDL's own exchanges here (algos.c uses 101-105 on the topology communicators). */
-enum { TAG_ALLGATHERV = 110, TAG_REDUCE_GATHER = 111 };
+enum { TAG_ALLGATHERV = 110, TAG_REDUCE_GATHER = 111, TAG_REDUCE_RESULT = 112 };
 
 static ddl_status_t fits_int(size_t bytes, const char *fn) {
     if (bytes > (size_t)INT_MAX)
@@ -278,6 +285,122 @@ ddl_status_t ddl_comm_scatter(ddl_comm_t c, const void *sendbuf, void *recvbuf, 
     return rooted(c, sendbuf, recvbuf, count, dtype, root, 1);
 }
 
+/* reduce on two ranks, pipelined over chunks with the work split: the chunks alternate
+ * between the two ranks. The root's chunks (even) come from the other rank and the root
+ * reduces them as they land; the other rank's chunks (odd) come from the root, the other
+ * rank reduces them and sends the result back into the root's output. Each rank reduces
+ * half the data, at the same time, and the root copies 1.5x its size in where a root that
+ * reduced everything (MPI_Reduce) copies 1x but reduces 2x alone. On two ranks the
+ * reduce-scatter + gather below moves the same bytes, but in two dependent rounds, and ran
+ * at 0.3-0.6x Open MPI's MPI_Reduce at 2-32 MiB (MPI_Ireduce: 0.15-0.2x) (python -m
+ * ddl_core.bench reduce). The result is the allreduce's bit for bit: on two ranks each
+ * element is one application of the op, which commutes (NaN canonical, -0.0 < +0.0), and
+ * avg divides the same sum by 2. */
+enum { PAIR_W = 2 }; /* pairs of chunks in flight */
+
+typedef struct {
+    const ddl_mpicomm_t *c;
+    const char *in;
+    char *out;
+    size_t count, per, es, chunks;
+    ddl_dtype_t dtype;
+    ddl_op_t op;
+    int peer;
+} pair_t;
+
+static size_t pair_n(const pair_t *p, size_t k) {
+    return k + 1 < p->chunks ? p->per : p->count - k * p->per;
+}
+
+static void pair_reduce(const pair_t *p, char *dst, const char *a, const char *b, size_t n) {
+    ddl_reduce3(dst, a, b, n, p->dtype, ddl_wire_op(p->op));
+    if (p->op == DDL_AVG) ddl_finish_avg(dst, n, p->dtype, 2);
+}
+
+static ddl_status_t pair_root(const pair_t *p, char *tmp, int in_place) {
+    const ddl_mpicomm_t *c = p->c;
+    size_t pairs = (p->chunks + 1) / 2;
+    MPI_Request rd[PAIR_W], sd[PAIR_W], rr[PAIR_W];
+    for (int i = 0; i < PAIR_W; i++) rd[i] = sd[i] = rr[i] = MPI_REQUEST_NULL;
+    for (size_t j = 0; j < pairs + PAIR_W; j++) {
+        if (j >= PAIR_W) { /* finish pair q */
+            size_t q = j - PAIR_W, s = q % PAIR_W, k = 2 * q;
+            DDL_CHECK(ddl_wait_recv(c, &rd[s], pair_n(p, k) * p->es, p->peer));
+            pair_reduce(p, p->out + k * p->per * p->es, p->in + k * p->per * p->es,
+                        tmp + s * REDUCE_CHUNK, pair_n(p, k));
+            if (k + 1 < p->chunks) {
+                size_t b = pair_n(p, k + 1) * p->es;
+                char *dst = p->out + (k + 1) * p->per * p->es;
+                DDL_CHECK(ddl_wait_request(&sd[s], c, "reduce: sending"));
+                if (in_place) /* its input has left: the result may land on it */
+                    DDL_CHECK(ddl_irecv(c, dst, b, p->peer, TAG_REDUCE_RESULT, &rr[s]));
+                DDL_CHECK(ddl_wait_recv(c, &rr[s], b, p->peer));
+            }
+        }
+        if (j < pairs) { /* start pair j */
+            size_t s = j % PAIR_W, k = 2 * j;
+            DDL_CHECK(ddl_irecv(c, tmp + s * REDUCE_CHUNK, pair_n(p, k) * p->es, p->peer,
+                                TAG_REDUCE_GATHER, &rd[s]));
+            if (k + 1 < p->chunks) {
+                size_t b = pair_n(p, k + 1) * p->es, off = (k + 1) * p->per * p->es;
+                DDL_CHECK(ddl_isend(c, p->in + off, b, p->peer, TAG_REDUCE_GATHER, &sd[s]));
+                if (!in_place)
+                    DDL_CHECK(ddl_irecv(c, p->out + off, b, p->peer, TAG_REDUCE_RESULT, &rr[s]));
+            }
+        }
+    }
+    return DDL_SUCCESS;
+}
+
+static ddl_status_t pair_other(const pair_t *p, char *tmp) {
+    const ddl_mpicomm_t *c = p->c;
+    size_t pairs = (p->chunks + 1) / 2;
+    enum { S = 2 * PAIR_W }; /* a slot's result is still leaving while the next fills */
+    MPI_Request sd[PAIR_W], rd[S], sr[S];
+    for (int i = 0; i < PAIR_W; i++) sd[i] = MPI_REQUEST_NULL;
+    for (int i = 0; i < S; i++) rd[i] = sr[i] = MPI_REQUEST_NULL;
+    for (size_t j = 0; j < pairs + PAIR_W; j++) {
+        if (j >= PAIR_W) { /* finish pair q */
+            size_t q = j - PAIR_W, s = q % S, k = 2 * q;
+            if (k + 1 < p->chunks) {
+                size_t n = pair_n(p, k + 1);
+                char *buf = tmp + s * REDUCE_CHUNK;
+                DDL_CHECK(ddl_wait_recv(c, &rd[s], n * p->es, p->peer));
+                pair_reduce(p, buf, buf, p->in + (k + 1) * p->per * p->es, n);
+                DDL_CHECK(ddl_isend(c, buf, n * p->es, p->peer, TAG_REDUCE_RESULT, &sr[s]));
+            }
+            DDL_CHECK(ddl_wait_request(&sd[q % PAIR_W], c, "reduce: sending"));
+        }
+        if (j < pairs) { /* start pair j */
+            size_t k = 2 * j, s = j % S;
+            DDL_CHECK(ddl_isend(c, p->in + k * p->per * p->es, pair_n(p, k) * p->es, p->peer,
+                                TAG_REDUCE_GATHER, &sd[j % PAIR_W]));
+            if (k + 1 < p->chunks) {
+                if (sr[s] != MPI_REQUEST_NULL) /* the slot's last result has left */
+                    DDL_CHECK(ddl_wait_request(&sr[s], c, "reduce: sending"));
+                DDL_CHECK(ddl_irecv(c, tmp + s * REDUCE_CHUNK, pair_n(p, k + 1) * p->es,
+                                    p->peer, TAG_REDUCE_GATHER, &rd[s]));
+            }
+        }
+    }
+    for (int i = 0; i < S; i++)
+        if (sr[i] != MPI_REQUEST_NULL) DDL_CHECK(ddl_wait_request(&sr[i], c, "reduce: sending"));
+    return DDL_SUCCESS;
+}
+
+static ddl_status_t reduce_pair(ddl_ctx_t *ctx, const void *in, void *out, size_t count,
+                                ddl_dtype_t dtype, ddl_op_t op, int root) {
+    const ddl_mpicomm_t *c = &ctx->world;
+    size_t es = ddl_dtype_size(dtype), per = REDUCE_CHUNK / es;
+    pair_t p = {c, in, out, count, per, es, (count + per - 1) / per, dtype, op, 1 - c->rank};
+    int at_root = c->rank == root;
+    size_t slots = at_root ? PAIR_W : 2 * PAIR_W;
+    char *tmp = ddl_scratch(DDL_SCRATCH_REDUCE, slots * REDUCE_CHUNK);
+    if (!tmp) return ddl_fail(DDL_ERR_NO_MEMORY, "reduce: no memory for %zu bytes",
+                              slots * REDUCE_CHUNK);
+    return at_root ? pair_root(&p, tmp, in == out) : pair_other(&p, tmp);
+}
+
 ddl_status_t ddl_comm_reduce(ddl_comm_t c, const void *sendbuf, void *recvbuf, size_t count,
                              ddl_dtype_t dtype, ddl_op_t op, int root) {
     const char *fn = "ddl_comm_reduce";
@@ -287,9 +410,26 @@ ddl_status_t ddl_comm_reduce(ddl_comm_t c, const void *sendbuf, void *recvbuf, s
     int at_root = ctx->world.rank == root;
     if (st == DDL_SUCCESS && count && (!sendbuf || (at_root && !recvbuf)))
         st = ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL buffer", fn);
+    /* In place, the input is in recvbuf (on any rank, as the allreduce has it). */
+    if (st == DDL_SUCCESS && count && sendbuf == DDL_IN_PLACE && !recvbuf)
+        st = ddl_fail(DDL_ERR_INVALID_ARG, "%s: DDL_IN_PLACE with a NULL recvbuf: in place, "
+                      "recvbuf holds the input on every rank", fn);
     if (st != DDL_SUCCESS) LEAVE(st);
     int P = ctx->world.size;
     size_t es = ddl_dtype_size(dtype);
+    if (P == 2 && (count * es >= REDUCE_PAIR_MIN ||
+                   (count * es >= REDUCE_SHM_MIN && ctx->shm_state >= 0))) {
+        const void *in = sendbuf == DDL_IN_PLACE ? recvbuf : sendbuf;
+        ddl_coll_begin(ctx, "reduce", 1);
+        st = ddl_comm_check(ctx, ddl_signature(DDL_COLL_REDUCE, count, dtype, op, root), count,
+                            "reduce");
+        ddl_shm_t *shm = NULL;
+        if (st == DDL_SUCCESS) st = ddl_shm_pair(ctx, &shm);
+        if (st == DDL_SUCCESS)
+            st = shm ? ddl_shm_reduce(ctx, shm, root, in, recvbuf, count, dtype, op)
+                     : reduce_pair(ctx, in, recvbuf, count, dtype, op, root);
+        LEAVE(st);
+    }
     if (P > 1 && count % (size_t)P == 0 && count * es >= REDUCE_SPLIT_MIN &&
         sendbuf != DDL_IN_PLACE && (count / (size_t)P) * es <= (size_t)INT_MAX) {
         /* Large: reduce-scatter (DDL's, checked with reduce's own signature, root
@@ -317,7 +457,7 @@ ddl_status_t ddl_comm_reduce(ddl_comm_t c, const void *sendbuf, void *recvbuf, s
         out = ddl_scratch(DDL_SCRATCH_REDUCE, count * ddl_dtype_size(dtype));
         if (!out) LEAVE(ddl_fail(DDL_ERR_NO_MEMORY, "%s: no memory for %zu elements", fn, count));
     }
-    if (sendbuf == DDL_IN_PLACE) in = out;
+    if (sendbuf == DDL_IN_PLACE) in = recvbuf;
     st = ddl_allreduce_ctx(ctx, in == out ? DDL_IN_PLACE : in, out, count, dtype, op,
                            ddl_signature(DDL_COLL_REDUCE, count, dtype, op, root));
     LEAVE(st);
@@ -349,7 +489,9 @@ ddl_status_t ddl_comm_send(ddl_comm_t c, const void *buf, size_t count, ddl_dtyp
     MPI_Request req;
     int rc = MPI_Isend(buf, (int)(count * ddl_dtype_size(dtype)), MPI_BYTE, dest, tag, c->p2p,
                        &req);
-    st = rc != MPI_SUCCESS ? ddl_mpi_fail(rc, "MPI_Isend") : ddl_wait_request(&req, &pc, "send");
+    st = rc != MPI_SUCCESS ? ddl_mpi_fail(rc, "MPI_Isend")
+                           : ddl_wait_request_bytes(&req, &pc, "send",
+                                                    count * ddl_dtype_size(dtype));
     LEAVE(st);
 }
 
@@ -393,7 +535,8 @@ ddl_status_t ddl_comm_recv(ddl_comm_t c, void *buf, size_t count, ddl_dtype_t dt
     MPI_Request req;
     int rc = MPI_Imrecv(into, n, MPI_BYTE, &msg, &req);
     ddl_mpicomm_t pc = {c->p2p, c->ctx->world.rank, c->ctx->world.size, 0};
-    st = rc != MPI_SUCCESS ? ddl_mpi_fail(rc, "MPI_Imrecv") : ddl_wait_request(&req, &pc, "recv");
+    st = rc != MPI_SUCCESS ? ddl_mpi_fail(rc, "MPI_Imrecv")
+                           : ddl_wait_request_bytes(&req, &pc, "recv", (size_t)n);
     if (st == DDL_SUCCESS && (size_t)n != want)
         st = ddl_fail(DDL_ERR_MISMATCH,
                       "recv: rank %d sent %d bytes (tag %d) but the receive buffer holds %zu "

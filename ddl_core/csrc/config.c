@@ -45,6 +45,7 @@ static const setting_t settings[] = {
     {"DDL_NCCL", WORD, 0, 0, NULL, "auto", 1},
     {"DDL_NCCL_OUTER", WORD, 0, 0, NULL, "nccl", 1},
     {"DDL_LIVENESS", NUM_INT, 0, 1, "0 or 1", "1", 1},
+    {"DDL_SHM", NUM_INT, 0, 1, "0 or 1", "1", 1},
     {"DDL_TIMEOUT", NUM_REAL, 0.001, 1e9, "seconds", "300", 0},
     {"DDL_SPIN_US", NUM_INT, -1, 1e9, "microseconds (-1: always spin)", "200", 0},
     {"DDL_CYCLE_TIME_MS", NUM_REAL, 0, 1e6, "milliseconds", "1", 0},
@@ -219,6 +220,8 @@ static ddl_status_t parse_one(const setting_t *s, const char *text, ddl_config_t
         cfg->log_level = (int)d;
     } else if (!strcmp(n, "DDL_LIVENESS")) {
         cfg->liveness = (int)d;
+    } else if (!strcmp(n, "DDL_SHM")) {
+        cfg->shm = (int)d;
     }
     return DDL_SUCCESS;
 }
@@ -253,6 +256,7 @@ void ddl_config_defaults(ddl_config_t *cfg) {
     cfg->nccl = DDL_NCCL_AUTO;
     cfg->nccl_outer_mpi = 0;
     cfg->liveness = 1;
+    cfg->shm = 1;
 }
 
 ddl_status_t ddl_config_read(ddl_config_t *cfg) {
@@ -310,6 +314,8 @@ size_t ddl_config_agreed(const ddl_config_t *cfg, char *out, size_t n) {
             snprintf(canon, sizeof canon, "%d", cfg->nccl_outer_mpi);
         } else if (!strcmp(nm, "DDL_LIVENESS")) {
             snprintf(canon, sizeof canon, "%d", cfg->liveness);
+        } else if (!strcmp(nm, "DDL_SHM")) {
+            snprintf(canon, sizeof canon, "%d", cfg->shm);
         }
         const char *env = getenv(nm);
         char show[64];
@@ -336,6 +342,7 @@ void ddl_config_apply(const ddl_config_t *cfg) {
     ddl_g.segment_bytes = cfg->segment_bytes;
     ddl_g.forced_algo = cfg->algo;
     ddl_g.liveness = cfg->liveness;
+    ddl_g.shm = cfg->shm;
     ddl_gpu_configure(cfg->nccl, cfg->nccl_outer_mpi);
     ddl_settings_changed();
 }

@@ -93,6 +93,16 @@ ddl_status_t ddl_irecv(const ddl_mpicomm_t *c, void *buf, size_t bytes, int src,
 ddl_status_t ddl_wait_recv(const ddl_mpicomm_t *c, MPI_Request *req, size_t bytes, int src);
 /* Wait for an MPI request with the deadline (used for MPI's own collectives). */
 ddl_status_t ddl_wait_request(MPI_Request *req, const ddl_mpicomm_t *c, const char *what);
+/* Wait until *flag, in memory shared with rank `peer` of c, holds `want` (acquire), under
+ * the deadline and the liveness watch, polling as the waits above do for `bytes`. */
+ddl_status_t ddl_wait_flag(const ddl_mpicomm_t *c, const uint64_t *flag, uint64_t want, int peer,
+                           size_t bytes, const char *what);
+/* Seconds a wait for a transfer of `bytes` spins before pausing between polls (< 0:
+ * never pauses): DDL_SPIN_US, longer for large transfers (p2p.c). */
+double ddl_spin_budget(size_t bytes);
+/* ddl_wait_request for a transfer of `bytes` (spins ddl_spin_budget(bytes)). */
+ddl_status_t ddl_wait_request_bytes(MPI_Request *req, const ddl_mpicomm_t *c, const char *what,
+                                    size_t bytes);
 
 /* ---- signatures: the mismatch check ------------------------------------------------- */
 
@@ -192,7 +202,24 @@ typedef struct {
         size_t bytes;
         ddl_algo_t algo[DDL_MAX_LEVELS];
     } plan;
+    /* Memory shared by the two ranks of a pair on one node (shm.c): unknown until the
+     * first reduce on this context asks, then a segment or none for good. */
+    struct ddl_shm_s *shm;
+    int shm_state; /* 0 unknown, 1 shm set, -1 none */
 } ddl_ctx_t;
+
+/* ---- shared memory between the two ranks of a node-local pair (shm.c) ------------------ */
+
+typedef struct ddl_shm_s ddl_shm_t;
+/* Collective over a two-rank ctx: its segment, made on first use; NULL when the two ranks
+ * do not share a node or the segment cannot be made (the caller takes another path). */
+ddl_status_t ddl_shm_pair(ddl_ctx_t *ctx, ddl_shm_t **out);
+/* reduce of `count` elements to `root` through the segment: the other rank copies its
+ * chunks in, the root reduces from there into out (in == out allowed). */
+ddl_status_t ddl_shm_reduce(ddl_ctx_t *ctx, ddl_shm_t *s, int root, const void *in, void *out,
+                            size_t count, ddl_dtype_t dtype, ddl_op_t op);
+/* Local: unmaps the context's segment (the other rank keeps its own mapping). */
+void ddl_shm_release(ddl_ctx_t *ctx);
 
 /* ---- liveness: peers that exit, die or finalize (liveness.c) ------------------------ */
 
@@ -305,6 +332,7 @@ typedef struct {
     int nccl;           /* DDL_NCCL: DDL_NCCL_OFF / _AUTO / _REQUIRE */
     int nccl_outer_mpi; /* DDL_NCCL_OUTER=mpi */
     int liveness;       /* DDL_LIVENESS: the liveness watcher (liveness.c) on or off */
+    int shm;            /* DDL_SHM: shared memory between the ranks of a node (shm.c) */
 } ddl_config_t;
 
 void ddl_config_defaults(ddl_config_t *cfg);
@@ -326,11 +354,13 @@ typedef struct {
     int finalized;
     int we_initialized_mpi;
     int rank, size, local_rank, local_size;
+    int ranks_fit_cores; /* this node's ranks <= its online CPUs (p2p.c's waits) */
     ddl_ctx_t app;      /* used by the blocking API, on the caller's thread */
     ddl_ctx_t progress; /* used by the progress thread only */
     ddl_model_t model;
     ddl_algo_t forced_algo;
     int liveness; /* DDL_LIVENESS (config.c): 0 turns the liveness watcher off */
+    int shm;      /* DDL_SHM (config.c): 0 keeps reduce off shared memory (shm.c) */
     size_t fusion_threshold;
     double cycle_time_s;
     int node_leader;    /* DDL_NODE_LEADER: one rank per node runs the outer levels */

@@ -128,6 +128,8 @@ ddl_status_t ddl_init(void) {
     MPI_CHECK(MPI_Comm_rank(local_comm, &ddl_g.local_rank));
     MPI_CHECK(MPI_Comm_size(local_comm, &ddl_g.local_size));
     MPI_CHECK(MPI_Comm_free(&local_comm));
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    ddl_g.ranks_fit_cores = cpus > 0 && ddl_g.local_size <= cpus;
 
     ddl_status_t rc = ddl_topo_build(&ddl_g.app, ddl_g.app.world.comm, cfg.dims, cfg.nlevels);
     if (rc == DDL_SUCCESS)
@@ -158,6 +160,7 @@ ddl_status_t ddl_finalize(void) {
     ddl_liveness_stop(); /* tells the others this rank finalized, not died */
     ddl_gpu_finalize();
     ddl_comm_world_teardown();
+    ddl_shm_release(&ddl_g.app);
     ddl_topo_free(&ddl_g.app);
     ddl_topo_free(&ddl_g.progress);
     MPI_Comm_free(&ddl_g.app.world.comm);

@@ -137,11 +137,31 @@ static ddl_status_t request_timeout(const ddl_mpicomm_t *c, const char *what) {
  * a race its timing exposes that is not found yet. */
 double ddl_spin_s = 200e-6;
 
+/* A wait for a transfer of `bytes` spins at least as long as moving them should take
+ * (at 2 GB/s, below what this node's shared memory moves), where the node's ranks fit its
+ * cores: a rank waiting for its own large message has nothing else to do, and nobody
+ * needs its core. It was the 2 MiB send/recv above: 0.78-0.86x MPI's bandwidth with
+ * 200 us, 1.0x with 1000. Small messages, and with them the many small asynchronous
+ * requests of a framework, keep DDL_SPIN_US. */
+#define SPIN_S_PER_BYTE 0.5e-9
+
 typedef struct {
     double start, deadline;
+    double spin_s; /* spin this long before pausing between polls; < 0: never pause */
     bool idle;
     unsigned gen; /* the liveness counter last looked at */
 } poller_t;
+
+double ddl_spin_budget(size_t bytes) {
+    double t = (double)bytes * SPIN_S_PER_BYTE;
+    return ddl_spin_s >= 0 && t > ddl_spin_s && ddl_g.ranks_fit_cores ? t : ddl_spin_s;
+}
+
+static poller_t poller(size_t bytes) {
+    poller_t p = {0};
+    p.spin_s = ddl_spin_budget(bytes);
+    return p;
+}
 
 /* One poll done: pause if the wait is long, and 1 once the deadline has passed. POLL_LOST
  * when a peer this collective needs is gone (the error is recorded). */
@@ -164,7 +184,7 @@ static int poll_next(poller_t *p, unsigned spin) {
         p->deadline = now + ddl_deadline_s();
         return 0;
     }
-    if (ddl_spin_s >= 0 && now - p->start > ddl_spin_s) p->idle = true;
+    if (p->spin_s >= 0 && now - p->start > p->spin_s) p->idle = true;
     return now > p->deadline;
 }
 
@@ -193,7 +213,7 @@ static ddl_status_t exchange(const ddl_mpicomm_t *c, const void *sbuf, size_t sb
         MPI_CHECK(MPI_Irecv(rbuf, (int)rbytes, MPI_BYTE, src, tag, c->comm, &rreq));
         have_msg = true;
     }
-    poller_t poll = {0};
+    poller_t poll = poller(sbytes > rbytes ? sbytes : rbytes);
     for (unsigned spin = 0;; spin++) {
         if (!have_msg) {
             int flag = 0;
@@ -271,7 +291,7 @@ static ddl_status_t stream(const ddl_mpicomm_t *c, const char *sbuf, size_t sbyt
     MPI_Request sreq[64], rreq[64];
     if (W > 64) W = 64;
     size_t sposted = 0, rposted = 0, sdone = 0, rdone = 0;
-    poller_t poll = {0};
+    poller_t poll = poller(0); /* pieces: each wait is short */
     for (unsigned spin = 0;; spin++) {
         /* Post receives up to W ahead, sends up to W ahead of the pieces received. */
         while (rposted < nr && rposted < rdone + W) {
@@ -345,7 +365,7 @@ ddl_status_t ddl_sendrecv_capped(const ddl_mpicomm_t *c, const void *sbuf, size_
     MPI_Status sts[2];
     if (src >= 0) MPI_CHECK(MPI_Irecv(rbuf, (int)rcap, MPI_BYTE, src, tag, c->comm, &reqs[0]));
     if (dst >= 0) MPI_CHECK(MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, dst, tag, c->comm, &reqs[1]));
-    poller_t poll = {0};
+    poller_t poll = poller(rcap > sbytes ? rcap : sbytes);
     for (unsigned spin = 0;; spin++) {
         int done = 0;
         int rc = MPI_Testall(2, reqs, &done, sts);
@@ -369,7 +389,12 @@ ddl_status_t ddl_sendrecv_capped(const ddl_mpicomm_t *c, const void *sbuf, size_
 }
 
 ddl_status_t ddl_wait_request(MPI_Request *req, const ddl_mpicomm_t *c, const char *what) {
-    poller_t poll = {0};
+    return ddl_wait_request_bytes(req, c, what, 0);
+}
+
+ddl_status_t ddl_wait_request_bytes(MPI_Request *req, const ddl_mpicomm_t *c, const char *what,
+                                    size_t bytes) {
+    poller_t poll = poller(bytes);
     for (unsigned spin = 0;; spin++) {
         int done = 0;
         MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
@@ -377,6 +402,19 @@ ddl_status_t ddl_wait_request(MPI_Request *req, const ddl_mpicomm_t *c, const ch
         int pn = poll_next(&poll, spin);
         if (pn == POLL_LOST) return DDL_ERR_PEER_LOST;
         if (pn) return request_timeout(c, what);
+    }
+}
+
+/* ---- a flag in memory shared with a peer (shm.c) ------------------------------------ */
+
+ddl_status_t ddl_wait_flag(const ddl_mpicomm_t *c, const uint64_t *flag, uint64_t want, int peer,
+                           size_t bytes, const char *what) {
+    poller_t poll = poller(bytes);
+    for (unsigned spin = 0;; spin++) {
+        if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) == want) return DDL_SUCCESS;
+        int pn = poll_next(&poll, spin);
+        if (pn == POLL_LOST) return DDL_ERR_PEER_LOST;
+        if (pn) return timeout_fail(c, peer, what);
     }
 }
 
@@ -397,7 +435,7 @@ ddl_status_t ddl_irecv(const ddl_mpicomm_t *c, void *buf, size_t bytes, int src,
 }
 
 ddl_status_t ddl_wait_recv(const ddl_mpicomm_t *c, MPI_Request *req, size_t bytes, int src) {
-    poller_t poll = {0};
+    poller_t poll = poller(bytes);
     for (unsigned spin = 0;; spin++) {
         int done = 0;
         MPI_Status st;

@@ -167,10 +167,10 @@ void ddl_p2p_progress(struct ddl_request_s *r) {
 }
 
 void ddl_p2p_wait(struct ddl_request_s *r) {
-    double start = ddl_now();
+    double start = ddl_now(), spin_s = ddl_spin_budget(r->want);
     for (unsigned spin = 0; !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE); spin++) {
         ddl_p2p_progress(r);
-        if (ddl_spin_s >= 0 && (spin & 63) == 63 && ddl_now() - start > ddl_spin_s) {
+        if (spin_s >= 0 && (spin & 63) == 63 && ddl_now() - start > spin_s) {
             struct timespec ts = {0, 20 * 1000};
             nanosleep(&ts, NULL);
         }

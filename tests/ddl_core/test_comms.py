@@ -15,6 +15,13 @@ def test_comm_collectives_every_dtype_op(ranks: int) -> None:
     assert ok_lines(proc, "comms-collectives") == ranks
 
 
+def test_comm_collectives_without_shared_memory() -> None:
+    """DDL_SHM=0: two-rank reduce takes the pipeline over MPI messages instead of the
+    shared segment (the path of a pair on two nodes), with the same results."""
+    proc = run_mpi(3, "comms.py", "collectives", env={"DDL_SHM": "0"}, timeout=240)
+    assert ok_lines(proc, "comms-collectives") == 3
+
+
 @pytest.mark.parametrize("grid,ranks", [("2x2", 4), ("2x2x2", 8)])
 def test_comm_collectives_on_grids(grid: str, ranks: int) -> None:
     """Sub-communicators of a DDL_TOPOLOGY grid get the grid restricted to their members."""

@@ -22,6 +22,16 @@ csrc/model.c, with the tuned alpha/beta) and the link-bound limit: the time the 
 that must leave a host, 2(H-1)/H x size for H hosts, take at the link rate.
 The cluster is always removed, also when a job fails or the command is interrupted.
 
+    python -m ddl_core.bench cluster --split --hosts 2 --ranks 2 --link 200mbit
+
+measures allreduce on split communicators in one job, each beside MPI on the same split
+(MPI_Comm_split with the same color and key), interleaved repetition by repetition:
+"world" (the job), "reordered" (every rank, in reverse order: a new communicator whose
+grid is recomputed from its members) and "one-per-host" (color = rank mod ranks per host:
+ranks-per-host communicators at once, each one rank on every host, all crossing the links
+together). It prints each one's ratio to MPI next to the world's, the figure being that
+a split communicator keeps the world's ratio.
+
     python -m ddl_core.bench cluster --compare-launchers --hosts 2 --ranks 2 --link 200mbit
 
 compares launchers instead, on a cluster that also runs Slurm: the same allreduce job
@@ -102,6 +112,83 @@ def worker(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps({"topology": list(ddl.topology()), "ranks": n,
                                               "version": ddl.version(), "rows": rows}))
     return 0
+
+
+SPLITS = ("world", "reordered", "one-per-host")
+
+
+def split_worker(args: argparse.Namespace) -> int:
+    """Allreduce on the world and on split communicators, each against MPI on the same
+    split; every implementation on every communicator interleaved, so one noise hits all."""
+    import numpy as np
+    from mpi4py import MPI
+
+    import ddl_core as ddl
+
+    ddl.init()
+    world = MPI.COMM_WORLD
+    r, n = world.rank, world.size
+    colors = {"world": (0, r), "reordered": (0, n - 1 - r), "one-per-host": (r % args.ranks, r)}
+    comms = {}
+    for name, (color, key) in colors.items():
+        d = ddl.comm_world() if name == "world" else ddl.comm_world().split(color, key=key)
+        comms[name] = (d, world.Split(color, key))
+    rows = []
+    for nbytes in args.sizes:
+        count = nbytes // 4
+        row: dict[str, Any] = {"size": nbytes}
+        fns = {}
+        for name, (d, m) in comms.items():
+            x = ((np.arange(count) % 13) + m.rank + 1).astype(np.float32)
+            expect = sum(((np.arange(count) % 13) + q + 1) for q in range(m.size)).astype(
+                np.float32)
+            y = np.empty_like(x)
+            fns[(name, "ddl")] = (lambda x=x, y=y, d=d: ddl.allreduce(x, out=y, comm=d), y, expect)
+            fns[(name, "mpi")] = (lambda x=x, y=y, m=m: m.Allreduce(x, y), y, expect)
+        for key, (fn, y, expect) in fns.items():
+            y[:] = 0
+            fn()
+            row[f"wrong_{key[0]}_{key[1]}"] = world.allreduce(int(np.count_nonzero(y != expect)))
+        times: dict[tuple[str, str], list[float]] = {k: [] for k in fns}
+        for _ in range(args.reps):
+            for key, (fn, _y, _e) in fns.items():
+                world.Barrier()
+                t0 = time.perf_counter()
+                fn()
+                times[key].append(world.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        for (name, impl), ts in times.items():
+            row[f"{name}_{impl}"] = statistics.median(ts)
+        row["grids"] = {name: list(d.topology) for name, (d, _m) in comms.items()}
+        rows.append(row)
+    if r == 0:
+        Path(args.out).write_text(json.dumps({"ranks": n, "version": ddl.version(),
+                                              "rows": rows}))
+    return 0
+
+
+def print_split(res: dict[str, Any], file: Any = sys.stdout) -> dict[str, bool]:
+    """The split table and its target: each split keeps the world's ratio to MPI (within
+    5%, the noise of one link-bound run)."""
+    H, R = res["hosts"], res["ranks_per_host"]
+    print(f"# DDL allreduce on split communicators: {H} emulated hosts x {R} ranks, links "
+          f"{res['link_bps'] / 1e6:g} Mbit/s (tbf), float32 sum, {res['version']}", file=file)
+    print(f"# {'size':>9} {'communicator':<13} {'grid':<6} {'ddl ms':>9} {'mpi ms':>9} "
+          f"{'mpi/ddl':>8} {'/ world':>8} {'#wrong':>6}", file=file)
+    ok = True
+    for row in res["rows"]:
+        world = row["world_mpi"] / row["world_ddl"]
+        for name in SPLITS:
+            ratio = row[f"{name}_mpi"] / row[f"{name}_ddl"]
+            wrong = row[f"wrong_{name}_ddl"] + row[f"wrong_{name}_mpi"]
+            ok = ok and wrong == 0 and ratio >= 0.95 * world
+            print(f"  {row['size']:>9} {name:<13} {'x'.join(map(str, row['grids'][name])):<6} "
+                  f"{row[f'{name}_ddl'] * 1e3:>9.1f} {row[f'{name}_mpi'] * 1e3:>9.1f} "
+                  f"{ratio:>8.2f} {ratio / world:>8.2f} {wrong:>6}", file=file)
+    print("# mpi/ddl = MPI's median time / DDL's (>1: DDL faster); '/ world' = that ratio over "
+          "the world communicator's in the same size", file=file)
+    print(f"# target: every split keeps >= 0.95 of the world's ratio, every result correct: "
+          f"{'met' if ok else 'MISSED'}", file=file)
+    return {"split keeps the world's ratio": ok}
 
 
 # ---- the driver ------------------------------------------------------------------------
@@ -355,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="--compare-launchers: jobs per launcher, launcher order rotating")
     ap.add_argument("--updown", type=int, default=3,
                     help="--compare-launchers: up --slurm / down cycles timed first")
+    ap.add_argument("--split", action="store_true",
+                    help="allreduce on split communicators against MPI's on the same splits")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -362,11 +451,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args.sizes = [parse_size(s) if not s.isdigit() else int(s) for s in args.sizes]
     if args.worker:
-        return worker(args)
+        return split_worker(args) if args.split else worker(args)
     from ..runner import cluster
 
     if args.compare_launchers:
         return _main_launchers(args, argv)
+    if args.split:
+        return _main_split(args, argv)
     try:
         bps = cluster.parse_rate(args.link)
         with cluster.running(args.name, args.hosts, args.link) as c, \
@@ -414,3 +505,30 @@ def _main_launchers(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _main_split(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from ..runner import cluster
+
+    try:
+        bps = cluster.parse_rate(args.link)
+        with cluster.running(args.name, args.hosts, args.link) as c, \
+                tempfile.TemporaryDirectory(prefix="ddl-clusterbench-") as tmp:
+            out = Path(tmp) / "split.json"
+            _ddlrun(c.name, args.ranks, ["-m", "ddl_core.bench", "cluster", "--worker", "--split",
+                                         "--out", str(out), "--ranks", str(args.ranks),
+                                         "--reps", str(args.reps),
+                                         "--sizes", *map(str, args.sizes)],
+                    [], {"DDL_TOPOLOGY": f"{args.ranks}x{args.hosts}"}, args.timeout)
+            res = dict(json.loads(out.read_text()), hosts=args.hosts,
+                       ranks_per_host=args.ranks, link_bps=bps)
+    except cluster.ClusterError as e:
+        print(f"ddl_core.bench cluster: error: {e}", file=sys.stderr)
+        return 2
+    targets = print_split(res)
+    res["targets"] = targets
+    res["command"] = "python -m ddl_core.bench cluster " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return 0 if all(r[k] == 0 for r in res["rows"] for k in r if k.startswith("wrong_")) else 1
