@@ -29,6 +29,8 @@
 #define REDUCE_SHM_MIN ((size_t)4 * 1024)
 #define REDUCE_PAIR_MIN ((size_t)64 * 1024)
 #define REDUCE_CHUNK ((size_t)256 * 1024)
+/* allgatherv of two ranks on one node goes through shared memory from this total. */
+#define AGV_SHM_MIN ((size_t)4 * 1024)
 /* Tags of DDL's own exchanges here (algos.c uses 101-105 on the topology communicators). */
 enum { TAG_ALLGATHERV = 110, TAG_REDUCE_GATHER = 111, TAG_REDUCE_RESULT = 112 };
 
@@ -234,12 +236,32 @@ ddl_status_t ddl_comm_allgatherv(ddl_comm_t c, const void *sendbuf, size_t sendc
     int *rd = NULL;
     int *rcnt = byte_counts(recvcounts, n, es, &rd, fn, &st);
     if (st == DDL_SUCCESS) {
+        /* One round checks the counts with everything else: every rank's recvcounts must
+         * be the same list and its own sendcount its entry there, so the signature carries
+         * a hash of the list, made unique on a rank whose sendcount is not its entry. Only
+         * when that check fails do the counts travel (check_counts), to name them. */
+        int me = ctx->world.rank;
+        uint64_t h = 1469598103934665603ull;
+        for (int i = 0; i < n; i++) h = (h ^ (uint64_t)recvcounts[i]) * 1099511628211ull;
+        if (sendcount != recvcounts[me]) h = ~h ^ ((uint64_t)me << 32) ^ sendcount;
         ddl_coll_begin(ctx, "allgatherv", 1);
-        st = ddl_comm_check(ctx, ddl_signature(DDL_COLL_ALLGATHERV, 0, dtype, 0, 0), 0,
+        st = ddl_comm_check(ctx, ddl_signature(DDL_COLL_ALLGATHERV, h, dtype, 0, 0), 0,
                             "allgatherv");
+        if (st == DDL_ERR_MISMATCH) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", ddl_last_error());
+            ddl_status_t named = check_counts(ctx, &sendcount, recvcounts, 1, "allgatherv");
+            st = named != DDL_SUCCESS ? named : ddl_fail_verbatim(st, msg);
+        }
     }
-    if (st == DDL_SUCCESS) st = check_counts(ctx, &sendcount, recvcounts, 1, "allgatherv");
-    if (st == DDL_SUCCESS) st = ring_allgatherv(ctx, sendbuf, recvbuf, rcnt, rd);
+    ddl_shm_t *shm = NULL;
+    size_t total = 0;
+    for (int i = 0; rcnt && i < n; i++) total += (size_t)rcnt[i];
+    if (st == DDL_SUCCESS && n == 2 && total >= AGV_SHM_MIN && ctx->shm_state >= 0)
+        st = ddl_shm_pair(ctx, &shm);
+    if (st == DDL_SUCCESS)
+        st = shm ? ddl_shm_allgatherv(ctx, shm, sendbuf, recvbuf, rcnt, rd)
+                 : ring_allgatherv(ctx, sendbuf, recvbuf, rcnt, rd);
     free(rcnt);
     LEAVE(st);
 }

@@ -218,6 +218,10 @@ ddl_status_t ddl_shm_pair(ddl_ctx_t *ctx, ddl_shm_t **out);
  * chunks in, the root reduces from there into out (in == out allowed). */
 ddl_status_t ddl_shm_reduce(ddl_ctx_t *ctx, ddl_shm_t *s, int root, const void *in, void *out,
                             size_t count, ddl_dtype_t dtype, ddl_op_t op);
+/* allgatherv through the segment: each rank copies its block in chunk by chunk (and from
+ * there into its own place) and the other's out (cnt / displ in bytes, both ranks'). */
+ddl_status_t ddl_shm_allgatherv(ddl_ctx_t *ctx, ddl_shm_t *s, const void *sendbuf, void *recvbuf,
+                                const int *cnt, const int *displ);
 /* Local: unmaps the context's segment (the other rank keeps its own mapping). */
 void ddl_shm_release(ddl_ctx_t *ctx);
 

@@ -205,6 +205,22 @@ def mode_errors() -> None:
         expect((got == half.size).all(), "non-member of the mismatch unaffected")
     got = ddl.allreduce(np.ones(5, np.int32), comm=half)  # the next call works
     expect((got == half.size).all(), "call after a mismatch")
+    # allgatherv with counts that do not fit: the last rank sends one element more than
+    # the list says (the counts named), then a dtype that differs (counts right); every
+    # member raises, and the next call works
+    if half.size > 1:
+        counts = [2] * half.size
+        last = half.rank == half.size - 1
+        msg = raises(ddl.MismatchError, ddl.allgatherv, np.ones(3 if last else 2, np.int32),
+                     counts, comm=half)
+        expect("sends 3 elements" in msg and "expects 2" in msg or "counts disagree" in msg,
+               f"allgatherv counts message: {msg}")
+        msg = raises(ddl.MismatchError, ddl.allgatherv,
+                     np.ones(2, np.float32 if last else np.int32), counts, comm=half)
+        expect("different arguments" in msg, f"allgatherv dtype message: {msg}")
+        got = ddl.allgatherv(np.full(2, half.rank, np.int32), counts, comm=half)
+        expect(same(got, np.repeat(np.arange(half.size, dtype=np.int32), 2)),
+               "allgatherv after mismatches")
     # Wrong-size recv: an error naming both sizes; the next exchange works.
     if n > 1 and r < 2:
         if r == 0:
