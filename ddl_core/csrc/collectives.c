@@ -386,25 +386,6 @@ static ddl_status_t a2a_run(ddl_ctx_t *ctx, const void *sendbuf, const size_t *s
     return st;
 }
 
-ddl_status_t ddl_alltoall_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
-                              ddl_dtype_t dtype) {
-    ddl_coll_begin(ctx, "alltoall", 1);
-    DDL_CHECK(ddl_comm_check(ctx, ddl_signature(DDL_COLL_ALLTOALL, count, dtype, 0, 0), count,
-                    "alltoall"));
-    int p = ctx->world.size;
-    size_t es = ddl_dtype_size(dtype);
-    if (p == 1) {
-        if (count && recvbuf != sendbuf) memmove(recvbuf, sendbuf, count * es);
-        return DDL_SUCCESS;
-    }
-    size_t *counts = malloc((size_t)p * sizeof *counts);
-    if (!counts) return ddl_fail(DDL_ERR_NO_MEMORY, "alltoall: no memory for %d ranks", p);
-    for (int i = 0; i < p; i++) counts[i] = count;
-    ddl_status_t st = a2a_run(ctx, sendbuf, counts, recvbuf, counts, dtype, "alltoall");
-    free(counts);
-    return st;
-}
-
 ddl_status_t ddl_alltoall_counts_ctx(ddl_ctx_t *ctx, const size_t *sendcounts,
                                      size_t *recvcounts) {
     ddl_coll_begin(ctx, "alltoall_counts", 1);
@@ -516,11 +497,11 @@ ddl_status_t ddl_barrier(void) {
     return ddl_barrier_ctx(&ddl_g.app);
 }
 
+/* The world communicator's (comm_colls.c: MPI's routine, or shared memory for a pair). */
 ddl_status_t ddl_alltoall(const void *sendbuf, void *recvbuf, size_t count, ddl_dtype_t dtype) {
-    DDL_CHECK(ddl_require_init());
-    DDL_CHECK(check_args(recvbuf, count, (int)dtype, -1, "ddl_alltoall"));
-    if (count && !sendbuf) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_alltoall: NULL sendbuf");
-    return ddl_alltoall_ctx(&ddl_g.app, sendbuf, recvbuf, count, dtype);
+    ddl_comm_t world;
+    DDL_CHECK(ddl_comm_world(&world));
+    return ddl_comm_alltoall(world, sendbuf, recvbuf, count, dtype);
 }
 
 ddl_status_t ddl_alltoall_counts(const size_t *sendcounts, size_t *recvcounts) {

@@ -26,11 +26,16 @@
  * cache-warm buffer and is reduced from there), through shared memory where the two share
  * a node (shm.c; it beat MPI_Reduce from 4 KiB, where MPI leaves its eager protocol) and
  * over MPI messages otherwise. */
-#define REDUCE_SHM_MIN ((size_t)4 * 1024)
 #define REDUCE_PAIR_MIN ((size_t)64 * 1024)
 #define REDUCE_CHUNK ((size_t)256 * 1024)
-/* allgatherv of two ranks on one node goes through shared memory from this total. */
-#define AGV_SHM_MIN ((size_t)4 * 1024)
+/* A two-rank call of this many bytes in all or more goes through shared memory where the
+ * pair shares a node (shm.c): measured against MPI's routine, it won from 4 KiB (reduce,
+ * where MPI leaves its eager protocol) and at >= 1 MiB for every collective here. */
+#define SHM_MIN ((size_t)4 * 1024)
+/* alltoall, gather and scatter only up to this total: beyond the caches a move through
+ * the segment (a copy in, a copy out) lost to MPI's single-copy pull straight from the
+ * other rank's buffer (0.88-0.97x at 32-64 MiB); reduce and allgatherv kept winning. */
+#define SHM_MOVE_MAX ((size_t)8 * 1024 * 1024)
 /* Tags of DDL's own exchanges here (algos.c uses 101-105 on the topology communicators). */
 enum { TAG_ALLGATHERV = 110, TAG_REDUCE_GATHER = 111, TAG_REDUCE_RESULT = 112 };
 
@@ -70,6 +75,19 @@ static ddl_status_t wait_mpi(ddl_ctx_t *ctx, int rc, MPI_Request *req, const cha
     return ddl_wait_request(req, &ctx->world, what);
 }
 
+/* The shared segment for a call of `bytes` in all on a two-rank communicator whose ranks
+ * share a node (shm.c; collective: both ranks ask at the same call); NULL: MPI's way. */
+static ddl_status_t pair_shm(ddl_ctx_t *ctx, size_t bytes, size_t max, ddl_shm_t **shm) {
+    *shm = NULL;
+    if (ctx->world.size != 2 || bytes < SHM_MIN || bytes > max || ctx->shm_state < 0)
+        return DDL_SUCCESS;
+    return ddl_shm_pair(ctx, shm);
+}
+
+static void copy_own(void *dst, const void *src, size_t n) {
+    if (n && dst != src) memcpy(dst, src, n);
+}
+
 ddl_status_t ddl_comm_alltoall(ddl_comm_t c, const void *sendbuf, void *recvbuf, size_t count,
                                ddl_dtype_t dtype) {
     const char *fn = "ddl_comm_alltoall";
@@ -81,10 +99,24 @@ ddl_status_t ddl_comm_alltoall(ddl_comm_t c, const void *sendbuf, void *recvbuf,
         st = ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL buffer", fn);
     if (st == DDL_SUCCESS) st = fits_int(count * es, fn);
     if (st != DDL_SUCCESS) LEAVE(st);
+    if (sendbuf == recvbuf) sendbuf = DDL_IN_PLACE; /* (MPI forbids aliased buffers) */
     ddl_coll_begin(ctx, "alltoall", 1);
     st = ddl_comm_check(ctx, ddl_signature(DDL_COLL_ALLTOALL, count, dtype, 0, 0), count,
                         "alltoall");
-    if (st == DDL_SUCCESS && count) {
+    ddl_shm_t *shm = NULL;
+    if (st == DDL_SUCCESS && count) st = pair_shm(ctx, 2 * count * es, SHM_MOVE_MAX, &shm);
+    if (st == DDL_SUCCESS && shm) {
+        size_t B = count * es;
+        int me = ctx->world.rank, peer = 1 - me;
+        const char *src = sendbuf == DDL_IN_PLACE ? recvbuf : sendbuf;
+        /* in place, chunk k goes out before the other's chunk k lands on it */
+        ddl_shm_move_t m = {.out = src + (size_t)peer * B, .out_bytes = B,
+                            .in = (char *)recvbuf + (size_t)peer * B, .in_bytes = B,
+                            .two_way = 1, .waiting_out = "waiting for it to take our block",
+                            .waiting_in = "waiting for its block"};
+        st = ddl_shm_move(ctx, shm, &m);
+        if (st == DDL_SUCCESS) copy_own((char *)recvbuf + (size_t)me * B, src + (size_t)me * B, B);
+    } else if (st == DDL_SUCCESS && count) {
         MPI_Request req;
         int rc = MPI_Ialltoall(sendbuf == DDL_IN_PLACE ? MPI_IN_PLACE : sendbuf,
                                (int)(count * es), MPI_BYTE, recvbuf, (int)(count * es),
@@ -257,11 +289,21 @@ ddl_status_t ddl_comm_allgatherv(ddl_comm_t c, const void *sendbuf, size_t sendc
     ddl_shm_t *shm = NULL;
     size_t total = 0;
     for (int i = 0; rcnt && i < n; i++) total += (size_t)rcnt[i];
-    if (st == DDL_SUCCESS && n == 2 && total >= AGV_SHM_MIN && ctx->shm_state >= 0)
-        st = ddl_shm_pair(ctx, &shm);
-    if (st == DDL_SUCCESS)
-        st = shm ? ddl_shm_allgatherv(ctx, shm, sendbuf, recvbuf, rcnt, rd)
-                 : ring_allgatherv(ctx, sendbuf, recvbuf, rcnt, rd);
+    if (st == DDL_SUCCESS) st = pair_shm(ctx, total, SIZE_MAX, &shm);
+    if (st == DDL_SUCCESS && shm) {
+        /* our block out, and into its place from the slot; the other's in */
+        int me = ctx->world.rank, peer = 1 - me;
+        char *b = recvbuf;
+        const char *src = sendbuf && sendbuf != DDL_IN_PLACE ? sendbuf : b + rd[me];
+        ddl_shm_move_t m = {.out = src, .out_bytes = (size_t)rcnt[me],
+                            .out_also = src != b + rd[me] ? b + rd[me] : NULL,
+                            .in = b + rd[peer], .in_bytes = (size_t)rcnt[peer], .two_way = 1,
+                            .waiting_out = "waiting for it to take our block (allgatherv)",
+                            .waiting_in = "waiting for its block (allgatherv)"};
+        st = ddl_shm_move(ctx, shm, &m);
+    } else if (st == DDL_SUCCESS) {
+        st = ring_allgatherv(ctx, sendbuf, recvbuf, rcnt, rd);
+    }
     free(rcnt);
     LEAVE(st);
 }
@@ -285,7 +327,35 @@ static ddl_status_t rooted(ddl_comm_t c, const void *sendbuf, void *recvbuf, siz
                         ddl_signature(scatter ? DDL_COLL_SCATTER : DDL_COLL_GATHER, count, dtype,
                                       0, root),
                         count, scatter ? "scatter" : "gather");
-    if (st == DDL_SUCCESS && count) {
+    ddl_shm_t *shm = NULL;
+    if (st == DDL_SUCCESS && count) st = pair_shm(ctx, 2 * count * es, SHM_MOVE_MAX, &shm);
+    if (st == DDL_SUCCESS && shm) {
+        /* one way: the root's block for the other rank out (scatter), or the other rank's
+         * block in (gather); the root copies its own */
+        size_t B = count * es;
+        int peer = 1 - root;
+        ddl_shm_move_t m = {.waiting_out = scatter ? "waiting for it to take its block"
+                                                   : "waiting for the root to take our block",
+                            .waiting_in = scatter ? "waiting for our block from the root"
+                                                  : "waiting for its block"};
+        if (at_root && scatter) {
+            m.out = (const char *)sendbuf + (size_t)peer * B;
+            m.out_bytes = B;
+        } else if (at_root) {
+            m.in = (char *)recvbuf + (size_t)peer * B;
+            m.in_bytes = B;
+        } else if (scatter) {
+            m.in = recvbuf;
+            m.in_bytes = B;
+        } else {
+            m.out = sendbuf;
+            m.out_bytes = B;
+        }
+        st = ddl_shm_move(ctx, shm, &m);
+        if (st == DDL_SUCCESS && at_root)
+            copy_own(scatter ? recvbuf : (char *)recvbuf + (size_t)root * B,
+                     scatter ? (const char *)sendbuf + (size_t)root * B : sendbuf, B);
+    } else if (st == DDL_SUCCESS && count) {
         MPI_Request req;
         int b = (int)(count * es);
         int rc = scatter ? MPI_Iscatter(sendbuf, b, MPI_BYTE, recvbuf, b, MPI_BYTE, root,
@@ -423,6 +493,24 @@ static ddl_status_t reduce_pair(ddl_ctx_t *ctx, const void *in, void *out, size_
     return at_root ? pair_root(&p, tmp, in == out) : pair_other(&p, tmp);
 }
 
+/* reduce through the shared segment: the other rank copies its input in chunk by chunk,
+ * the root reduces each chunk from there into its output as it lands. */
+static ddl_status_t shm_reduce(ddl_ctx_t *ctx, ddl_shm_t *shm, const void *in, void *out,
+                               size_t count, ddl_dtype_t dtype, ddl_op_t op, int root) {
+    ddl_shm_move_t m = {.dtype = dtype, .op = op,
+                        .waiting_out = "waiting for the root to take our data (reduce)",
+                        .waiting_in = "waiting for its data (reduce)"};
+    if (ctx->world.rank == root) {
+        m.in = out;
+        m.in_bytes = count * ddl_dtype_size(dtype);
+        m.reduce_a = in;
+    } else {
+        m.out = in;
+        m.out_bytes = count * ddl_dtype_size(dtype);
+    }
+    return ddl_shm_move(ctx, shm, &m);
+}
+
 ddl_status_t ddl_comm_reduce(ddl_comm_t c, const void *sendbuf, void *recvbuf, size_t count,
                              ddl_dtype_t dtype, ddl_op_t op, int root) {
     const char *fn = "ddl_comm_reduce";
@@ -440,15 +528,15 @@ ddl_status_t ddl_comm_reduce(ddl_comm_t c, const void *sendbuf, void *recvbuf, s
     int P = ctx->world.size;
     size_t es = ddl_dtype_size(dtype);
     if (P == 2 && (count * es >= REDUCE_PAIR_MIN ||
-                   (count * es >= REDUCE_SHM_MIN && ctx->shm_state >= 0))) {
+                   (count * es >= SHM_MIN && ctx->shm_state >= 0))) {
         const void *in = sendbuf == DDL_IN_PLACE ? recvbuf : sendbuf;
         ddl_coll_begin(ctx, "reduce", 1);
         st = ddl_comm_check(ctx, ddl_signature(DDL_COLL_REDUCE, count, dtype, op, root), count,
                             "reduce");
         ddl_shm_t *shm = NULL;
-        if (st == DDL_SUCCESS) st = ddl_shm_pair(ctx, &shm);
+        if (st == DDL_SUCCESS) st = pair_shm(ctx, count * es, SIZE_MAX, &shm);
         if (st == DDL_SUCCESS)
-            st = shm ? ddl_shm_reduce(ctx, shm, root, in, recvbuf, count, dtype, op)
+            st = shm ? shm_reduce(ctx, shm, in, recvbuf, count, dtype, op, root)
                      : reduce_pair(ctx, in, recvbuf, count, dtype, op, root);
         LEAVE(st);
     }

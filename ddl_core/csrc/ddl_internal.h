@@ -214,14 +214,25 @@ typedef struct ddl_shm_s ddl_shm_t;
 /* Collective over a two-rank ctx: its segment, made on first use; NULL when the two ranks
  * do not share a node or the segment cannot be made (the caller takes another path). */
 ddl_status_t ddl_shm_pair(ddl_ctx_t *ctx, ddl_shm_t **out);
-/* reduce of `count` elements to `root` through the segment: the other rank copies its
- * chunks in, the root reduces from there into out (in == out allowed). */
-ddl_status_t ddl_shm_reduce(ddl_ctx_t *ctx, ddl_shm_t *s, int root, const void *in, void *out,
-                            size_t count, ddl_dtype_t dtype, ddl_op_t op);
-/* allgatherv through the segment: each rank copies its block in chunk by chunk (and from
- * there into its own place) and the other's out (cnt / displ in bytes, both ranks'). */
-ddl_status_t ddl_shm_allgatherv(ddl_ctx_t *ctx, ddl_shm_t *s, const void *sendbuf, void *recvbuf,
-                                const int *cnt, const int *displ);
+/* One exchange through the segment, each rank's part (both ranks call it together, with
+ * the same two_way): `out_bytes` of `out` go to the other rank, landing in its `in`; with
+ * `out_also`, the same bytes are copied there too (from the cache-warm slot). With
+ * `reduce_a`, an incoming chunk is not copied but reduced: in = reduce_a (op) chunk, of
+ * dtype elements (avg divided by 2). two_way: both ranks send (half the slots each);
+ * else one does. The `waiting_*` texts name the wait in a timeout. */
+typedef struct {
+    const char *out;
+    size_t out_bytes;
+    char *out_also;
+    char *in;
+    size_t in_bytes;
+    const char *reduce_a;
+    ddl_dtype_t dtype;
+    ddl_op_t op;
+    int two_way;
+    const char *waiting_out, *waiting_in;
+} ddl_shm_move_t;
+ddl_status_t ddl_shm_move(ddl_ctx_t *ctx, ddl_shm_t *s, const ddl_shm_move_t *m);
 /* Local: unmaps the context's segment (the other rank keeps its own mapping). */
 void ddl_shm_release(ddl_ctx_t *ctx);
 
@@ -386,8 +397,6 @@ ddl_status_t ddl_allgather_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbu
 ddl_status_t ddl_reduce_scatter_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                     size_t recvcount, ddl_dtype_t dtype, ddl_op_t op);
 ddl_status_t ddl_barrier_ctx(ddl_ctx_t *ctx);
-ddl_status_t ddl_alltoall_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
-                              ddl_dtype_t dtype);
 ddl_status_t ddl_alltoall_counts_ctx(ddl_ctx_t *ctx, const size_t *sendcounts,
                                      size_t *recvcounts);
 ddl_status_t ddl_alltoallv_ctx(ddl_ctx_t *ctx, const void *sendbuf, const size_t *sendcounts,

@@ -1,5 +1,5 @@
-/* Memory shared by the two ranks of a communicator on one node, for reduce and
- * allgatherv.
+/* Memory shared by the two ranks of a communicator on one node, for the collectives of
+ * comm_colls.c (reduce, allgatherv, alltoall, gather, scatter).
  *
  * Why: a two-rank reduce through MPI messages is bound by the copy. A large message is
  * pulled whole by the receiver (Open MPI's single-copy CMA), so the root copies every byte
@@ -14,9 +14,10 @@
  * The segment: SHM_SLOTS chunk slots, each with a flag on its own cache line. The flag of
  * a slot is 0 while it is free, k + 1 once chunk k is in it; the writer fills a free slot
  * and publishes it (release), the reader waits for the value (acquire), uses the chunk
- * and frees the slot. reduce sends every slot one way (chunk k in slot k % SHM_SLOTS);
- * allgatherv gives each rank half of them to write (chunk k of rank r in slot
- * r * SHM_SLOTS / 2 + k % (SHM_SLOTS / 2)). Every call leaves every flag 0, so the next call,
+ * and frees the slot. One way (reduce, gather, scatter) chunk k goes in slot
+ * k % SHM_SLOTS; two ways (allgatherv, alltoall) each rank writes half of them (chunk k
+ * of rank r in slot r * SHM_SLOTS / 2 + k % (SHM_SLOTS / 2)). Each rank sends and takes
+ * chunk k before chunk k + 1, so neither waits on the other in a circle. Every call leaves every flag 0, so the next call,
  * with either rank as root, starts from a clean segment; a call that fails drops the
  * segment on that rank for good (the pair path over MPI takes over). Waits are the
  * library's own (ddl_wait_flag: the deadline, the liveness watch, pausing after a spin).
@@ -117,69 +118,45 @@ void ddl_shm_release(ddl_ctx_t *ctx) {
     if (ctx->shm_state > 0) ctx->shm_state = -1;
 }
 
-ddl_status_t ddl_shm_reduce(ddl_ctx_t *ctx, ddl_shm_t *s, int root, const void *in, void *out,
-                            size_t count, ddl_dtype_t dtype, ddl_op_t op) {
+ddl_status_t ddl_shm_move(ddl_ctx_t *ctx, ddl_shm_t *s, const ddl_shm_move_t *m) {
     const ddl_mpicomm_t *c = &ctx->world;
-    size_t es = ddl_dtype_size(dtype), per = SHM_CHUNK / es;
-    size_t chunks = (count + per - 1) / per;
-    int peer = 1 - c->rank, at_root = c->rank == root;
-    ddl_status_t st = DDL_SUCCESS;
-    for (size_t k = 0; k < chunks && st == DDL_SUCCESS; k++) {
-        size_t n = k + 1 < chunks ? per : count - k * per, off = k * per * es;
-        uint64_t *flag = flag_of(s, k % SHM_SLOTS);
-        char *slot = slot_of(s, k % SHM_SLOTS);
-        if (at_root) {
-            st = ddl_wait_flag(c, flag, k + 1, peer, n * es, "waiting for its data (reduce)");
-            if (st != DDL_SUCCESS) break;
-            ddl_reduce3((char *)out + off, (const char *)in + off, slot, n, dtype,
-                        ddl_wire_op(op));
-            if (op == DDL_AVG) ddl_finish_avg((char *)out + off, n, dtype, 2);
-            __atomic_store_n(flag, 0, __ATOMIC_RELEASE);
-        } else {
-            st = ddl_wait_flag(c, flag, 0, peer, n * es,
-                               "waiting for the root to take its data (reduce)");
-            if (st != DDL_SUCCESS) break;
-            memcpy(slot, (const char *)in + off, n * es);
-            __atomic_store_n(flag, (uint64_t)k + 1, __ATOMIC_RELEASE);
-        }
-    }
-    if (st != DDL_SUCCESS) ddl_shm_release(ctx); /* its flags are in an unknown state */
-    return st;
-}
-
-ddl_status_t ddl_shm_allgatherv(ddl_ctx_t *ctx, ddl_shm_t *s, const void *sendbuf, void *recvbuf,
-                                const int *cnt, const int *displ) {
-    const ddl_mpicomm_t *c = &ctx->world;
-    enum { HALF = SHM_SLOTS / 2 };
     int me = c->rank, peer = 1 - me;
-    char *b = recvbuf;
-    size_t mine = (size_t)cnt[me], theirs = (size_t)cnt[peer];
-    size_t nout = (mine + SHM_CHUNK - 1) / SHM_CHUNK, nin = (theirs + SHM_CHUNK - 1) / SHM_CHUNK;
-    const char *src = sendbuf && sendbuf != DDL_IN_PLACE ? sendbuf : b + displ[me];
+    /* two ways: each rank writes its half of the slots; one way: the writer all of them */
+    size_t nslots = m->two_way ? SHM_SLOTS / 2 : SHM_SLOTS;
+    size_t out_base = m->two_way ? (size_t)me * nslots : 0;
+    size_t in_base = m->two_way ? (size_t)peer * nslots : 0;
+    size_t nout = (m->out_bytes + SHM_CHUNK - 1) / SHM_CHUNK;
+    size_t nin = (m->in_bytes + SHM_CHUNK - 1) / SHM_CHUNK;
+    size_t es = m->reduce_a ? ddl_dtype_size(m->dtype) : 1;
     ddl_status_t st = DDL_SUCCESS;
     for (size_t k = 0; st == DDL_SUCCESS && (k < nout || k < nin); k++) {
-        if (k < nout) { /* our chunk k out */
-            size_t slot = (size_t)me * HALF + k % HALF, off = k * SHM_CHUNK;
-            size_t n = mine - off < SHM_CHUNK ? mine - off : SHM_CHUNK;
-            st = ddl_wait_flag(c, flag_of(s, slot), 0, peer, n,
-                               "waiting for it to take our data (allgatherv)");
+        size_t off = k * SHM_CHUNK;
+        if (k < nout) { /* our chunk k out, into a free slot */
+            size_t slot = out_base + k % nslots;
+            size_t n = m->out_bytes - off < SHM_CHUNK ? m->out_bytes - off : SHM_CHUNK;
+            st = ddl_wait_flag(c, flag_of(s, slot), 0, peer, n, m->waiting_out);
             if (st != DDL_SUCCESS) break;
-            memcpy(slot_of(s, slot), src + off, n);
+            memcpy(slot_of(s, slot), m->out + off, n);
             __atomic_store_n(flag_of(s, slot), (uint64_t)k + 1, __ATOMIC_RELEASE);
-            /* our own block into place from the slot, still in cache (the slot does not
-             * change before we fill it again, after the other rank has freed it) */
-            if (src != b + displ[me]) memcpy(b + displ[me] + off, slot_of(s, slot), n);
+            /* the same bytes into our own place from the slot, still in cache (the slot
+             * does not change before we fill it again, after the other rank freed it) */
+            if (m->out_also) memcpy(m->out_also + off, slot_of(s, slot), n);
         }
-        if (k < nin) { /* its chunk k in */
-            size_t slot = (size_t)peer * HALF + k % HALF, off = k * SHM_CHUNK;
-            size_t n = theirs - off < SHM_CHUNK ? theirs - off : SHM_CHUNK;
-            st = ddl_wait_flag(c, flag_of(s, slot), (uint64_t)k + 1, peer, n,
-                               "waiting for its data (allgatherv)");
+        if (k < nin) { /* its chunk k in, from its slot */
+            size_t slot = in_base + k % nslots;
+            size_t n = m->in_bytes - off < SHM_CHUNK ? m->in_bytes - off : SHM_CHUNK;
+            st = ddl_wait_flag(c, flag_of(s, slot), (uint64_t)k + 1, peer, n, m->waiting_in);
             if (st != DDL_SUCCESS) break;
-            memcpy(b + displ[peer] + off, slot_of(s, slot), n);
+            if (m->reduce_a) {
+                ddl_reduce3(m->in + off, m->reduce_a + off, slot_of(s, slot), n / es, m->dtype,
+                            ddl_wire_op(m->op));
+                if (m->op == DDL_AVG) ddl_finish_avg(m->in + off, n / es, m->dtype, 2);
+            } else {
+                memcpy(m->in + off, slot_of(s, slot), n);
+            }
             __atomic_store_n(flag_of(s, slot), 0, __ATOMIC_RELEASE);
         }
     }
-    if (st != DDL_SUCCESS) ddl_shm_release(ctx);
+    if (st != DDL_SUCCESS) ddl_shm_release(ctx); /* its flags are in an unknown state */
     return st;
 }

@@ -82,6 +82,32 @@ def reductions(c: ddl.Comm, tag: str) -> None:
             expect(same(rs, want), f"{tag} reduce_scatter {dname} {op}")
 
 
+def pair_movers(c: ddl.Comm, tag: str) -> None:
+    """Two ranks: the shared-memory paths (>= 4 KiB, 256 KiB chunks), counts with odd tails
+    past several chunks, a rank sending nothing, and each rank as the root."""
+    me = c.rank
+    for dt in (np.dtype(np.uint8), np.dtype(np.float64)):
+        for count in (3 * 65536 + 5, 700):
+            def mk(q: int, salt: int = 0, k: int = count, dt: np.dtype = dt) -> np.ndarray:
+                return data(q, k, dt, "max", salt=salt)
+            src = [np.concatenate([mk(q, salt=j) for j in range(2)]) for q in range(2)]
+            got = ddl.alltoall(src[me], comm=c)
+            want = np.concatenate([src[j][me * count:(me + 1) * count] for j in range(2)])
+            expect(same(got, want), f"{tag} pair alltoall {dt} {count}")
+            for ks in ([count, count // 3], [0, count], [count, 0]):
+                got = ddl.allgatherv(mk(me, k=ks[me]), comm=c)
+                expect(same(got, np.concatenate([mk(q, k=ks[q]) for q in range(2)])),
+                       f"{tag} pair allgatherv {dt} {ks}")
+            for root in (0, 1):
+                got = ddl.gather(mk(me), root=root, comm=c)
+                expect(same(got, np.concatenate([mk(q) for q in range(2)])) if me == root
+                       else got is None, f"{tag} pair gather {dt} {count} root {root}")
+                got = ddl.scatter(src[root] if me == root else np.empty(2 * count, dt),
+                                  root=root, comm=c)
+                expect(same(got, src[root][me * count:(me + 1) * count]),
+                       f"{tag} pair scatter {dt} {count} root {root}")
+
+
 def movers(c: ddl.Comm, tag: str) -> None:
     """The data-movement collectives and point-to-point on c, every dtype."""
     m, me = c.size, c.rank
@@ -158,6 +184,8 @@ def mode_collectives() -> None:
         if c is not None:
             reductions(c, tag)
             movers(c, tag)
+            if c.size == 2:
+                pair_movers(c, tag)
     # Two communicators of this rank used at once from two threads, 40 calls each.
     other = world.split(0, key=r)
     errs: list[str] = []
