@@ -377,15 +377,16 @@ ddl_status_t ddl_comm_scatter(ddl_comm_t c, const void *sendbuf, void *recvbuf, 
     return rooted(c, sendbuf, recvbuf, count, dtype, root, 1);
 }
 
-/* reduce on two ranks, pipelined over chunks with the work split: the chunks alternate
+/* reduce on two ranks that share no segment (two nodes, or DDL_SHM=0; a node's pair goes
+ * through shm.c), pipelined over chunks with the work split: the chunks alternate
  * between the two ranks. The root's chunks (even) come from the other rank and the root
  * reduces them as they land; the other rank's chunks (odd) come from the root, the other
  * rank reduces them and sends the result back into the root's output. Each rank reduces
  * half the data, at the same time, and the root copies 1.5x its size in where a root that
  * reduced everything (MPI_Reduce) copies 1x but reduces 2x alone. On two ranks the
- * reduce-scatter + gather below moves the same bytes, but in two dependent rounds, and ran
- * at 0.3-0.6x Open MPI's MPI_Reduce at 2-32 MiB (MPI_Ireduce: 0.15-0.2x) (python -m
- * ddl_core.bench reduce). The result is the allreduce's bit for bit: on two ranks each
+ * reduce-scatter + gather below moves the same bytes, but in two dependent rounds (on one
+ * node it ran at 0.3-0.6x Open MPI's MPI_Reduce at 2-32 MiB; this pipeline measured
+ * 0.84-0.89x there, the segment 1.5-2.2x: python -m ddl_core.bench reduce). The result is the allreduce's bit for bit: on two ranks each
  * element is one application of the op, which commutes (NaN canonical, -0.0 < +0.0), and
  * avg divides the same sum by 2. */
 enum { PAIR_W = 2 }; /* pairs of chunks in flight */

@@ -17,13 +17,14 @@
  * and frees the slot. One way (reduce, gather, scatter) chunk k goes in slot
  * k % SHM_SLOTS; two ways (allgatherv, alltoall) each rank writes half of them (chunk k
  * of rank r in slot r * SHM_SLOTS / 2 + k % (SHM_SLOTS / 2)). Each rank sends and takes
- * chunk k before chunk k + 1, so neither waits on the other in a circle. Every call leaves every flag 0, so the next call,
- * with either rank as root, starts from a clean segment; a call that fails drops the
- * segment on that rank for good (the pair path over MPI takes over). Waits are the
- * library's own (ddl_wait_flag: the deadline, the liveness watch, pausing after a spin).
+ * chunk k before chunk k + 1, so neither waits on the other in a circle. Every call
+ * leaves every flag 0, so the next call, with either rank as root, starts from a clean
+ * segment; a call that fails (a deadline, a lost peer: the other rank fails too) drops
+ * the segment on that rank for good and the MPI paths take over. Waits are the library's
+ * own (ddl_wait_flag: the deadline, the liveness watch, pausing after a spin).
  *
- * Made on the first reduce that asks, collectively (both ranks are there: the signature
- * check has passed): rank 0 creates a POSIX shared-memory object, rank 1 maps it, and rank
+ * Made on the first collective that asks, collectively (both ranks are there: the
+ * signature check has passed): rank 0 creates a POSIX shared-memory object, rank 1 maps it, and rank
  * 0 unlinks it once rank 1 has answered, so nothing is left in /dev/shm whatever happens
  * later. Ranks on different nodes (MPI_COMM_TYPE_SHARED) get none, and so does every
  * pair under DDL_SHM=0 (a setting all ranks must agree on, as this step is collective). */
