@@ -22,10 +22,8 @@
 
 /* reduce switches from allreduce-then-drop to reduce-scatter + gather from here. */
 #define REDUCE_SPLIT_MIN ((size_t)256 * 1024)
-/* Two ranks: from here reduce is pipelined over chunks of REDUCE_CHUNK (each lands in a
- * cache-warm buffer and is reduced from there), through shared memory where the two share
- * a node (shm.c; it beat MPI_Reduce from 4 KiB, where MPI leaves its eager protocol) and
- * over MPI messages otherwise. */
+/* Two ranks without a shared segment: from here reduce is pipelined over MPI messages in
+ * chunks of REDUCE_CHUNK (each lands in a cache-warm buffer and is reduced from there). */
 #define REDUCE_PAIR_MIN ((size_t)64 * 1024)
 #define REDUCE_CHUNK ((size_t)256 * 1024)
 /* A two-rank call of this many bytes in all or more goes through shared memory where the
@@ -386,9 +384,9 @@ ddl_status_t ddl_comm_scatter(ddl_comm_t c, const void *sendbuf, void *recvbuf, 
  * reduced everything (MPI_Reduce) copies 1x but reduces 2x alone. On two ranks the
  * reduce-scatter + gather below moves the same bytes, but in two dependent rounds (on one
  * node it ran at 0.3-0.6x Open MPI's MPI_Reduce at 2-32 MiB; this pipeline measured
- * 0.84-0.89x there, the segment 1.5-2.2x: python -m ddl_core.bench reduce). The result is the allreduce's bit for bit: on two ranks each
- * element is one application of the op, which commutes (NaN canonical, -0.0 < +0.0), and
- * avg divides the same sum by 2. */
+ * 0.84-0.89x there, the segment 1.5-2.2x: python -m ddl_core.bench reduce). The result
+ * is the allreduce's bit for bit: on two ranks each element is one application of the
+ * op, which commutes (NaN canonical, -0.0 < +0.0), and avg divides the same sum by 2. */
 enum { PAIR_W = 2 }; /* pairs of chunks in flight */
 
 typedef struct {
@@ -405,11 +403,6 @@ static size_t pair_n(const pair_t *p, size_t k) {
     return k + 1 < p->chunks ? p->per : p->count - k * p->per;
 }
 
-static void pair_reduce(const pair_t *p, char *dst, const char *a, const char *b, size_t n) {
-    ddl_reduce3(dst, a, b, n, p->dtype, ddl_wire_op(p->op));
-    if (p->op == DDL_AVG) ddl_finish_avg(dst, n, p->dtype, 2);
-}
-
 static ddl_status_t pair_root(const pair_t *p, char *tmp, int in_place) {
     const ddl_mpicomm_t *c = p->c;
     size_t pairs = (p->chunks + 1) / 2;
@@ -419,8 +412,8 @@ static ddl_status_t pair_root(const pair_t *p, char *tmp, int in_place) {
         if (j >= PAIR_W) { /* finish pair q */
             size_t q = j - PAIR_W, s = q % PAIR_W, k = 2 * q;
             DDL_CHECK(ddl_wait_recv(c, &rd[s], pair_n(p, k) * p->es, p->peer));
-            pair_reduce(p, p->out + k * p->per * p->es, p->in + k * p->per * p->es,
-                        tmp + s * REDUCE_CHUNK, pair_n(p, k));
+            ddl_reduce_pair(p->out + k * p->per * p->es, p->in + k * p->per * p->es,
+                            tmp + s * REDUCE_CHUNK, pair_n(p, k), p->dtype, p->op);
             if (k + 1 < p->chunks) {
                 size_t b = pair_n(p, k + 1) * p->es;
                 char *dst = p->out + (k + 1) * p->per * p->es;
@@ -459,7 +452,7 @@ static ddl_status_t pair_other(const pair_t *p, char *tmp) {
                 size_t n = pair_n(p, k + 1);
                 char *buf = tmp + s * REDUCE_CHUNK;
                 DDL_CHECK(ddl_wait_recv(c, &rd[s], n * p->es, p->peer));
-                pair_reduce(p, buf, buf, p->in + (k + 1) * p->per * p->es, n);
+                ddl_reduce_pair(buf, buf, p->in + (k + 1) * p->per * p->es, n, p->dtype, p->op);
                 DDL_CHECK(ddl_isend(c, buf, n * p->es, p->peer, TAG_REDUCE_RESULT, &sr[s]));
             }
             DDL_CHECK(ddl_wait_request(&sd[q % PAIR_W], c, "reduce: sending"));

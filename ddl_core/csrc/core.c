@@ -36,11 +36,11 @@ GETTER(ddl_size, size)
 GETTER(ddl_local_rank, local_rank)
 GETTER(ddl_local_size, local_size)
 
+/* The world communicator's grid (comm.c). */
 ddl_status_t ddl_topology(int *nlevels, int dims[DDL_MAX_LEVELS]) {
-    DDL_CHECK(ddl_require_init());
-    *nlevels = ddl_g.app.topo.nlevels;
-    for (int i = 0; i < *nlevels; i++) dims[i] = ddl_g.app.topo.dims[i];
-    return DDL_SUCCESS;
+    ddl_comm_t world;
+    DDL_CHECK(ddl_comm_world(&world));
+    return ddl_comm_topology(world, nlevels, dims);
 }
 
 ddl_status_t ddl_set_algorithm(ddl_algo_t algo) {

@@ -48,6 +48,13 @@ void ddl_reduce3(void *dst, const void *a, const void *src, size_t count, ddl_dt
 void ddl_finish_avg(void *buf, size_t count, ddl_dtype_t dtype, int divisor);
 /* The op the wire uses: avg travels as sum and is divided once at the end. */
 static inline ddl_op_t ddl_wire_op(ddl_op_t op) { return op == DDL_AVG ? DDL_SUM : op; }
+/* A pair's whole reduction of one piece: dst = a (op) src, avg divided by 2 (the two-rank
+ * reduce paths of comm_colls.c and shm.c). */
+static inline void ddl_reduce_pair(void *dst, const void *a, const void *src, size_t count,
+                                   ddl_dtype_t dtype, ddl_op_t op) {
+    ddl_reduce3(dst, a, src, count, dtype, ddl_wire_op(op));
+    if (op == DDL_AVG) ddl_finish_avg(dst, count, dtype, 2);
+}
 
 /* ---- communicators and point-to-point with deadlines (p2p.c) ------------------------ */
 

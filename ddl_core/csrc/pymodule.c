@@ -101,14 +101,19 @@ INT_GETTER(py_size, ddl_size)
 INT_GETTER(py_local_rank, ddl_local_rank)
 INT_GETTER(py_local_size, ddl_local_size)
 
-static PyObject *py_topology(PyObject *self, PyObject *args) {
-    (void)self, (void)args;
-    int n, dims[DDL_MAX_LEVELS];
-    ddl_status_t st = ddl_topology(&n, dims);
+/* A grid (ddl_topology, ddl_comm_topology) as a tuple, or the call's error raised. */
+static PyObject *grid_tuple(ddl_status_t st, int n, const int *dims) {
     if (st != DDL_SUCCESS) return raise_status(st);
     PyObject *t = PyTuple_New(n);
-    for (int i = 0; i < n; i++) PyTuple_SET_ITEM(t, i, PyLong_FromLong(dims[i]));
+    for (int i = 0; t && i < n; i++) PyTuple_SET_ITEM(t, i, PyLong_FromLong(dims[i]));
     return t;
+}
+
+static PyObject *py_topology(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    int n = 0, dims[DDL_MAX_LEVELS];
+    ddl_status_t st = ddl_topology(&n, dims);
+    return grid_tuple(st, n, dims);
 }
 
 /* allreduce(send or None, recv, dtype, op): None means in place on recv. */
@@ -601,12 +606,9 @@ static PyObject *py_comm_topology(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long h;
     if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    int n, dims[DDL_MAX_LEVELS];
+    int n = 0, dims[DDL_MAX_LEVELS];
     ddl_status_t st = ddl_comm_topology(handle_of(h), &n, dims);
-    if (st != DDL_SUCCESS) return raise_status(st);
-    PyObject *t = PyTuple_New(n);
-    for (int i = 0; t && i < n; i++) PyTuple_SET_ITEM(t, i, PyLong_FromLong(dims[i]));
-    return t;
+    return grid_tuple(st, n, dims);
 }
 
 static int opt_buf(PyObject *o, Py_buffer *v, int writable, const void **p) {

@@ -149,9 +149,8 @@ ddl_status_t ddl_shm_move(ddl_ctx_t *ctx, ddl_shm_t *s, const ddl_shm_move_t *m)
             st = ddl_wait_flag(c, flag_of(s, slot), (uint64_t)k + 1, peer, n, m->waiting_in);
             if (st != DDL_SUCCESS) break;
             if (m->reduce_a) {
-                ddl_reduce3(m->in + off, m->reduce_a + off, slot_of(s, slot), n / es, m->dtype,
-                            ddl_wire_op(m->op));
-                if (m->op == DDL_AVG) ddl_finish_avg(m->in + off, n / es, m->dtype, 2);
+                ddl_reduce_pair(m->in + off, m->reduce_a + off, slot_of(s, slot), n / es,
+                                m->dtype, m->op);
             } else {
                 memcpy(m->in + off, slot_of(s, slot), n);
             }
