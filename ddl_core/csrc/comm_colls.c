@@ -11,7 +11,10 @@
  * reuses DDL's own reductions (16-bit floats reduced in float32, canonical NaN, avg,
  * bitwise ops), which MPI's reduce would not: below 256 KiB (or for counts that do not
  * split evenly) the allreduce engine, above it DDL's reduce-scatter then each block sent to
- * the root. allgatherv is a ring of DDL exchanges (see ring_allgatherv). */
+ * the root. allgatherv is a ring of DDL exchanges (see ring_allgatherv).
+ *
+ * Two ranks on one node take shm.c's paths instead: its segment's slots, and for large
+ * moves its direct copies between the two processes (see SHM_MOVE_MAX and DIRECT_MIN). */
 #include <limits.h>
 #include <sched.h>
 #include <stdio.h>
@@ -32,8 +35,19 @@
 #define SHM_MIN ((size_t)4 * 1024)
 /* alltoall, gather and scatter only up to this total: beyond the caches a move through
  * the segment (a copy in, a copy out) lost to MPI's single-copy pull straight from the
- * other rank's buffer (0.88-0.97x at 32-64 MiB); reduce and allgatherv kept winning. */
+ * other rank's buffer (0.88-0.97x at 32-64 MiB). */
 #define SHM_MOVE_MAX ((size_t)8 * 1024 * 1024)
+/* From this total, alltoall and scatter on a node-local pair whose ranks can reach each
+ * other's memory (ddl_shm_direct_ok) copy straight across, each rank one part (shm.c's
+ * direct move); gather above it, allgatherv above twice it. Measured (python -m
+ * ddl_core.bench alltoall|gather|scatter|allgatherv, 2 ranks, A/B runs): at 8 MiB scatter
+ * through the segment ran at 0.6x MPI and straight across at 1.4x, alltoall 0.8-0.9x
+ * against 1.0x; gather through the segment still won there (1.6x against 0.9-1.2x) and
+ * lost from 16 MiB (0.9x against 1.1-1.6x); allgatherv through the segment won up to
+ * 16 MiB (1.2-1.7x) and fell to 0.7-0.9x at 32-64 MiB in half the runs, where straight
+ * across held 1.0-1.15x. (The segment hands over a chunk at a time, so it suffers most
+ * when the two vCPUs share no cache.) */
+#define DIRECT_MIN SHM_MOVE_MAX
 /* Tags of DDL's own exchanges here (algos.c uses 101-105 on the topology communicators). */
 enum { TAG_ALLGATHERV = 110, TAG_REDUCE_GATHER = 111, TAG_REDUCE_RESULT = 112 };
 
@@ -82,6 +96,14 @@ static ddl_status_t pair_shm(ddl_ctx_t *ctx, size_t bytes, size_t max, ddl_shm_t
     return ddl_shm_pair(ctx, shm);
 }
 
+/* The pair's direct move for a call of `bytes` in all, from `min` on; else NULL. */
+static ddl_shm_t *pair_direct(ddl_ctx_t *ctx, size_t bytes, size_t min, ddl_status_t *st) {
+    ddl_shm_t *shm = NULL;
+    if (ctx->world.size != 2 || bytes < min) return NULL;
+    *st = pair_shm(ctx, bytes, SIZE_MAX, &shm);
+    return *st == DDL_SUCCESS && ddl_shm_direct_ok(shm) ? shm : NULL;
+}
+
 static void copy_own(void *dst, const void *src, size_t n) {
     if (n && dst != src) memcpy(dst, src, n);
 }
@@ -101,9 +123,22 @@ ddl_status_t ddl_comm_alltoall(ddl_comm_t c, const void *sendbuf, void *recvbuf,
     ddl_coll_begin(ctx, "alltoall", 1);
     st = ddl_comm_check(ctx, ddl_signature(DDL_COLL_ALLTOALL, count, dtype, 0, 0), count,
                         "alltoall");
-    ddl_shm_t *shm = NULL;
-    if (st == DDL_SUCCESS && count) st = pair_shm(ctx, 2 * count * es, SHM_MOVE_MAX, &shm);
-    if (st == DDL_SUCCESS && shm) {
+    ddl_shm_t *shm = NULL, *direct = NULL;
+    if (st == DDL_SUCCESS && count && sendbuf != DDL_IN_PLACE)
+        direct = pair_direct(ctx, 2 * count * es, DIRECT_MIN, &st);
+    if (st == DDL_SUCCESS && count && !direct)
+        st = pair_shm(ctx, 2 * count * es, SHM_MOVE_MAX, &shm);
+    if (st == DDL_SUCCESS && direct) {
+        /* each rank reads its block from the other's sendbuf, and copies its own */
+        size_t B = count * es;
+        int me = ctx->world.rank, peer = 1 - me;
+        ddl_shm_direct_t d = {.post = sendbuf, .pull = 1, .local = (char *)recvbuf + peer * B,
+                              .bytes = B, .off = me * B, .peer_acts = 1,
+                              .own_src = (const char *)sendbuf + me * B,
+                              .own_dst = (char *)recvbuf + me * B, .own_bytes = B,
+                              .waiting = "waiting for the other rank's blocks (alltoall)"};
+        st = ddl_shm_direct(ctx, direct, &d);
+    } else if (st == DDL_SUCCESS && shm) {
         size_t B = count * es;
         int me = ctx->world.rank, peer = 1 - me;
         const char *src = sendbuf == DDL_IN_PLACE ? recvbuf : sendbuf;
@@ -287,8 +322,21 @@ ddl_status_t ddl_comm_allgatherv(ddl_comm_t c, const void *sendbuf, size_t sendc
     ddl_shm_t *shm = NULL;
     size_t total = 0;
     for (int i = 0; rcnt && i < n; i++) total += (size_t)rcnt[i];
-    if (st == DDL_SUCCESS) st = pair_shm(ctx, total, SIZE_MAX, &shm);
-    if (st == DDL_SUCCESS && shm) {
+    ddl_shm_t *direct = st == DDL_SUCCESS ? pair_direct(ctx, total, 2 * DIRECT_MIN + 1, &st) : NULL;
+    if (st == DDL_SUCCESS && !direct) st = pair_shm(ctx, total, SIZE_MAX, &shm);
+    if (st == DDL_SUCCESS && direct) {
+        int me = ctx->world.rank, peer = 1 - me;
+        char *b = recvbuf;
+        /* each rank reads the other's block from where it is, and copies its own: the
+         * same work on both whatever the counts */
+        const char *src = sendbuf && sendbuf != DDL_IN_PLACE ? sendbuf : b + rd[me];
+        ddl_shm_direct_t d = {.post = src, .pull = 1, .local = b + rd[peer],
+                              .bytes = (size_t)rcnt[peer], .peer_acts = rcnt[me] > 0,
+                              .own_src = src, .own_dst = b + rd[me],
+                              .own_bytes = (size_t)rcnt[me],
+                              .waiting = "waiting for the other rank's block (allgatherv)"};
+        st = ddl_shm_direct(ctx, direct, &d);
+    } else if (st == DDL_SUCCESS && shm) {
         /* our block out, and into its place from the slot; the other's in */
         int me = ctx->world.rank, peer = 1 - me;
         char *b = recvbuf;
@@ -325,9 +373,32 @@ static ddl_status_t rooted(ddl_comm_t c, const void *sendbuf, void *recvbuf, siz
                         ddl_signature(scatter ? DDL_COLL_SCATTER : DDL_COLL_GATHER, count, dtype,
                                       0, root),
                         count, scatter ? "scatter" : "gather");
-    ddl_shm_t *shm = NULL;
-    if (st == DDL_SUCCESS && count) st = pair_shm(ctx, 2 * count * es, SHM_MOVE_MAX, &shm);
-    if (st == DDL_SUCCESS && shm) {
+    ddl_shm_t *shm = NULL, *direct = NULL;
+    if (st == DDL_SUCCESS && count)
+        direct = pair_direct(ctx, 2 * count * es, scatter ? DIRECT_MIN : DIRECT_MIN + 1, &st);
+    if (st == DDL_SUCCESS && count && !direct)
+        st = pair_shm(ctx, 2 * count * es, SHM_MOVE_MAX, &shm);
+    if (st == DDL_SUCCESS && direct) {
+        /* the other rank moves its block (scatter: reads it from the root's sendbuf;
+         * gather: writes it into the root's recvbuf) while the root copies its own */
+        size_t B = count * es;
+        int peer = 1 - root;
+        ddl_shm_direct_t d = {.waiting = scatter ? "waiting for the scatter's root"
+                                                 : "waiting for the gather's root"};
+        if (at_root) {
+            d.post = scatter ? (const char *)sendbuf + (size_t)peer * B
+                             : (const char *)recvbuf + (size_t)peer * B;
+            d.peer_acts = 1;
+            d.own_src = scatter ? (const char *)sendbuf + (size_t)root * B : sendbuf;
+            d.own_dst = scatter ? recvbuf : (char *)recvbuf + (size_t)root * B;
+            d.own_bytes = B;
+        } else {
+            d.pull = scatter;
+            d.local = scatter ? recvbuf : (char *)(uintptr_t)sendbuf;
+            d.bytes = B;
+        }
+        st = ddl_shm_direct(ctx, direct, &d);
+    } else if (st == DDL_SUCCESS && shm) {
         /* one way: the root's block for the other rank out (scatter), or the other rank's
          * block in (gather); the root copies its own */
         size_t B = count * es;

@@ -46,6 +46,7 @@ static const setting_t settings[] = {
     {"DDL_NCCL_OUTER", WORD, 0, 0, NULL, "nccl", 1},
     {"DDL_LIVENESS", NUM_INT, 0, 1, "0 or 1", "1", 1},
     {"DDL_SHM", NUM_INT, 0, 1, "0 or 1", "1", 1},
+    {"DDL_CMA", NUM_INT, 0, 1, "0 or 1", "1", 0},
     {"DDL_TIMEOUT", NUM_REAL, 0.001, 1e9, "seconds", "300", 0},
     {"DDL_SPIN_US", NUM_INT, -1, 1e9, "microseconds (-1: always spin)", "200", 0},
     {"DDL_CYCLE_TIME_MS", NUM_REAL, 0, 1e6, "milliseconds", "1", 0},
@@ -222,6 +223,8 @@ static ddl_status_t parse_one(const setting_t *s, const char *text, ddl_config_t
         cfg->liveness = (int)d;
     } else if (!strcmp(n, "DDL_SHM")) {
         cfg->shm = (int)d;
+    } else if (!strcmp(n, "DDL_CMA")) {
+        cfg->cma = (int)d;
     }
     return DDL_SUCCESS;
 }
@@ -257,6 +260,7 @@ void ddl_config_defaults(ddl_config_t *cfg) {
     cfg->nccl_outer_mpi = 0;
     cfg->liveness = 1;
     cfg->shm = 1;
+    cfg->cma = 1;
 }
 
 ddl_status_t ddl_config_read(ddl_config_t *cfg) {
@@ -343,6 +347,7 @@ void ddl_config_apply(const ddl_config_t *cfg) {
     ddl_g.forced_algo = cfg->algo;
     ddl_g.liveness = cfg->liveness;
     ddl_g.shm = cfg->shm;
+    ddl_g.cma = cfg->cma;
     ddl_gpu_configure(cfg->nccl, cfg->nccl_outer_mpi);
     ddl_settings_changed();
 }

@@ -240,6 +240,26 @@ typedef struct {
     const char *waiting_out, *waiting_in;
 } ddl_shm_move_t;
 ddl_status_t ddl_shm_move(ddl_ctx_t *ctx, ddl_shm_t *s, const ddl_shm_move_t *m);
+/* Whether the pair can copy straight between their memories (process_vm_readv/writev,
+ * probed at setup both ways, DDL_CMA=1 on both). */
+int ddl_shm_direct_ok(const ddl_shm_t *s);
+/* A direct move, each rank's part (both call it together): `post` (when set) is our
+ * address the other rank's part uses; we copy our own block (own_src -> own_dst), then
+ * read (pull) `bytes` from the other's posted address + off into `local`, or write
+ * (push) `local` there; with peer_acts the other rank reads or writes our memory, and we
+ * return only once it is done. */
+typedef struct {
+    const void *post;
+    int pull;
+    char *local;
+    size_t bytes, off;
+    int peer_acts;
+    const void *own_src;
+    void *own_dst;
+    size_t own_bytes;
+    const char *waiting;
+} ddl_shm_direct_t;
+ddl_status_t ddl_shm_direct(ddl_ctx_t *ctx, ddl_shm_t *s, const ddl_shm_direct_t *d);
 /* Local: unmaps the context's segment (the other rank keeps its own mapping). */
 void ddl_shm_release(ddl_ctx_t *ctx);
 
@@ -355,6 +375,7 @@ typedef struct {
     int nccl_outer_mpi; /* DDL_NCCL_OUTER=mpi */
     int liveness;       /* DDL_LIVENESS: the liveness watcher (liveness.c) on or off */
     int shm;            /* DDL_SHM: shared memory between the ranks of a node (shm.c) */
+    int cma;            /* DDL_CMA: direct copies between a node-local pair (shm.c) */
 } ddl_config_t;
 
 void ddl_config_defaults(ddl_config_t *cfg);
@@ -383,6 +404,7 @@ typedef struct {
     ddl_algo_t forced_algo;
     int liveness; /* DDL_LIVENESS (config.c): 0 turns the liveness watcher off */
     int shm;      /* DDL_SHM (config.c): 0 keeps reduce off shared memory (shm.c) */
+    int cma;      /* DDL_CMA (config.c): 0 keeps a pair's large moves off process_vm_* */
     size_t fusion_threshold;
     double cycle_time_s;
     int node_leader;    /* DDL_NODE_LEADER: one rank per node runs the outer levels */

@@ -22,6 +22,22 @@ def test_comm_collectives_without_shared_memory() -> None:
     assert ok_lines(proc, "comms-collectives") == 3
 
 
+@pytest.mark.parametrize("cma", ["1", "0"])
+def test_comm_pair_direct_copies(cma: str) -> None:
+    """A node-local pair copies its large alltoall, gather and scatter straight between
+    the two processes (process_vm_readv/writev); DDL_CMA=0 on either rank keeps them on
+    the segment and MPI, with the same results."""
+    env = {"DDL_LOG": "1"} | ({"DDL_CMA": "0"} if cma == "0" else {})
+    proc = run_mpi(2, "comms.py", "collectives", env=env, timeout=240)
+    assert ok_lines(proc, "comms-collectives") == 2
+    said = [ln for ln in proc.stderr.splitlines() if "direct copies" in ln]
+    assert said, proc.stderr[-3000:]
+    if cma == "1" and "not permitted" in said[0]:
+        pytest.skip("process_vm_readv between two ranks is not permitted on this machine")
+    want = "direct copies on" if cma == "1" else "direct copies off"
+    assert all(want in ln for ln in said), said
+
+
 @pytest.mark.parametrize("grid,ranks", [("2x2", 4), ("2x2x2", 8)])
 def test_comm_collectives_on_grids(grid: str, ranks: int) -> None:
     """Sub-communicators of a DDL_TOPOLOGY grid get the grid restricted to their members."""

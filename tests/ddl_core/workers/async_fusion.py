@@ -87,8 +87,13 @@ for mismatch in (False, True) if n > 1 else (False,):
 # A thread that waits runs the negotiation itself when no other thread is at it (libddl's
 # ddl_wait), rather than handing it to the progress thread and sleeping. With fusion off
 # the progress thread is woken at each submission and may win every race for it.
+# Each request is a race, so up to 200 are tried; every rank stops at the same request,
+# once each has seen a waiter run a cycle (all ranks must make the same calls).
 before = ddl.async_stats()["waiter_cycles"]
-for i in range(20):
+for i in range(200):
+    if i >= 20 and ddl.allreduce(np.array([ddl.async_stats()["waiter_cycles"] > before],
+                                          np.int32), op="min")[0]:
+        break
     y = data(r, 8 + i, DTYPES["float32"], "sum", salt=i)
     got = ddl.allreduce_async(y, name="one-at-a-time", shape=y.shape).wait()
     if not same(got, reference([data(q, 8 + i, DTYPES["float32"], "sum", salt=i)

@@ -83,11 +83,13 @@ def reductions(c: ddl.Comm, tag: str) -> None:
 
 
 def pair_movers(c: ddl.Comm, tag: str) -> None:
-    """Two ranks: the shared-memory paths (>= 4 KiB, 256 KiB chunks), counts with odd tails
-    past several chunks, a rank sending nothing, and each rank as the root."""
+    """Two ranks: the shared-memory paths (>= 4 KiB, 256 KiB chunks; from 8 MiB direct
+    copies), counts with odd tails past several chunks, a rank sending nothing, and each
+    rank as the root."""
     me = c.rank
-    for dt in (np.dtype(np.uint8), np.dtype(np.float64)):
-        for count in (3 * 65536 + 5, 700):
+    for dt, counts in ((np.dtype(np.uint8), (3 * 65536 + 5, 700)),
+                       (np.dtype(np.float64), (3 * 65536 + 5, 700, (1 << 19) + 3))):
+        for count in counts:  # the last: over 8 MiB in all, copied straight across
             def mk(q: int, salt: int = 0, k: int = count, dt: np.dtype = dt) -> np.ndarray:
                 return data(q, k, dt, "max", salt=salt)
             src = [np.concatenate([mk(q, salt=j) for j in range(2)]) for q in range(2)]
