@@ -81,10 +81,15 @@ def test_bench_ddp_runs_and_reports_both_backends() -> None:
 
     proc = ddlrun(2, sys.executable, "-m", "ddl_core.bench", "ddp", "--steps", "2", "--rounds",
                   "1", "--json", "/dev/stdout")
-    assert "ddl/gloo throughput" in proc.stdout, proc.stdout
+    assert "ddl/gloo throughput (cnn)" in proc.stdout, proc.stdout
+    assert "ddl/gloo throughput (mlp)" in proc.stdout, proc.stdout
     data = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
+    assert sorted(data["ddp"]) == ["cnn", "mlp"], data["ddp"]
     for name in ("ddl", "gloo"):
-        assert data[name]["samples_per_s"] > 0 and data[name]["allreduce_ms"] > 0
+        for model in ("cnn", "mlp"):
+            row = data["ddp"][model][name]
+            assert row["samples_per_s"] > 0 and row["allreduce_ms"] > 0, (model, row)
+        assert data[name]["allreduce_4k_us"] > 0 and data[name]["alltoall_16m_ms"] > 0
     try:
         import ddl_torch  # noqa: F401
     except ImportError:

@@ -4,8 +4,12 @@
     ddlrun -n 2 python -m ddl_core.bench ddp --timeline /tmp/tl.json   # the timeline's cost
 
 One job holds both process groups (ddl as the default group, gloo from new_group) and
-two DDP copies of the same small CNN; rounds alternate between them so machine noise
-hits both alike. Reported, as medians over rounds:
+two DDP copies of the same model; rounds alternate between them so machine noise hits
+both alike. Two models (--model picks one): a small CNN, compute-bound (on 2 CPU ranks its
+step is mostly compute, so the backend can change it by ~10% at most), and a wide MLP,
+gradient-bound (16.8 MB of gradients for a few ms of compute, where averaging is most of
+the step, as in the large models data parallelism is for). Reported, as medians over
+rounds:
 
 - samples/s: global samples per second of full training steps (forward, backward with
   DDP's overlapped gradient averaging, SGD step);
@@ -45,6 +49,17 @@ def small_cnn() -> nn.Module:
         nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(32 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def wide_mlp() -> nn.Module:
+    """Gradient-bound: 4.2 M parameters (16.8 MB of gradients) for a few ms of compute."""
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(3 * 32 * 32, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+        nn.Linear(1024, 10))
+
+
+MODELS = {"cnn": small_cnn, "mlp": wide_mlp}
+DESCRIBED = {"cnn": "small CNN (compute-bound)", "mlp": "wide MLP (gradient-bound)"}
 
 
 def _timed(fn: Callable[[], None], steps: int) -> float:
@@ -96,6 +111,67 @@ def timeline_cost(a: argparse.Namespace) -> int:
     return 0
 
 
+def _ddp_times(make: Callable[[], nn.Module], groups: dict[str, dist.ProcessGroup],
+               a: argparse.Namespace) -> dict:
+    """DDP steps of one model on each group, steps without DDP, and a blocking allreduce
+    of all its gradients: per group its rows, with the model's size and local step."""
+    torch.manual_seed(0)
+    base = make()
+    nparams = sum(p.numel() for p in base.parameters())
+    x = torch.randn(a.batch, 3, 32, 32)
+    y = torch.randint(0, 10, (a.batch,))
+    runs = {}
+    for name, pg in groups.items():
+        model = make()
+        model.load_state_dict(base.state_dict())
+        ddp = DDP(model, process_group=pg)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+
+        def step(ddp: DDP = ddp, opt: torch.optim.Optimizer = opt) -> None:
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+
+        flat = torch.randn(nparams)
+
+        def allreduce(pg: dist.ProcessGroup = pg, flat: torch.Tensor = flat) -> None:
+            dist.all_reduce(flat, group=pg)
+
+        for _ in range(3):
+            step()  # warm-up: buckets rebuilt after the first iteration
+        runs[name] = (step, allreduce)
+
+    plain = make()
+    plain.load_state_dict(base.state_dict())
+    popt = torch.optim.SGD(plain.parameters(), lr=0.01)
+
+    def local() -> None:
+        popt.zero_grad()
+        nn.functional.cross_entropy(plain(x), y).backward()
+        popt.step()
+
+    # Every iteration times one step of each kind back to back (ddl DDP, gloo DDP, no DDP,
+    # then the two allreduces), so load from other processes on a shared machine lands on
+    # all of them alike; every timed call starts from a barrier.
+    res: dict[str, dict[str, list[float]]] = {n: {"step": [], "ar": []} for n in groups}
+    local_times: list[float] = []
+    for _ in range(a.rounds * a.steps):
+        for name, (step, _ar) in runs.items():
+            res[name]["step"].append(_timed(step, 1))
+        local_times.append(_timed(local, 1))
+        for name, (_step, ar) in runs.items():
+            res[name]["ar"].append(_timed(ar, 1))
+    lo = statistics.median(local_times)
+    size = dist.get_world_size()
+    out: dict = {"params": nparams, "local_ms": lo * 1e3}
+    for name, r in res.items():
+        st, ar = (statistics.median(r[k]) for k in ("step", "ar"))
+        out[name] = {"samples_per_s": a.batch * size / st, "step_ms": st * 1e3,
+                     "exposed_avg_ms": (st - lo) * 1e3, "allreduce_ms": ar * 1e3}
+    out["ratio"] = out["ddl"]["samples_per_s"] / out["gloo"]["samples_per_s"]
+    return out
+
+
 def _fsdp2_times(groups: dict[str, dist.ProcessGroup], iters: int,
                  batch: int) -> dict[str, list[float]] | None:
     """Step times of the same small transformer under fully_shard on a DeviceMesh of each
@@ -139,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4, help="rounds (iterations = rounds x steps)")
     ap.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--model", choices=[*sorted(MODELS), "both"], default="both",
+                    help="the DDP model: cnn (compute-bound), mlp (gradient-bound) or both")
     ap.add_argument("--json", help="also write the figures to this file (rank 0)")
     ap.add_argument("--timeline", help="measure the timeline's cost, recording into this file")
     a = ap.parse_args(argv)
@@ -149,53 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("ddl")  # the ddl:// rendezvous under ddlrun
     rank, size = dist.get_rank(), dist.get_world_size()
     groups = {"ddl": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
-    torch.manual_seed(0)
-    base = small_cnn()
-    nparams = sum(p.numel() for p in base.parameters())
-    x = torch.randn(a.batch, 3, 32, 32)
-    y = torch.randint(0, 10, (a.batch,))
-    runs = {}
-    for name, pg in groups.items():
-        model = small_cnn()
-        model.load_state_dict(base.state_dict())
-        ddp = DDP(model, process_group=pg)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-
-        def step(ddp: DDP = ddp, opt: torch.optim.Optimizer = opt) -> None:
-            opt.zero_grad()
-            nn.functional.cross_entropy(ddp(x), y).backward()
-            opt.step()
-
-        flat = torch.randn(nparams)
-
-        def allreduce(pg: dist.ProcessGroup = pg, flat: torch.Tensor = flat) -> None:
-            dist.all_reduce(flat, group=pg)
-
-        for _ in range(3):
-            step()  # warm-up: buckets rebuilt after the first iteration
-        runs[name] = (step, allreduce)
-
-    plain = small_cnn()
-    plain.load_state_dict(base.state_dict())
-    popt = torch.optim.SGD(plain.parameters(), lr=0.01)
-
-    def local() -> None:
-        popt.zero_grad()
-        nn.functional.cross_entropy(plain(x), y).backward()
-        popt.step()
-
-    # Every iteration times one step of each kind back to back (ddl DDP, gloo DDP, no DDP,
-    # then the two allreduces), so load from other processes on a shared machine lands on
-    # all of them alike; every timed call starts from a barrier.
-    res: dict[str, dict[str, list[float]]] = {n: {"step": [], "ar": []} for n in groups}
-    local_times: list[float] = []
-    for _ in range(a.rounds * a.steps):
-        for name, (step, _ar) in runs.items():
-            res[name]["step"].append(_timed(step, 1))
-        local_times.append(_timed(local, 1))
-        for name, (_step, ar) in runs.items():
-            res[name]["ar"].append(_timed(ar, 1))
-    lo = statistics.median(local_times)
+    models = sorted(MODELS) if a.model == "both" else [a.model]
+    ddp_runs = {m: _ddp_times(MODELS[m], groups, a) for m in models}
     a2a_in = torch.randn(4 << 20)  # 16 MiB of float32 per rank
     a2a_out = torch.empty_like(a2a_in)
     a2a_times: dict[str, list[float]] = {n: [] for n in groups}
@@ -211,33 +244,30 @@ def main(argv: list[str] | None = None) -> int:
             small_times[name].append(
                 _timed(lambda pg=pg, t=small[name]: dist.all_reduce(t, group=pg), 1))
 
-    out = {}
-    for name, r in res.items():
-        st, ar = (statistics.median(r[k]) for k in ("step", "ar"))
+    out: dict = {}
+    for name in groups:
         q = statistics.quantiles(small_times[name], n=4)
-        out[name] = {"samples_per_s": a.batch * size / st, "step_ms": st * 1e3,
-                     "exposed_avg_ms": (st - lo) * 1e3, "allreduce_ms": ar * 1e3,
-                     "allreduce_4k_us": statistics.median(small_times[name]) * 1e6,
+        out[name] = {"allreduce_4k_us": statistics.median(small_times[name]) * 1e6,
                      "allreduce_4k_p25_us": q[0] * 1e6,
                      "alltoall_16m_ms": statistics.median(a2a_times[name]) * 1e3}
         if fsdp2:
             out[name]["fsdp2_step_ms"] = statistics.median(fsdp2[name]) * 1e3
     if rank == 0:
-        print(f"# DDP small CNN ({nparams} parameters, {nparams * 4 / 1e6:.2f} MB of gradients), "
-              f"{size} ranks, batch {a.batch}/rank, {a.threads} thread(s)/rank, "
-              f"median of {a.rounds * a.steps} interleaved steps each")
-        print(f"# step without DDP (no communication): {lo * 1e3:.2f} ms")
-        print(f"{'backend':>8} {'samples/s':>10} {'step ms':>9} {'exposed avg ms':>15} "
-              f"{'allreduce ms':>13} {'4 KiB us':>9} {'4 KiB p25 us':>13}")
-        for name, o in out.items():
-            print(f"{name:>8} {o['samples_per_s']:10.1f} {o['step_ms']:9.2f} "
-                  f"{o['exposed_avg_ms']:15.2f} {o['allreduce_ms']:13.2f} "
-                  f"{o['allreduce_4k_us']:9.1f} {o['allreduce_4k_p25_us']:13.1f}")
-        ratio = out["ddl"]["samples_per_s"] / out["gloo"]["samples_per_s"]
-        print(f"ddl/gloo throughput: {ratio:.2f}x")
+        for m, d in ddp_runs.items():
+            print(f"# DDP {DESCRIBED[m]} ({d['params']} parameters, {d['params'] * 4 / 1e6:.2f} "
+                  f"MB of gradients), {size} ranks, batch {a.batch}/rank, {a.threads} "
+                  f"thread(s)/rank, median of {a.rounds * a.steps} interleaved steps each")
+            print(f"# step without DDP (no communication): {d['local_ms']:.2f} ms")
+            print(f"{'backend':>8} {'samples/s':>10} {'step ms':>9} {'exposed avg ms':>15} "
+                  f"{'allreduce ms':>13}")
+            for name in groups:
+                o = d[name]
+                print(f"{name:>8} {o['samples_per_s']:10.1f} {o['step_ms']:9.2f} "
+                      f"{o['exposed_avg_ms']:15.2f} {o['allreduce_ms']:13.2f}")
+            print(f"ddl/gloo throughput ({m}): {d['ratio']:.2f}x")
         print(f"blocking 4 KiB all_reduce: ddl median {out['ddl']['allreduce_4k_us']:.1f} us "
               f"against gloo's 25th percentile {out['gloo']['allreduce_4k_p25_us']:.1f} us "
-              f"(target: no slower)")
+              f"(target: no slower; gloo's median {out['gloo']['allreduce_4k_us']:.1f} us)")
         print(f"all_to_all_single 16 MiB/rank: ddl {out['ddl']['alltoall_16m_ms']:.2f} ms, "
               f"gloo {out['gloo']['alltoall_16m_ms']:.2f} ms: "
               f"{out['gloo']['alltoall_16m_ms'] / out['ddl']['alltoall_16m_ms']:.2f}x gloo's "
@@ -249,13 +279,14 @@ def main(argv: list[str] | None = None) -> int:
                   "gloo's speed (target >= 1.0x)")
         else:
             print("FSDP2 step: not measured (ddl-torch, the C++ Backend, is not installed)")
+        first = ddp_runs[models[0]]["ddl"]
         print("-" * 64)
-        print(f"total images/sec: {out['ddl']['samples_per_s']:.2f}")
+        print(f"total images/sec ({models[0]}): {first['samples_per_s']:.2f}")
         print("-" * 64)
         if a.json:
             with open(a.json, "w") as fh:
-                json.dump({"params": nparams, "ranks": size, "batch": a.batch, **out,
-                           "ratio": ratio}, fh, indent=1)
+                json.dump({"ranks": size, "batch": a.batch, "ddp": ddp_runs, **out}, fh,
+                          indent=1)
     # Let gloo's worker thread drop its last work (it needs the GIL for that) before the
     # groups are destroyed: ~ProcessGroupGloo joins that thread while holding the GIL.
     dist.barrier()
