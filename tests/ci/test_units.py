@@ -419,3 +419,21 @@ def test_vendored_copy_is_replaced_by_a_newer_upstream_build(tmp_path):
     assert f"linux-64/{new.name}" in state and f"linux-64/{old.name}" not in state
     assert outside.exists() and "linux-64/../../outside.conda" not in state
     assert vendor_closure(ch, [str(up)], "linux-64") == 0  # a rerun: nothing to do
+
+
+def test_sysroot_absolute_links_point_inside_it(tmp_path):
+    """Debian's absolute library links (libz.so -> /lib/<triplet>/...) are rewritten to the
+    same path inside the sysroot, so a cross link never reaches the build host's files."""
+    from ci.sysroot import relative_links
+
+    root = tmp_path / "sysroot"
+    (root / "lib" / "tri").mkdir(parents=True)
+    (root / "usr" / "lib" / "tri").mkdir(parents=True)
+    (root / "lib" / "tri" / "libz.so.1.2.13").write_text("target")
+    (root / "usr" / "lib" / "tri" / "libz.so").symlink_to("/lib/tri/libz.so.1.2.13")
+    (root / "usr" / "lib" / "tri" / "libffi.so").symlink_to("libffi.so.8")  # relative: kept
+    assert relative_links(root) == 1
+    link = root / "usr" / "lib" / "tri" / "libz.so"
+    assert not link.readlink().is_absolute()
+    assert link.read_text() == "target"
+    assert (root / "usr" / "lib" / "tri" / "libffi.so").readlink() == Path("libffi.so.8")

@@ -1,8 +1,9 @@
 """Cross-building for linux-ppc64le and testing under qemu-user.
 
-Only what needs no foreign Python can be cross-built offline: libddl (C) against the
-site's MPI (`external`), taken from a Debian ppc64el sysroot. Python, pytorch and
-tensorflow for ppc64le need a native build (the report says so; nothing is faked).
+Cross-built here: libddl (C) against the site's MPI (`external`), taken from a Debian
+ppc64el sysroot, and, offline, the python stand-in (recipes/upstream/python) against the
+sysroot's libraries. numpy, mpi4py, ddl, pytorch and tensorflow for ppc64le are not yet:
+they need a native build (the report says so; nothing is faked).
 """
 
 from __future__ import annotations

@@ -321,6 +321,7 @@ def cross_build(s: Settings, res: PipelineResult, *, continue_on_failure: bool) 
     """libddl for every foreign target platform, cross-built and tested under emulation,
     added to ``res``; a platform that cannot be cross-built here is named as unavailable."""
     from ci.cross import CROSS_PLATFORMS, missing_tools
+    from ci.standins import build_cross_standins
 
     here = host_subdir()
     for p in s.target_platforms:
@@ -333,10 +334,40 @@ def cross_build(s: Settings, res: PipelineResult, *, continue_on_failure: bool) 
                 f"(missing: {lacking or 'a clean native build'})"
             )
             continue
+        foreign_test = prepare_foreign(s, [p], res.stages)
+        built = ["libddl"]
+        if s.channels == [str(s.upstream_dir)]:  # offline: python's stand-in, cross-built
+            console.print(f"[bold]cross[/]: python for {p} (the stand-in channel; qemu-user test)")
+            with _Timer(res.stages, f"cross stand-ins ({p})"):
+                up = build_cross_standins(s, p, foreign_test)
+            _show_cross_standins(res, up)
+            if up.ok:
+                built.insert(0, "python")
         console.print(f"[bold]cross[/]: libddl for {p} (cross gcc, target sysroot, qemu-user test)")
         opts = Options(packages=["libddl"], platforms=[p], continue_on_failure=continue_on_failure)
-        res.absorb(run(s, opts), p)
-        res.unavailable[p] = f"{_NOT_NATIVE}; libddl is cross-built here and tested under qemu-user"
+        res.absorb(run(s, opts, foreign_test=foreign_test), p)
+        if "python" in built:
+            res.unavailable[p] = ("numpy, mpi4py, ddl, pytorch, tensorflow and powerai are not "
+                                  "cross-built yet (a native build makes them); python (the "
+                                  "stand-in channel) and libddl are cross-built here and tested "
+                                  "under qemu-user")
+        else:
+            res.unavailable[p] = (f"{_NOT_NATIVE}; libddl is cross-built here and tested under "
+                                  "qemu-user")
+
+
+def _show_cross_standins(res: PipelineResult, up: RunResult) -> None:
+    """The cross-built stand-ins' outcomes, in the console and the report's upstream part
+    (a failure there is that platform's, and the others still publish)."""
+    rows = (res.upstream if res.upstream is not None else {}).setdefault("cross", [])
+    for o in up.outcomes:
+        rows.append(f"{o.node.key}: {o.status}, emulated test {o.test_status}")
+        good = o.status in ("built", "skipped") and o.test_status != "failed"
+        colour = "green" if good else "red"
+        console.print(f"[{colour}]cross stand-in[/] {o.node.key}: {o.status} "
+                      f"(test: {o.test_status})", highlight=False)
+        if o.test_status == "failed" or o.error:
+            console.print((o.error or o.test_output or "")[-2000:], highlight=False)
 
 
 # ---- install -----------------------------------------------------------------------------

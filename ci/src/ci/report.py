@@ -202,6 +202,8 @@ def write_report(
             lines.append(f"- {len(upstream['wheels'])} stand-ins converted from PyPI wheels")
         for k, v in (upstream.get("stages") or {}).items():
             lines.append(f"- {k}: {v:.1f} s")
+        for row in upstream.get("cross") or []:
+            lines.append(f"- cross-built stand-in {row}")
     sizes = variant_sizes(channel, recs)
     if sizes:
         lines += ["", "## Sizes per variant (what installing each powerai build downloads)", "",

@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -31,6 +32,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ci.config import Settings, host_subdir
 from ci.index import index_channel, packages_in
 from ci.wheel2conda import CONVERTER_VERSION, SUBDIR_MACHINE, WheelError, convert_wheel
+
+if TYPE_CHECKING:
+    from ci.build import ForeignTest, RunResult
 
 console = Console(stderr=True)
 WHEEL_STATE = ".wheels-state.json"
@@ -263,6 +267,30 @@ def cuda_wanted() -> bool:
     """Whether the CUDA stand-ins are made: yes, unless DDLCE_CUDA=0 (a CPU-only site, or a
     quick local run; the CUDA builds of powerai then drop out of the render with a reason)."""
     return os.environ.get("DDLCE_CUDA", "1").strip() not in ("0", "no", "off", "false")
+
+
+def build_cross_standins(settings: Settings, platform: str,
+                         foreign_test: ForeignTest) -> RunResult:
+    """The source-built stand-ins (python) cross-built for a foreign ``platform`` into the
+    stand-in channel, each tested under emulation (``foreign_test``: its cross_test.sh);
+    the cross sysroot must be prepared (DDLCE_SYSROOT). A package already there is kept."""
+    from ci.build import run_builds
+    from ci.graph import build_graph
+    from ci.mirror import SourceMirror
+    from ci.render import find_recipes, render_all
+
+    variants = {k: v for k, v in settings.variants.items() if k not in ("python",)}
+    nodes = render_all(find_recipes(settings.recipes_dir, upstream=True), variants, [platform])
+    return run_builds(
+        build_graph(nodes),
+        variants=variants,
+        channel_dir=settings.upstream_dir,
+        work_dir=settings.work_dir / "upstream",
+        channels=[],
+        mirror=SourceMirror(settings.mirror_dir),
+        continue_on_failure=True,
+        foreign_test=foreign_test,
+    )
 
 
 def build_standins(settings: Settings, *, platforms: list[str] | None = None) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import lzma
+import os
 import re
 import shutil
 import subprocess
@@ -92,9 +93,32 @@ def closure(index: dict[str, dict[str, str]], wanted: list[str]) -> list[str]:
     return seen
 
 
+# What the cross builds link against: Open MPI (libddl's `external` MPI) and the libraries
+# of CPython's extension modules (ctypes, zlib, bz2, lzma, ssl, sqlite3).
+CROSS_PACKAGES = ["libopenmpi-dev", "libffi-dev", "zlib1g-dev", "libbz2-dev", "liblzma-dev",
+                  "libssl-dev", "libsqlite3-dev"]
+
+
+def relative_links(root: Path) -> int:
+    """Point every absolute symlink under ``root`` at the same path inside ``root``.
+
+    Debian's ``libz.so -> /lib/<triplet>/libz.so.1.2.13`` would otherwise resolve on the
+    build host (to nothing, or to a library of the wrong architecture)."""
+    fixed = 0
+    for link in root.rglob("*"):
+        if link.is_symlink():
+            target = link.readlink()
+            if target.is_absolute():
+                inside = root / target.relative_to("/")
+                link.unlink()
+                link.symlink_to(os.path.relpath(inside, link.parent))
+                fixed += 1
+    return fixed
+
+
 def ensure_sysroot(cache: Path, arch: str = "ppc64el", packages: list[str] | None = None) -> Path:
-    """A sysroot with ``packages`` (default: Open MPI's development files) unpacked."""
-    packages = packages or ["libopenmpi-dev"]
+    """A sysroot with ``packages`` (default: :data:`CROSS_PACKAGES`) unpacked."""
+    packages = packages or CROSS_PACKAGES
     root = cache / f"sysroot-{arch}"
     stamp = root / f".complete-{'-'.join(sorted(packages))}"
     if stamp.exists():
@@ -130,6 +154,7 @@ def ensure_sysroot(cache: Path, arch: str = "ppc64el", packages: list[str] | Non
                 )
             deb.write_bytes(data)
         subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
+    relative_links(root)
     stamp.touch()
     return root
 
