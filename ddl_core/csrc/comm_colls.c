@@ -367,6 +367,20 @@ static ddl_status_t rooted(ddl_comm_t c, const void *sendbuf, void *recvbuf, siz
     if (st == DDL_SUCCESS && count &&
         (scatter ? (!recvbuf || (at_root && !sendbuf)) : (!sendbuf || (at_root && !recvbuf))))
         st = ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL buffer", fn);
+    /* In place at the root, as with MPI_IN_PLACE: gather's root block already sits at its
+     * place in recvbuf (sendbuf DDL_IN_PLACE, or that very place), scatter's stays in
+     * sendbuf (recvbuf DDL_IN_PLACE, or that very block). */
+    size_t B = count * es;
+    int in_place = 0;
+    if (st == DDL_SUCCESS && (scatter ? recvbuf == DDL_IN_PLACE : sendbuf == DDL_IN_PLACE)) {
+        in_place = 1;
+        if (!at_root)
+            st = ddl_fail(DDL_ERR_INVALID_ARG, "%s: DDL_IN_PLACE is for the root's %s only", fn,
+                          scatter ? "recvbuf" : "sendbuf");
+    } else if (st == DDL_SUCCESS && at_root && count) {
+        in_place = scatter ? (const char *)recvbuf == (const char *)sendbuf + (size_t)root * B
+                           : (const char *)sendbuf == (const char *)recvbuf + (size_t)root * B;
+    }
     if (st != DDL_SUCCESS) LEAVE(st);
     ddl_coll_begin(ctx, scatter ? "scatter" : "gather", 1);
     st = ddl_comm_check(ctx,
@@ -381,7 +395,6 @@ static ddl_status_t rooted(ddl_comm_t c, const void *sendbuf, void *recvbuf, siz
     if (st == DDL_SUCCESS && direct) {
         /* the other rank moves its block (scatter: reads it from the root's sendbuf;
          * gather: writes it into the root's recvbuf) while the root copies its own */
-        size_t B = count * es;
         int peer = 1 - root;
         ddl_shm_direct_t d = {.waiting = scatter ? "waiting for the scatter's root"
                                                  : "waiting for the gather's root"};
@@ -389,9 +402,11 @@ static ddl_status_t rooted(ddl_comm_t c, const void *sendbuf, void *recvbuf, siz
             d.post = scatter ? (const char *)sendbuf + (size_t)peer * B
                              : (const char *)recvbuf + (size_t)peer * B;
             d.peer_acts = 1;
-            d.own_src = scatter ? (const char *)sendbuf + (size_t)root * B : sendbuf;
-            d.own_dst = scatter ? recvbuf : (char *)recvbuf + (size_t)root * B;
-            d.own_bytes = B;
+            if (!in_place) {
+                d.own_src = scatter ? (const char *)sendbuf + (size_t)root * B : sendbuf;
+                d.own_dst = scatter ? recvbuf : (char *)recvbuf + (size_t)root * B;
+                d.own_bytes = B;
+            }
         } else {
             d.pull = scatter;
             d.local = scatter ? recvbuf : (char *)(uintptr_t)sendbuf;
@@ -401,7 +416,6 @@ static ddl_status_t rooted(ddl_comm_t c, const void *sendbuf, void *recvbuf, siz
     } else if (st == DDL_SUCCESS && shm) {
         /* one way: the root's block for the other rank out (scatter), or the other rank's
          * block in (gather); the root copies its own */
-        size_t B = count * es;
         int peer = 1 - root;
         ddl_shm_move_t m = {.waiting_out = scatter ? "waiting for it to take its block"
                                                    : "waiting for the root to take our block",
@@ -421,16 +435,16 @@ static ddl_status_t rooted(ddl_comm_t c, const void *sendbuf, void *recvbuf, siz
             m.out_bytes = B;
         }
         st = ddl_shm_move(ctx, shm, &m);
-        if (st == DDL_SUCCESS && at_root)
+        if (st == DDL_SUCCESS && at_root && !in_place)
             copy_own(scatter ? recvbuf : (char *)recvbuf + (size_t)root * B,
                      scatter ? (const char *)sendbuf + (size_t)root * B : sendbuf, B);
     } else if (st == DDL_SUCCESS && count) {
         MPI_Request req;
         int b = (int)(count * es);
-        int rc = scatter ? MPI_Iscatter(sendbuf, b, MPI_BYTE, recvbuf, b, MPI_BYTE, root,
-                                        ctx->world.comm, &req)
-                         : MPI_Igather(sendbuf, b, MPI_BYTE, recvbuf, b, MPI_BYTE, root,
-                                       ctx->world.comm, &req);
+        int rc = scatter ? MPI_Iscatter(sendbuf, b, MPI_BYTE, in_place ? MPI_IN_PLACE : recvbuf,
+                                        b, MPI_BYTE, root, ctx->world.comm, &req)
+                         : MPI_Igather(in_place ? MPI_IN_PLACE : sendbuf, b, MPI_BYTE, recvbuf, b,
+                                       MPI_BYTE, root, ctx->world.comm, &req);
         st = wait_mpi(ctx, rc, &req, scatter ? "MPI_Iscatter" : "MPI_Igather");
     }
     LEAVE(st);

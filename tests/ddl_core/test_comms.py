@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
-from conftest import ok_lines, run_mpi
+from conftest import BIN, launcher_failed, mpirun_cmd, ok_lines, run_mpi
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 5])
@@ -36,6 +40,34 @@ def test_comm_pair_direct_copies(cma: str) -> None:
         pytest.skip("process_vm_readv between two ranks is not permitted on this machine")
     want = "direct copies on" if cma == "1" else "direct copies off"
     assert all(want in ln for ln in said), said
+
+
+@pytest.fixture(scope="module")
+def rooted_in_place_c(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/ddl_core/c/rooted_in_place.c built against the installed libddl and ddl.h."""
+    import ddl_core
+
+    pkg = Path(ddl_core.__file__).parent
+    exe = tmp_path_factory.mktemp("c") / "rooted_in_place"
+    subprocess.run([str(BIN / "mpicc"), "-std=c11", "-Wall", "-Wextra", "-Werror",
+                    f"-I{pkg / 'include'}", str(Path(__file__).parent / "c" / "rooted_in_place.c"),
+                    f"-L{pkg}", "-lddl", f"-Wl,-rpath,{pkg}", "-o", str(exe)], check=True)
+    return exe
+
+
+@pytest.mark.parametrize("ranks,shm", [(2, "1"), (2, "0"), (3, "1")])
+def test_c_gather_scatter_in_place(rooted_in_place_c: Path, ranks: int, shm: str) -> None:
+    """C API: DDL_IN_PLACE at gather's and scatter's root (MPI_IN_PLACE's meaning) on every
+    path: a pair's segment (700 doubles a block) and direct copies (524291), MPI's routine
+    (3 ranks, or DDL_SHM=0); off the root it is an error."""
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "DDL_TIMEOUT": "60", "DDL_SHM": shm}
+    cmd = [*mpirun_cmd(ranks), str(rooted_in_place_c), "1", "700", "524291"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    if launcher_failed(proc):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert ok_lines(proc, "rooted-in-place") == ranks
 
 
 @pytest.mark.parametrize("grid,ranks", [("2x2", 4), ("2x2x2", 8)])

@@ -386,10 +386,12 @@ ddl_status_t ddl_comm_alltoallv(ddl_comm_t comm, const void *sendbuf, const size
  * rank j's sendcount (else DDL_ERR_MISMATCH on every member). */
 ddl_status_t ddl_comm_allgatherv(ddl_comm_t comm, const void *sendbuf, size_t sendcount,
                                  void *recvbuf, const size_t *recvcounts, ddl_dtype_t dtype);
-/* recvbuf (root only) holds size x count elements, rank i's at offset i x count. */
+/* recvbuf (root only) holds size x count elements, rank i's at offset i x count. In place
+ * at the root: sendbuf DDL_IN_PLACE (or recvbuf + root x count), its block already there. */
 ddl_status_t ddl_comm_gather(ddl_comm_t comm, const void *sendbuf, void *recvbuf, size_t count,
                              ddl_dtype_t dtype, int root);
-/* sendbuf (root only) holds size x count elements; rank i receives block i. */
+/* sendbuf (root only) holds size x count elements; rank i receives block i. In place at
+ * the root: recvbuf DDL_IN_PLACE (or sendbuf + root x count), its block left where it is. */
 ddl_status_t ddl_comm_scatter(ddl_comm_t comm, const void *sendbuf, void *recvbuf, size_t count,
                               ddl_dtype_t dtype, int root);
 /* The allreduce's result (bit for bit), delivered to root's recvbuf only. */

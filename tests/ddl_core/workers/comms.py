@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 from common import DTYPES, OPS, data, reference, same
@@ -82,6 +83,27 @@ def reductions(c: ddl.Comm, tag: str) -> None:
             expect(same(rs, want), f"{tag} reduce_scatter {dname} {op}")
 
 
+def rooted_in_place(c: ddl.Comm, root: int, mk: Any, count: int, dt: np.dtype,
+                    tag: str) -> None:
+    """gather whose root's x is its own block of `out`, and scatter whose root's `out` is
+    its own block of x: in place (MPI_IN_PLACE's case), the other blocks still move."""
+    m, me = c.size, c.rank
+    out = np.zeros(m * count, dt)
+    if me == root:
+        out[root * count:(root + 1) * count] = mk(root)
+    x = out[root * count:(root + 1) * count] if me == root else mk(me)
+    got = ddl.gather(x, root=root, out=out if me == root else None, comm=c)
+    expect(same(got, np.concatenate([mk(q) for q in range(m)])) if me == root else got is None,
+           f"{tag} gather in place {dt} {count} root {root}")
+    src = np.concatenate([mk(q, salt=7) for q in range(m)])
+    keep = src.copy()
+    out = src[root * count:(root + 1) * count] if me == root else np.empty(count, dt)
+    got = ddl.scatter(src if me == root else np.empty(m * count, dt), root=root, out=out,
+                      comm=c)
+    expect(same(got, keep[me * count:(me + 1) * count]) and (me != root or same(src, keep)),
+           f"{tag} scatter in place {dt} {count} root {root}")
+
+
 def pair_movers(c: ddl.Comm, tag: str) -> None:
     """Two ranks: the shared-memory paths (>= 4 KiB, 256 KiB chunks; from 8 MiB direct
     copies), counts with odd tails past several chunks, a rank sending nothing, and each
@@ -108,6 +130,7 @@ def pair_movers(c: ddl.Comm, tag: str) -> None:
                                   root=root, comm=c)
                 expect(same(got, src[root][me * count:(me + 1) * count]),
                        f"{tag} pair scatter {dt} {count} root {root}")
+                rooted_in_place(c, root, mk, count, dt, f"{tag} pair")
 
 
 def movers(c: ddl.Comm, tag: str) -> None:
@@ -138,6 +161,7 @@ def movers(c: ddl.Comm, tag: str) -> None:
                               comm=c)
             expect(same(got, src[root][me * count:(me + 1) * count]),
                    f"{tag} scatter {dname} {count}")
+            rooted_in_place(c, root, mk, count, dt, tag)
             x = mk(me, salt=5)
             ddl.broadcast(x, root=root, comm=c)
             expect(same(x, mk(root, salt=5)), f"{tag} broadcast {dname} {count}")
