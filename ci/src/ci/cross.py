@@ -1,9 +1,10 @@
 """Cross-building for linux-ppc64le and testing under qemu-user.
 
-Cross-built here: libddl (C) against the site's MPI (`external`), taken from a Debian
-ppc64el sysroot, and, offline, the python stand-in (recipes/upstream/python) against the
-sysroot's libraries. numpy, mpi4py, ddl, pytorch and tensorflow for ppc64le are not yet:
-they need a native build (the report says so; nothing is faked).
+Cross-built here, for linux-ppc64le and linux-aarch64: libddl (C) against the site's MPI
+(`external`), taken from a Debian sysroot of the target architecture, and, offline, the
+python stand-in (recipes/upstream/python) against the sysroot's libraries. numpy, mpi4py,
+ddl, pytorch and tensorflow are not cross-built yet: they need a native build (the report
+says so; nothing is faked).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from pathlib import Path
 from ci.build import Outcome
 from ci.sysroot import ensure_sysroot, prepare_for_qemu
 
-CROSS_PLATFORMS = {"linux-ppc64le": ("ppc64el", "powerpc64le-linux-gnu", "qemu-ppc64le")}
+CROSS_PLATFORMS = {
+    "linux-ppc64le": ("ppc64el", "powerpc64le-linux-gnu", "qemu-ppc64le"),
+    "linux-aarch64": ("arm64", "aarch64-linux-gnu", "qemu-aarch64"),
+}
 
 
 def missing_tools(platform: str) -> list[str]:
