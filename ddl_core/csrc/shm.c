@@ -48,7 +48,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 #if defined(__x86_64__) && defined(__SSE2__)
 #include <emmintrin.h>
@@ -85,17 +84,15 @@ static char *slot_of(ddl_shm_t *s, size_t slot) { return s->base + SHM_FLAGS + s
 
 static uint64_t *line_of(ddl_shm_t *s, int line) { return (uint64_t *)(s->base + line * 64); }
 
-/* Our probe into the segment: pid, where the word is, what it holds. */
+/* Our probe into the segment: pid, where the word is, what it holds. The word depends
+ * on the pid only, so pairs set up at once from several threads write the same value. */
 static void post_probe(ddl_shm_t *s, int me) {
-    if (!probe_word) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        probe_word = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ 0x5a5a5a5a5a5a5a5aull;
-    }
+    uint64_t v = ((uint64_t)getpid() << 32) ^ 0x5a5a5a5a5a5a5a5aull;
+    __atomic_store_n(&probe_word, v, __ATOMIC_RELAXED);
     uint64_t *l = line_of(s, PROBE_LINE + me);
     l[0] = (uint64_t)getpid();
     l[1] = (uint64_t)(uintptr_t)&probe_word;
-    l[2] = probe_word;
+    l[2] = v;
 }
 
 /* Whether we can read the other rank's memory: its probe word, read across, must be the
