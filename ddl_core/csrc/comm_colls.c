@@ -367,10 +367,13 @@ static ddl_status_t rooted(ddl_comm_t c, const void *sendbuf, void *recvbuf, siz
     if (st == DDL_SUCCESS && count &&
         (scatter ? (!recvbuf || (at_root && !sendbuf)) : (!sendbuf || (at_root && !recvbuf))))
         st = ddl_fail(DDL_ERR_INVALID_ARG, "%s: NULL buffer", fn);
-    /* In place at the root, as with MPI_IN_PLACE: gather's root block already sits at its
-     * place in recvbuf (sendbuf DDL_IN_PLACE, or that very place), scatter's stays in
-     * sendbuf (recvbuf DDL_IN_PLACE, or that very block). */
+    /* The root's own block, copied from own_src to own_dst; in place (as with MPI_IN_PLACE)
+     * there is nothing to copy: gather's root block already sits at its place in recvbuf
+     * (sendbuf DDL_IN_PLACE, or that very place), scatter's stays in sendbuf (recvbuf
+     * DDL_IN_PLACE, or that very block). */
     size_t B = count * es;
+    const char *own_src = NULL;
+    char *own_dst = NULL;
     int in_place = 0;
     if (st == DDL_SUCCESS && (scatter ? recvbuf == DDL_IN_PLACE : sendbuf == DDL_IN_PLACE)) {
         in_place = 1;
@@ -378,8 +381,9 @@ static ddl_status_t rooted(ddl_comm_t c, const void *sendbuf, void *recvbuf, siz
             st = ddl_fail(DDL_ERR_INVALID_ARG, "%s: DDL_IN_PLACE is for the root's %s only", fn,
                           scatter ? "recvbuf" : "sendbuf");
     } else if (st == DDL_SUCCESS && at_root && count) {
-        in_place = scatter ? (const char *)recvbuf == (const char *)sendbuf + (size_t)root * B
-                           : (const char *)sendbuf == (const char *)recvbuf + (size_t)root * B;
+        own_src = scatter ? (const char *)sendbuf + (size_t)root * B : sendbuf;
+        own_dst = scatter ? recvbuf : (char *)recvbuf + (size_t)root * B;
+        in_place = own_src == own_dst;
     }
     if (st != DDL_SUCCESS) LEAVE(st);
     ddl_coll_begin(ctx, scatter ? "scatter" : "gather", 1);
@@ -403,8 +407,8 @@ static ddl_status_t rooted(ddl_comm_t c, const void *sendbuf, void *recvbuf, siz
                              : (const char *)recvbuf + (size_t)peer * B;
             d.peer_acts = 1;
             if (!in_place) {
-                d.own_src = scatter ? (const char *)sendbuf + (size_t)root * B : sendbuf;
-                d.own_dst = scatter ? recvbuf : (char *)recvbuf + (size_t)root * B;
+                d.own_src = own_src;
+                d.own_dst = own_dst;
                 d.own_bytes = B;
             }
         } else {
@@ -435,9 +439,7 @@ static ddl_status_t rooted(ddl_comm_t c, const void *sendbuf, void *recvbuf, siz
             m.out_bytes = B;
         }
         st = ddl_shm_move(ctx, shm, &m);
-        if (st == DDL_SUCCESS && at_root && !in_place)
-            copy_own(scatter ? recvbuf : (char *)recvbuf + (size_t)root * B,
-                     scatter ? (const char *)sendbuf + (size_t)root * B : sendbuf, B);
+        if (st == DDL_SUCCESS && at_root && !in_place) copy_own(own_dst, own_src, B);
     } else if (st == DDL_SUCCESS && count) {
         MPI_Request req;
         int b = (int)(count * es);

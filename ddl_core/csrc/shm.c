@@ -79,10 +79,10 @@ static uint64_t probe_word; /* what the other rank reads at setup */
 
 static unsigned shm_made; /* this process's segments so far: part of each name */
 
-static uint64_t *flag_of(ddl_shm_t *s, size_t slot) { return (uint64_t *)(s->base + slot * 64); }
+/* Cache line `line` of the flags' page: slot k's flag is line k. */
+static uint64_t *line_of(ddl_shm_t *s, size_t line) { return (uint64_t *)(s->base + line * 64); }
+static uint64_t *flag_of(ddl_shm_t *s, size_t slot) { return line_of(s, slot); }
 static char *slot_of(ddl_shm_t *s, size_t slot) { return s->base + SHM_FLAGS + slot * SHM_CHUNK; }
-
-static uint64_t *line_of(ddl_shm_t *s, int line) { return (uint64_t *)(s->base + line * 64); }
 
 /* Our probe into the segment: pid, where the word is, what it holds. The word depends
  * on the pid only, so pairs set up at once from several threads write the same value. */
