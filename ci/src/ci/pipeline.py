@@ -321,7 +321,7 @@ def cross_build(s: Settings, res: PipelineResult, *, continue_on_failure: bool) 
     """libddl for every foreign target platform, cross-built and tested under emulation,
     added to ``res``; a platform that cannot be cross-built here is named as unavailable."""
     from ci.cross import CROSS_PLATFORMS, missing_tools
-    from ci.standins import build_cross_standins
+    from ci.standins import build_source_standins
 
     here = host_subdir()
     for p in s.target_platforms:
@@ -335,18 +335,17 @@ def cross_build(s: Settings, res: PipelineResult, *, continue_on_failure: bool) 
             )
             continue
         foreign_test = prepare_foreign(s, [p], res.stages)
-        built = ["libddl"]
+        python_built = False
         if s.channels == [str(s.upstream_dir)]:  # offline: python's stand-in, cross-built
             console.print(f"[bold]cross[/]: python for {p} (the stand-in channel; qemu-user test)")
             with _Timer(res.stages, f"cross stand-ins ({p})"):
-                up = build_cross_standins(s, p, foreign_test)
+                up = build_source_standins(s, p, foreign_test=foreign_test)
             _show_cross_standins(res, up)
-            if up.ok:
-                built.insert(0, "python")
+            python_built = up.ok
         console.print(f"[bold]cross[/]: libddl for {p} (cross gcc, target sysroot, qemu-user test)")
         opts = Options(packages=["libddl"], platforms=[p], continue_on_failure=continue_on_failure)
         res.absorb(run(s, opts, foreign_test=foreign_test), p)
-        if "python" in built:
+        if python_built:
             res.unavailable[p] = ("numpy, mpi4py, ddl, pytorch, tensorflow and powerai are not "
                                   "cross-built yet (a native build makes them); python (the "
                                   "stand-in channel) and libddl are cross-built here and tested "

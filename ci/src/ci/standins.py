@@ -269,11 +269,13 @@ def cuda_wanted() -> bool:
     return os.environ.get("DDLCE_CUDA", "1").strip() not in ("0", "no", "off", "false")
 
 
-def build_cross_standins(settings: Settings, platform: str,
-                         foreign_test: ForeignTest) -> RunResult:
-    """The source-built stand-ins (python) cross-built for a foreign ``platform`` into the
-    stand-in channel, each tested under emulation (``foreign_test``: its cross_test.sh);
-    the cross sysroot must be prepared (DDLCE_SYSROOT). A package already there is kept."""
+def build_source_standins(settings: Settings, platform: str, *,
+                          foreign_test: ForeignTest | None = None) -> RunResult:
+    """The stand-ins built from source (recipes/upstream: python) for ``platform`` into the
+    stand-in channel; a package already there is kept. For a foreign platform the cross
+    sysroot must be prepared (DDLCE_SYSROOT) and ``foreign_test`` runs each package's
+    cross_test.sh under emulation; there a failure is reported, not raised, so the other
+    platforms still build."""
     from ci.build import run_builds
     from ci.graph import build_graph
     from ci.mirror import SourceMirror
@@ -288,17 +290,14 @@ def build_cross_standins(settings: Settings, platform: str,
         work_dir=settings.work_dir / "upstream",
         channels=[],
         mirror=SourceMirror(settings.mirror_dir),
-        continue_on_failure=True,
+        continue_on_failure=foreign_test is not None,
         foreign_test=foreign_test,
     )
 
 
 def build_standins(settings: Settings, *, platforms: list[str] | None = None) -> dict:
     """Ensure the stand-in channel exists and is complete; return a summary for the report."""
-    from ci.build import run_builds
-    from ci.graph import build_graph
-    from ci.mirror import SourceMirror
-    from ci.render import find_recipes, render_all
+    from ci.render import find_recipes
 
     t0 = time.monotonic()
     up = settings.upstream_dir
@@ -306,20 +305,8 @@ def build_standins(settings: Settings, *, platforms: list[str] | None = None) ->
     index_channel(up, [here])
     summary: dict = {"channel": str(up), "recipes": [], "wheels": [], "unavailable": {}}
     # 1. source-built stand-ins (python), for this platform only: they are native builds
-    recipes = find_recipes(settings.recipes_dir, upstream=True)
-    if recipes:
-        variants = {k: v for k, v in settings.variants.items() if k not in ("python",)}
-        nodes = render_all(recipes, variants, [here])
-        g = build_graph(nodes)
-        res = run_builds(
-            g,
-            variants=variants,
-            channel_dir=up,
-            work_dir=settings.work_dir / "upstream",
-            channels=[],
-            mirror=SourceMirror(settings.mirror_dir),
-            run_tests=True,
-        )
+    if find_recipes(settings.recipes_dir, upstream=True):
+        res = build_source_standins(settings, here)
         if res.failed:
             raise RuntimeError(
                 "stand-in build failed: "
