@@ -437,3 +437,109 @@ def test_sysroot_absolute_links_point_inside_it(tmp_path):
     assert not link.readlink().is_absolute()
     assert link.read_text() == "target"
     assert (root / "usr" / "lib" / "tri" / "libffi.so").readlink() == Path("libffi.so.8")
+
+
+def test_build_skip_conditions_are_evaluated_per_platform_and_variant():
+    """py-rattler-build's render leaves build.skip unevaluated: ci evaluates it, so numpy's
+    source stand-in (linux-ppc64le only) and powerai's CUDA build on Power never build."""
+    from ci.render import RecipeError, find_recipes, render_all, skip_reason
+
+    assert skip_reason(["not ppc64le"], "linux-64", {}) == "not ppc64le"
+    assert skip_reason(["not ppc64le"], "linux-ppc64le", {}) == ""
+    cond = 'build_type == "cuda" and ppc64le'
+    assert skip_reason([cond], "linux-ppc64le", {"build_type": "cuda"}) == cond
+    assert skip_reason([cond], "linux-ppc64le", {"build_type": "cpu"}) == ""
+    assert skip_reason([cond], "linux-aarch64", {"build_type": "cuda"}) == ""
+    with pytest.raises(RecipeError, match="power9"):
+        skip_reason(["power9"], "linux-64", {})
+    root = Path(__file__).resolve().parents[2]
+    variants = {"python": ["3.11"]}
+    for platform, built in (("linux-64", {"python"}),
+                            ("linux-ppc64le", {"python", "numpy", "mpi4py"})):
+        skipped: list[str] = []
+        nodes = render_all(find_recipes(root / "recipes", upstream=True), variants, [platform],
+                           skipped)
+        assert {n.name for n in nodes} == built
+        assert len(skipped) == 3 - len(built), skipped
+        assert all("build.skip not ppc64le" in x for x in skipped)
+
+
+def test_pypi_source_urls_are_fetched_by_pip_and_checked(tmp_path, monkeypatch):
+    """pypi://<project>/<file> sources come through pip (its own index settings: here a
+    local folder) and are refused, naming the file and both hashes, when they differ."""
+    import tarfile
+
+    from ci.mirror import MirrorMiss, pypi_sdist
+
+    assert pypi_sdist("pypi://numpy/numpy-2.4.6.tar.gz") == ("numpy", "2.4.6")
+    assert pypi_sdist("https://example.invalid/x-1.tar.gz") is None
+    with pytest.raises(MirrorMiss, match="pypi://<project>"):
+        pypi_sdist("pypi://numpy/scipy-1.0.tar.gz")
+    # a minimal sdist in a local "index" (pip --find-links), no build isolation needed
+    src = tmp_path / "demo_pkg-1.0"
+    src.mkdir()
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "demo_pkg"\nversion = "1.0"\n')
+    (src / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: demo_pkg\nVersion: 1.0\n")
+    links = tmp_path / "links"
+    links.mkdir()
+    with tarfile.open(links / "demo_pkg-1.0.tar.gz", "w:gz") as tf:
+        tf.add(src, arcname="demo_pkg-1.0")
+    good = hashlib.sha256((links / "demo_pkg-1.0.tar.gz").read_bytes()).hexdigest()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    monkeypatch.setenv("PIP_NO_BUILD_ISOLATION", "0")
+    m = SourceMirror(tmp_path / "mirror")
+    url = "pypi://demo-pkg/demo_pkg-1.0.tar.gz"
+    with pytest.raises(ChecksumError) as e:
+        m.fetch(url, "0" * 64)
+    assert "demo_pkg-1.0.tar.gz" in str(e.value) and "0" * 64 in str(e.value)
+    assert good in str(e.value)
+    assert not list((tmp_path / "mirror").glob("demo*"))  # nothing half-kept
+    assert m.fetch(url, good) == tmp_path / "mirror" / "demo_pkg-1.0.tar.gz"
+
+
+def test_foreign_programs_run_through_host_scripts(tmp_path):
+    """Without binfmt_misc a foreign program can only start foreign programs through host
+    scripts: the sysroot's orted, and target-run / target-mpirun for an env's programs."""
+    from ci.sysroot import prepare_for_qemu
+
+    root = tmp_path / "sysroot-ppc64el"
+    (root / "usr" / "bin").mkdir(parents=True)
+    (root / "usr" / "bin" / "orted").write_bytes(b"\x7fELF-foreign")
+    prepare_for_qemu(root, "ppc64el")
+    prepare_for_qemu(root, "ppc64el")  # again: idempotent
+    assert (root / "usr" / "bin" / "orted.ppc64el").read_bytes() == b"\x7fELF-foreign"
+    orted = (root / "usr" / "bin" / "orted").read_text()
+    assert orted.startswith("#!/bin/sh") and "qemu-ppc64le" in orted
+    run = (root / "ddlce-bin" / "target-run").read_text()
+    assert "qemu-ppc64le -L /usr/powerpc64le-linux-gnu" in run and "$PREFIX/lib" in run
+    mpirun = (root / "ddlce-bin" / "target-mpirun").read_text()
+    assert f"{root}/usr/bin/orterun" in mpirun and "--mca pml ob1" in mpirun
+    # the scripts run: target-run hands its arguments to qemu (here: a stand-in qemu)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "qemu-ppc64le").write_text('#!/bin/sh\necho "qemu $*"\n')
+    (fake / "qemu-ppc64le").chmod(0o755)
+    out = subprocess.run([str(root / "ddlce-bin" / "target-run"), "prog", "arg"],
+                         capture_output=True, text=True, check=True,
+                         env={"PATH": f"{fake}:/usr/bin:/bin", "PREFIX": "/env"}).stdout
+    assert out.startswith("qemu -L /usr/powerpc64le-linux-gnu") and out.strip().endswith("prog arg")
+    assert "LD_LIBRARY_PATH=/env/lib:" in out
+
+
+def test_wheel_spec_platform_requirements(tmp_path):
+    """A platform may list its own wheel requirements ({key} pins filled like the rest)."""
+    from ci.standins import load_wheel_spec
+
+    (tmp_path / "upstream").mkdir()
+    (tmp_path / "upstream" / "wheels.yaml").write_text(yaml.safe_dump({
+        "python": "3.11", "requirements": ["numpy=={numpy}"],
+        "platforms": {"linux-64": {"arch": "x86_64"},
+                      "linux-ppc64le": {"arch": "ppc64le", "requirements": ["py-rattler=={r}"]}}}))
+    spec = load_wheel_spec(tmp_path, {"numpy": "2.4.6", "r": "0.28.0"})
+    assert spec["requirements"] == ["numpy==2.4.6"]
+    assert spec["platforms"]["linux-ppc64le"]["requirements"] == ["py-rattler==0.28.0"]
+    with pytest.raises(KeyError, match="linux-ppc64le"):
+        load_wheel_spec(tmp_path, {"numpy": "2.4.6"})

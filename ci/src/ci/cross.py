@@ -1,10 +1,11 @@
-"""Cross-building for linux-ppc64le and testing under qemu-user.
+"""Cross-building for linux-ppc64le and linux-aarch64 and testing under qemu-user.
 
-Cross-built here, for linux-ppc64le and linux-aarch64: libddl (C) against the site's MPI
-(`external`), taken from a Debian sysroot of the target architecture, and, offline, the
-python stand-in (recipes/upstream/python) against the sysroot's libraries. numpy, mpi4py,
-ddl, pytorch and tensorflow are not cross-built yet: they need a native build (the report
-says so; nothing is faked).
+Cross-built here against a Debian sysroot of the target: libddl (the site's MPI,
+`external`), and, offline, the python stand-in; for linux-ppc64le also numpy and mpi4py
+from their sdists (recipes/upstream) and then ddl and powerai. Each is tested by its
+recipe's ``cross_test.sh`` in an env for the target installed from the channels, the
+target's programs run under qemu-user (sysroot.prepare_for_qemu's launchers). pytorch
+and tensorflow are left to a native build (the report says so; nothing is faked).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import zipfile
 from pathlib import Path
 
 from ci.build import Outcome
@@ -28,7 +28,7 @@ CROSS_PLATFORMS = {
 def missing_tools(platform: str) -> list[str]:
     """Host tools a cross build + emulated test for ``platform`` needs but lacks."""
     _, tri, qemu = CROSS_PLATFORMS[platform]
-    need = [f"{tri}-gcc", qemu, "dpkg", "file"]
+    need = [f"{tri}-gcc", f"{tri}-g++", qemu, "dpkg", "file"]
     return [t for t in need if shutil.which(t) is None]
 
 
@@ -41,31 +41,50 @@ def prepare(cache: Path, platform: str) -> Path:
     return root
 
 
-def unpack_conda(path: Path, dest: Path) -> None:
-    """Extract a .conda's payload (pkg-*.tar.zst) into ``dest``."""
-    dest.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path) as z:
-        member = next(n for n in z.namelist() if n.startswith("pkg-"))
-        z.extract(member, dest)
-    subprocess.run(["tar", "--zstd", "-xf", str(dest / member), "-C", str(dest)], check=True)
-    (dest / member).unlink()
+def install_for_target(channels: list[str], specs: list[str], platform: str,
+                       prefix: Path) -> int:
+    """Solve ``specs`` for ``platform`` and install them into ``prefix`` (nothing runs:
+    the packages are only linked), as a user of that platform would get them; returns
+    the number of packages."""
+    import asyncio
+
+    import rattler
+
+    from ci.install import solve
+
+    records, _ = solve(channels, specs, platform)
+    asyncio.run(rattler.install(records, target_prefix=prefix, show_progress=False))
+    return len(records)
 
 
-def emulated_test(o: Outcome) -> tuple[str, str]:
-    """Run the recipe's ``cross_test.sh`` against the unpacked package (or say none)."""
+def emulated_test(o: Outcome, channels: list[str]) -> tuple[str, str]:
+    """Run the recipe's ``cross_test.sh`` (or say none) in an environment for the target
+    holding the package and its run dependencies from ``channels``, as a user of that
+    platform would install it; the script runs the target's binaries under qemu-user."""
     script = o.node.recipe_path.parent / "cross_test.sh"
     if not script.exists():
         return "none", "no cross_test.sh in the recipe"
     with tempfile.TemporaryDirectory(prefix="ci-cross-test-") as tmp:
         prefix = Path(tmp) / "prefix"
-        unpack_conda(Path(o.path), prefix)
+        spec = f"{o.node.name} =={o.node.version} {o.node.build_string}"
+        try:
+            install_for_target(channels, [spec], o.node.subdir, prefix)
+        except Exception as exc:  # noqa: BLE001 - an uninstallable package fails its test
+            return "failed", f"{spec} does not install for {o.node.subdir}: {exc}"[-4000:]
         env = {
             **os.environ,
             "PREFIX": str(prefix),
             "RECIPE_DIR": str(script.parent),
             "target_platform": o.node.subdir,
+            # the target's GNU triplet and emulator, so the scripts need no table of them
+            "CROSS_TRIPLE": CROSS_PLATFORMS[o.node.subdir][1],
+            "CROSS_QEMU": CROSS_PLATFORMS[o.node.subdir][2],
+            # target-run PROGRAM / target-mpirun -n N target-run PROGRAM (sysroot.py)
+            "CROSS_RUN": str(Path(os.environ["DDLCE_SYSROOT"]) / "ddlce-bin" / "target-run"),
+            "CROSS_MPIRUN": str(Path(os.environ["DDLCE_SYSROOT"]) / "ddlce-bin" / "target-mpirun"),
+            "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         }
         p = subprocess.run(
-            ["bash", str(script)], cwd=tmp, env=env, capture_output=True, text=True, timeout=600
+            ["bash", str(script)], cwd=tmp, env=env, capture_output=True, text=True, timeout=900
         )
     return ("passed" if p.returncode == 0 else "failed"), (p.stdout + p.stderr)[-4000:]

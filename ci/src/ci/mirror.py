@@ -6,6 +6,11 @@ sha256; ``ci`` looks the file name up here, verifies the hash and hands rattler-
 ``file://`` URL. On Debian, the mirror can be filled from Debian's source packages: an
 upstream tarball that Debian ships unmodified as ``<pkg>_<ver>.orig.tar.gz`` is the same
 file, byte for byte (the sha256 check proves it).
+
+A Python source distribution is named ``pypi://<project>/<file>`` (e.g.
+``pypi://numpy/numpy-2.4.6.tar.gz``): ci fetches it with ``pip download --no-binary``,
+so it comes from whatever index pip is configured for (a site's proxy or a local
+wheelhouse), and checks its sha256 like any other source.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
+import subprocess
+import sys
+import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +87,43 @@ def debian_archive_uris(sources_dir: Path = Path("/etc/apt")) -> list[str]:
     return [u.rstrip("/") for u in dict.fromkeys(uris) if "security" not in u and "debian" in u]
 
 
+def pypi_sdist(url: str) -> tuple[str, str] | None:
+    """``pypi://<project>/<project>-<version>.tar.gz`` -> (project, version), else None."""
+    if not url.startswith("pypi://"):
+        return None
+    project, _, filename = url[len("pypi://"):].partition("/")
+    stem = filename.removesuffix(".tar.gz").removesuffix(".zip")
+    name, sep, version = stem.rpartition("-")
+    if not (project and sep and version and name.replace("_", "-").lower()
+            == project.replace("_", "-").lower()):
+        raise MirrorMiss(
+            f"{url}: not a source distribution URL",
+            "write it as pypi://<project>/<project>-<version>.tar.gz",
+        )
+    return project, version
+
+
+def fetch_sdist(project: str, version: str, dest: Path) -> Path:
+    """The sdist of ``project==version``, downloaded by pip into ``dest``'s folder (pip's
+    own index configuration decides where from)."""
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".sdist-") as tmp:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
+             "--no-deps", "--no-binary=:all:", "-d", tmp,
+             f"{project}=={version}"], capture_output=True, text=True)
+        got = [f for f in Path(tmp).iterdir() if f.name.endswith((".tar.gz", ".zip"))]
+        if proc.returncode != 0 or not got:
+            raise MirrorMiss(
+                f"pip could not download the sdist of {project}=={version}: "
+                + (proc.stderr.strip().splitlines() or ["no file"])[-1],
+                "check that a package index is reachable (pip config), or copy the file "
+                f"into {dest.parent}",
+            )
+        out = dest.with_suffix(dest.suffix + ".part")
+        shutil.move(got[0], out)
+    return out
+
+
 def debian_orig_url(base: str, package: str, version: str) -> str:
     """Pool URL of a Debian orig tarball (pool/main/<first letter>/<package>/...)."""
     prefix = package[:4] if package.startswith("lib") else package[0]
@@ -105,6 +150,20 @@ class SourceMirror:
         dest = self.path_for(filename)
         if dest.exists():
             verify(dest, sha256)
+            return dest
+        sdist = pypi_sdist(url)
+        if sdist:
+            if offline_only:
+                raise MirrorMiss(f"source {filename} is not in the mirror {self.root}",
+                                 f"copy it into {self.root} on a connected machine")
+            tmp = fetch_sdist(*sdist, dest)
+            try:
+                verify(tmp, sha256)
+            except ChecksumError as exc:
+                tmp.unlink(missing_ok=True)
+                raise ChecksumError(Path(f"{filename} (pip download {sdist[0]}=={sdist[1]})"),
+                                    exc.expected, exc.actual) from None
+            tmp.rename(dest)
             return dest
         candidates: list[str] = [] if offline_only else [url]
         if filename in DEBIAN_ORIG:

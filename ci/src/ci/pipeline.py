@@ -219,8 +219,9 @@ def _apt_names(platform: str, tools: list[str]) -> list[str]:
     """The Debian packages that provide ``tools`` (a cross gcc, qemu-user, file, dpkg)."""
     out = []
     for t in tools:
-        if t.endswith("-gcc"):
-            out.append("gcc-" + t[: -len("-gcc")])
+        if t.endswith(("-gcc", "-g++")):
+            compiler, _, triplet = t[::-1].partition("-")
+            out.append(f"{compiler[::-1]}-{triplet[::-1]}")
         elif t.startswith("qemu-"):
             out.append("qemu-user")
         else:
@@ -318,8 +319,11 @@ def run(s: Settings, opts: Options, *, foreign_test: ForeignTest | None = None) 
 
 
 def cross_build(s: Settings, res: PipelineResult, *, continue_on_failure: bool) -> None:
-    """libddl for every foreign target platform, cross-built and tested under emulation,
-    added to ``res``; a platform that cannot be cross-built here is named as unavailable."""
+    """Every foreign target platform, cross-built and tested under emulation, added to
+    ``res``: libddl always; offline, the source stand-ins (python, and where PyPI has no
+    wheels numpy and mpi4py); then, where the upstream has python and numpy for the
+    platform, ddl and powerai. A platform that cannot be cross-built here is named as
+    unavailable; a failure is that platform's, and the others still publish."""
     from ci.cross import CROSS_PLATFORMS, missing_tools
     from ci.standins import build_source_standins
 
@@ -335,24 +339,27 @@ def cross_build(s: Settings, res: PipelineResult, *, continue_on_failure: bool) 
             )
             continue
         foreign_test = prepare_foreign(s, [p], res.stages)
-        python_built = False
-        if s.channels == [str(s.upstream_dir)]:  # offline: python's stand-in, cross-built
-            console.print(f"[bold]cross[/]: python for {p} (the stand-in channel; qemu-user test)")
+        if s.channels == [str(s.upstream_dir)]:  # offline: the source stand-ins, cross-built
+            console.print(f"[bold]cross[/]: stand-ins from source for {p} (qemu-user tests)")
             with _Timer(res.stages, f"cross stand-ins ({p})"):
                 up = build_source_standins(s, p, foreign_test=foreign_test)
             _show_cross_standins(res, up)
-            python_built = up.ok
-        console.print(f"[bold]cross[/]: libddl for {p} (cross gcc, target sysroot, qemu-user test)")
-        opts = Options(packages=["libddl"], platforms=[p], continue_on_failure=continue_on_failure)
+        has = has_package_factory(s.channels, [p])
+        python_stack = has is None or (has("python") and has("numpy"))
+        packages = ["libddl", "ddl", "powerai"] if python_stack else ["libddl"]
+        console.print(f"[bold]cross[/]: {', '.join(packages)} for {p} (cross gcc, target "
+                      "sysroot, qemu-user tests)")
+        opts = Options(packages=packages, platforms=[p], continue_on_failure=continue_on_failure)
         res.absorb(run(s, opts, foreign_test=foreign_test), p)
-        if python_built:
-            res.unavailable[p] = ("numpy, mpi4py, ddl, pytorch, tensorflow and powerai are not "
-                                  "cross-built yet (a native build makes them); python (the "
-                                  "stand-in channel) and libddl are cross-built here and tested "
-                                  "under qemu-user")
+        if python_stack:
+            res.unavailable[p] = (
+                "pytorch, tensorflow, keras, pytorch-ddl, tensorflow-ddl and the companions "
+                "(PyPI has no wheels of them for this platform; a native build or conda-forge "
+                "provides them); powerai here pins python, numpy, mpi4py, ddl, envtools and "
+                "horovod-ddl, all tested under qemu-user")
         else:
             res.unavailable[p] = (f"{_NOT_NATIVE}; libddl is cross-built here and tested under "
-                                  "qemu-user")
+                                  "qemu-user (the upstream has no python and numpy for it)")
 
 
 def _show_cross_standins(res: PipelineResult, up: RunResult) -> None:
@@ -381,15 +388,19 @@ def install(s: Settings, res: PipelineResult, prefix: Path) -> dict[str, str]:
 
     here = host_subdir()
     version = next((o.node.version for o in res.run.outcomes if o.node.name == "powerai"), "0")
+    # every platform's powerai (a cross-built one too) gets its upstream closure, so each
+    # channel/<subdir> installs on its own
     with _Timer(res.stages, "vendor upstream closure"):
-        added = vendor_closure(s.channel_dir, s.channels, here)
+        added = sum(vendor_closure(s.channel_dir, s.channels, p)
+                    for p in dict.fromkeys([here, *s.target_platforms]))
     if added:
         console.print(f"[bold]channel[/]: {added} upstream packages copied in (self-contained)")
     upstream_chans = list(s.channels)
     if s.channels == [str(s.upstream_dir)]:  # offline: the stand-ins, published
         pub = s.root / "channel-upstream"
         with _Timer(res.stages, "publish channel-upstream"):
-            n = publish_upstream(s.upstream_dir, pub, [here])
+            n = publish_upstream(s.upstream_dir, pub,
+                                 list(dict.fromkeys([here, *s.target_platforms])))
         console.print(f"[bold]channel-upstream[/]: {pub} ({n} packages added or replaced)")
         upstream_chans = [str(pub.resolve())]
     with _Timer(res.stages, "install powerai"):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import rattler_build as rb
 
-from ci.config import Settings, have_cuda_compiler
+from ci.config import Settings, have_cuda_compiler, host_subdir
 from ci.errors import CiError
 
 
@@ -41,6 +41,8 @@ class Node:
     sources: list[dict] = field(default_factory=list)
     digest: str = ""
     rendered: object | None = None  # rattler_build RenderedVariant (not serialisable)
+    #: the recipe's ``build.skip`` condition that holds here ('' when it is built)
+    skip: str = ""
 
     @property
     def filename(self) -> str:
@@ -140,6 +142,36 @@ def filter_variants(
     return v, reasons
 
 
+def skip_reason(conditions: list, platform: str, variant: dict[str, str]) -> str:
+    """The first of a recipe's ``build.skip`` conditions that holds for ``platform`` and
+    ``variant`` ('' if none): py-rattler-build's render leaves them unevaluated, and a
+    skipped output must not reach the build (numpy's stand-in exists for linux-ppc64le
+    only). The names are rattler-build's: linux, unix, x86_64, aarch64, ppc64le, ..."""
+    if not conditions:
+        return ""
+    import jinja2
+
+    system, _, arch = platform.partition("-")
+    arch = {"64": "x86_64", "32": "x86"}.get(arch, arch)
+    names = {"linux": system == "linux", "osx": system == "osx", "win": system == "win",
+             "unix": system != "win", "target_platform": platform,
+             "build_platform": host_subdir(),
+             **{a: arch == a for a in ("x86_64", "x86", "aarch64", "ppc64le", "arm64", "s390x")},
+             **variant}
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    for cond in conditions:
+        try:
+            holds = bool(cond if isinstance(cond, bool) else env.compile_expression(
+                str(cond), undefined_to_none=False)(**names))
+        except jinja2.TemplateError as exc:
+            raise RecipeError(f"build.skip condition {cond!r}: {exc}",
+                              "use rattler-build's names (linux, ppc64le, aarch64, x86_64, "
+                              "target_platform) or a variant key") from None
+        if holds:
+            return str(cond)
+    return ""
+
+
 def render_recipe(
     path: Path, variants: dict, platform: str, *, extra_digest_paths: list[Path] | None = None
 ) -> list[Node]:
@@ -150,11 +182,13 @@ def render_recipe(
             {k: val for k, val in variants.items() if k != "zip_keys"}, variants.get("zip_keys")
         )
         rendered = recipe.render(
-            vc, rb.RenderConfig(platform=rb.PlatformConfig(target_platform=platform))
+            vc, rb.RenderConfig(platform=rb.PlatformConfig(
+                target_platform=platform, build_platform=host_subdir(), host_platform=platform))
         )
     except Exception as exc:  # noqa: BLE001 - rattler-build raises several error types
         why = " ".join(str(exc).split())[:600]
         raise RecipeError(f"{path}: cannot render for {platform}: {why}") from exc
+    skip_if = (recipe.to_dict().get("build") or {}).get("skip") or []
     nodes: list[Node] = []
     for rv in rendered:
         d = rv.recipe.to_dict()
@@ -187,6 +221,10 @@ def render_recipe(
             rendered=rv,
         )
         node.digest = recipe_digest(path.parent, (extra_digest_paths or []) + local)
+        try:
+            node.skip = skip_reason(skip_if, platform, node.variant)
+        except RecipeError as exc:
+            raise RecipeError(f"{path}: {exc.msg}", exc.hint) from None
         nodes.append(node)
     return nodes
 
@@ -225,5 +263,9 @@ def render_all(
                 failures.append(str(exc))
                 continue
             for node in nodes:
+                if node.skip:
+                    if skipped is not None:
+                        skipped.append(f"{node.name} for {platform}: build.skip {node.skip}")
+                    continue
                 seen.setdefault(node.key, node)
     return list(seen.values())
