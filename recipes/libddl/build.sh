@@ -4,6 +4,7 @@
 # Debian's cross gcc and the target MPI from the sysroot ci makes, $DDLCE_SYSROOT).
 # Compiler: the build host's gcc (conda-forge's compiler packages are not reachable offline).
 set -euxo pipefail
+exec > >(tee -a build.log) 2>&1   # kept in the work dir: ci shows it when a cross build fails
 args=(-G Ninja -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$PREFIX"
       -DCMAKE_INSTALL_LIBDIR=lib -DCMAKE_INSTALL_INCLUDEDIR=include -DDDL_PYTHON=OFF)
 if [[ "${target_platform}" != "${build_platform}" ]]; then
