@@ -24,7 +24,8 @@ JOB_KEYS = ("mpi", "python")
 
 #: foreign platform -> (native runner, Debian packages a cross job installs)
 FOREIGN = {
-    "linux-ppc64le": (["self-hosted", "linux", "ppc64le"], "gcc-powerpc64le-linux-gnu g++-powerpc64le-linux-gnu qemu-user"),
+    "linux-ppc64le": (["self-hosted", "linux", "ppc64le"],
+                      "gcc-powerpc64le-linux-gnu g++-powerpc64le-linux-gnu qemu-user"),
     "linux-aarch64": ("ubuntu-24.04-arm", "gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user"),
 }
 X86_RUNNER = "ubuntu-24.04"

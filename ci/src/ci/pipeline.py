@@ -358,8 +358,9 @@ def cross_build(s: Settings, res: PipelineResult, *, continue_on_failure: bool) 
                 "provides them); powerai here pins python, numpy, mpi4py, ddl, envtools and "
                 "horovod-ddl, all tested under qemu-user")
         else:
-            res.unavailable[p] = (f"{_NOT_NATIVE}; libddl is cross-built here and tested under "
-                                  "qemu-user (the upstream has no python and numpy for it)")
+            have = "python and libddl are" if has is not None and has("python") else "libddl is"
+            res.unavailable[p] = (f"{_NOT_NATIVE}; {have} cross-built here and tested under "
+                                  "qemu-user (the upstream has no numpy for this platform)")
 
 
 def _show_cross_standins(res: PipelineResult, up: RunResult) -> None:
