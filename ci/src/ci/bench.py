@@ -39,7 +39,8 @@ def _first_run(s: Settings, cmd: list[str]) -> list[str]:
     (scratch / "first-run.log").write_text(proc.stdout + proc.stderr)
     out = [
         f"first make channel (fresh clone, empty caches): {first / 60:.1f} min "
-        f"(target <= 60 min, three platforms)  rc={proc.returncode}  log {scratch / 'first-run.log'}"
+        f"(target <= 60 min, three platforms)  rc={proc.returncode}  "
+        f"log {scratch / 'first-run.log'}"
     ]
     report = clone / "channel" / "REPORT.md"
     if report.exists():
