@@ -42,10 +42,9 @@ def prepare(cache: Path, platform: str) -> Path:
 
 
 def install_for_target(channels: list[str], specs: list[str], platform: str,
-                       prefix: Path) -> int:
+                       prefix: Path) -> None:
     """Solve ``specs`` for ``platform`` and install them into ``prefix`` (nothing runs:
-    the packages are only linked), as a user of that platform would get them; returns
-    the number of packages."""
+    the packages are only linked), as a user of that platform would get them."""
     import asyncio
 
     import rattler
@@ -54,7 +53,6 @@ def install_for_target(channels: list[str], specs: list[str], platform: str,
 
     records, _ = solve(channels, specs, platform)
     asyncio.run(rattler.install(records, target_prefix=prefix, show_progress=False))
-    return len(records)
 
 
 def emulated_test(o: Outcome, channels: list[str]) -> tuple[str, str]:
@@ -71,6 +69,7 @@ def emulated_test(o: Outcome, channels: list[str]) -> tuple[str, str]:
             install_for_target(channels, [spec], o.node.subdir, prefix)
         except Exception as exc:  # noqa: BLE001 - an uninstallable package fails its test
             return "failed", f"{spec} does not install for {o.node.subdir}: {exc}"[-4000:]
+        launchers = Path(os.environ["DDLCE_SYSROOT"]) / "ddlce-bin"
         env = {
             **os.environ,
             "PREFIX": str(prefix),
@@ -80,8 +79,8 @@ def emulated_test(o: Outcome, channels: list[str]) -> tuple[str, str]:
             "CROSS_TRIPLE": CROSS_PLATFORMS[o.node.subdir][1],
             "CROSS_QEMU": CROSS_PLATFORMS[o.node.subdir][2],
             # target-run PROGRAM / target-mpirun -n N target-run PROGRAM (sysroot.py)
-            "CROSS_RUN": str(Path(os.environ["DDLCE_SYSROOT"]) / "ddlce-bin" / "target-run"),
-            "CROSS_MPIRUN": str(Path(os.environ["DDLCE_SYSROOT"]) / "ddlce-bin" / "target-mpirun"),
+            "CROSS_RUN": str(launchers / "target-run"),
+            "CROSS_MPIRUN": str(launchers / "target-mpirun"),
             "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         }
         p = subprocess.run(

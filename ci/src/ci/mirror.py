@@ -156,15 +156,8 @@ class SourceMirror:
             if offline_only:
                 raise MirrorMiss(f"source {filename} is not in the mirror {self.root}",
                                  f"copy it into {self.root} on a connected machine")
-            tmp = fetch_sdist(*sdist, dest)
-            try:
-                verify(tmp, sha256)
-            except ChecksumError as exc:
-                tmp.unlink(missing_ok=True)
-                raise ChecksumError(Path(f"{filename} (pip download {sdist[0]}=={sdist[1]})"),
-                                    exc.expected, exc.actual) from None
-            tmp.rename(dest)
-            return dest
+            return _keep(fetch_sdist(*sdist, dest), dest, sha256,
+                         f"{filename} (pip download {sdist[0]}=={sdist[1]})")
         candidates: list[str] = [] if offline_only else [url]
         if filename in DEBIAN_ORIG:
             pkg, ver = DEBIAN_ORIG[filename]
@@ -179,15 +172,21 @@ class SourceMirror:
                 errors.append(f"{cand}: {exc}")
                 tmp.unlink(missing_ok=True)
                 continue
-            try:
-                verify(tmp, sha256)
-            except ChecksumError as exc:
-                tmp.unlink(missing_ok=True)
-                raise ChecksumError(Path(cand), exc.expected, exc.actual) from None
-            tmp.rename(dest)
-            return dest
+            return _keep(tmp, dest, sha256, cand)
         raise MirrorMiss(
             f"source {filename} (sha256 {sha256}) is not in the mirror {self.root} and could "
             f"not be fetched ({'; '.join(errors) or 'no candidate URL'}). Copy the file into "
             f"{self.root} on a connected machine and rerun."
         )
+
+
+def _keep(tmp: Path, dest: Path, sha256: str, source: str) -> Path:
+    """Move a downloaded ``tmp`` into place as ``dest`` if it matches ``sha256``; else
+    delete it and raise ChecksumError naming where it came from (``source``)."""
+    try:
+        verify(tmp, sha256)
+    except ChecksumError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ChecksumError(Path(source), exc.expected, exc.actual) from None
+    tmp.rename(dest)
+    return dest

@@ -220,8 +220,8 @@ def _apt_names(platform: str, tools: list[str]) -> list[str]:
     out = []
     for t in tools:
         if t.endswith(("-gcc", "-g++")):
-            compiler, _, triplet = t[::-1].partition("-")
-            out.append(f"{compiler[::-1]}-{triplet[::-1]}")
+            triplet, _, compiler = t.rpartition("-")
+            out.append(f"{compiler}-{triplet}")
         elif t.startswith("qemu-"):
             out.append("qemu-user")
         else:
@@ -389,19 +389,18 @@ def install(s: Settings, res: PipelineResult, prefix: Path) -> dict[str, str]:
 
     here = host_subdir()
     version = next((o.node.version for o in res.run.outcomes if o.node.name == "powerai"), "0")
+    platforms = list(dict.fromkeys([here, *s.target_platforms]))
     # every platform's powerai (a cross-built one too) gets its upstream closure, so each
     # channel/<subdir> installs on its own
     with _Timer(res.stages, "vendor upstream closure"):
-        added = sum(vendor_closure(s.channel_dir, s.channels, p)
-                    for p in dict.fromkeys([here, *s.target_platforms]))
+        added = sum(vendor_closure(s.channel_dir, s.channels, p) for p in platforms)
     if added:
         console.print(f"[bold]channel[/]: {added} upstream packages copied in (self-contained)")
     upstream_chans = list(s.channels)
     if s.channels == [str(s.upstream_dir)]:  # offline: the stand-ins, published
         pub = s.root / "channel-upstream"
         with _Timer(res.stages, "publish channel-upstream"):
-            n = publish_upstream(s.upstream_dir, pub,
-                                 list(dict.fromkeys([here, *s.target_platforms])))
+            n = publish_upstream(s.upstream_dir, pub, platforms)
         console.print(f"[bold]channel-upstream[/]: {pub} ({n} packages added or replaced)")
         upstream_chans = [str(pub.resolve())]
     with _Timer(res.stages, "install powerai"):
