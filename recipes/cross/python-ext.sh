@@ -25,6 +25,10 @@ esac
 # the output also goes to build.log in the work dir: ci shows it when a cross build fails
 exec > >(tee -a "$SRC_DIR/build.log") 2>&1
 CROSS_DIR=$SRC_DIR/.cross
+# qemu's -L prefix: the cross libc, and on arm64 the emulated CPU's /proc/cpuinfo, which
+# torch reads at import (ci/src/ci/sysroot.py emulated_root)
+_qroot=$DDLCE_SYSROOT/ddlce-qemu
+[[ -d "$_qroot" ]] || { echo "$_qroot missing: ci's sysroot.prepare_for_qemu makes it" >&2; exit 1; }
 mkdir -p "$CROSS_DIR/sysconfig"
 _t=$CROSS_TRIPLE
 _lib=$DDLCE_SYSROOT/usr/lib/$_t
@@ -44,7 +48,7 @@ CROSS_SOABI=$(cross_python -c 'import sysconfig; print(sysconfig.get_config_var(
 
 cat > "$CROSS_DIR/python" <<EOF
 #!/bin/sh
-exec $CROSS_QEMU -L /usr/$_t -E LD_LIBRARY_PATH=$PREFIX/lib:$_lib:$DDLCE_SYSROOT/lib/$_t $PREFIX/bin/python$PY_VER "\$@"
+exec $CROSS_QEMU -L $_qroot -E LD_LIBRARY_PATH=$PREFIX/lib:$_lib:$DDLCE_SYSROOT/lib/$_t $PREFIX/bin/python$PY_VER "\$@"
 EOF
 cat > "$CROSS_DIR/mpicc" <<EOF
 #!/bin/sh
@@ -62,7 +66,7 @@ cpp = '$_t-g++'
 ar = '$_t-ar'
 strip = '$_t-strip'
 python = '$CROSS_DIR/python'
-exe_wrapper = ['$CROSS_QEMU', '-L', '/usr/$_t']
+exe_wrapper = ['$CROSS_QEMU', '-L', '$_qroot']
 
 [host_machine]
 system = 'linux'

@@ -263,6 +263,37 @@ def test_cuda_variants_need_nvcc_or_an_upstream_cuda_pytorch(monkeypatch):
                for r in reasons), reasons
 
 
+def test_cross_builds_take_external_mpi_and_a_cuda_only_pytorch_drops_cpu():
+    """A cross build compiles against the sysroot's Open MPI: mpi=external only. Where the
+    upstream's pytorch is a CUDA build alone (PyPI's linux-aarch64 torch), powerai's CPU
+    build has nothing to pin and goes, with the reason; both stay where a CPU one exists."""
+    s = load_settings(ROOT)
+
+    def upstream(cpu_torch: bool):
+        def has(spec, build=None):
+            if spec == "pytorch":
+                return build in (None, "cuda*") or (cpu_torch and build == "cpu*")
+            return spec.startswith("python 3.11") or spec in ("openmpi", "mpich")
+        return has
+
+    v, reasons = filter_variants(s, upstream(cpu_torch=False), cross=True)
+    assert v["mpi"] == ["external"]
+    assert any("mpi=openmpi" in r and "sysroot" in r for r in reasons), reasons
+    assert v["build_type"] == ["cuda"] and v["cuda_compiler_version"] == ["13.0"]
+    assert any("build_type=cpu" in r and "CUDA build only" in r for r in reasons), reasons
+    v, reasons = filter_variants(s, upstream(cpu_torch=True))
+    assert v["mpi"] == ["openmpi", "mpich", "external"]
+    assert v["build_type"] == ["cpu", "cuda"] and not any("build_type" in r for r in reasons)
+
+
+def test_release_cuda_is_the_one_cuda_compiler_version():
+    from ci.build import release_cuda
+
+    assert release_cuda(load_settings(ROOT).variants) == "13.0"
+    assert release_cuda({"cuda_compiler_version": ["None"]}) is None
+    assert release_cuda({}) is None
+
+
 def test_publish_upstream_is_a_standard_channel_kept_in_step(tmp_path):
     """The stand-ins published as channel-upstream/: linked, indexed, and in step with the
     cache (a package gone from it goes from the channel too)."""
@@ -514,7 +545,7 @@ def test_foreign_programs_run_through_host_scripts(tmp_path):
     orted = (root / "usr" / "bin" / "orted").read_text()
     assert orted.startswith("#!/bin/sh") and "qemu-ppc64le" in orted
     run = (root / "ddlce-bin" / "target-run").read_text()
-    assert "qemu-ppc64le -L /usr/powerpc64le-linux-gnu" in run and "$PREFIX/lib" in run
+    assert f"qemu-ppc64le -L {root}/ddlce-qemu" in run and "$PREFIX/lib" in run
     mpirun = (root / "ddlce-bin" / "target-mpirun").read_text()
     assert f"{root}/usr/bin/orterun" in mpirun and "--mca pml ob1" in mpirun
     # the scripts run: target-run hands its arguments to qemu (here: a stand-in qemu)
@@ -525,8 +556,42 @@ def test_foreign_programs_run_through_host_scripts(tmp_path):
     out = subprocess.run([str(root / "ddlce-bin" / "target-run"), "prog", "arg"],
                          capture_output=True, text=True, check=True,
                          env={"PATH": f"{fake}:/usr/bin:/bin", "PREFIX": "/env"}).stdout
-    assert out.startswith("qemu -L /usr/powerpc64le-linux-gnu") and out.strip().endswith("prog arg")
+    assert out.startswith(f"qemu -L {root}/ddlce-qemu") and out.strip().endswith("prog arg")
     assert "LD_LIBRARY_PATH=/env/lib:" in out
+
+
+def test_emulated_arm64_cpu_is_described_from_what_qemu_reports(tmp_path):
+    """qemu's -L prefix holds the cross libc and, on arm64, /proc/cpuinfo and MIDR_EL1 as
+    the emulated CPU reports them (torch's CPU detection crashes on the host's x86 text):
+    the probe's MIDR and HWCAPs, not a made-up CPU."""
+    import shutil
+
+    from ci.sysroot import emulated_root
+
+    q = emulated_root(tmp_path / "sysroot-ppc64el", "ppc64el")
+    assert not (q / "proc").exists()  # nothing to describe there
+    if not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")):
+        pytest.skip("needs aarch64-linux-gnu-gcc and qemu-aarch64 (.ci/apt-packages.txt)")
+    q = emulated_root(tmp_path / "sysroot-arm64", "arm64")
+    assert (q / "lib").resolve() == Path("/usr/aarch64-linux-gnu/lib").resolve()
+    probe = subprocess.run(["qemu-aarch64", "-L", str(q), str(q / "cpu-probe")],
+                           capture_output=True, text=True, check=True).stdout.split()
+    midr, hwcap = int(probe[0]), int(probe[1])
+    info = (q / "proc" / "cpuinfo").read_text()
+    assert info.count("processor\t:") >= 1
+    assert f"CPU part\t: 0x{midr >> 4 & 0xfff:03x}" in info
+    assert ("Features\t: fp asimd" in info) == bool(hwcap & 3 == 3)
+    midr_file = q / "sys/devices/system/cpu/cpu0/regs/identification/midr_el1"
+    assert int(midr_file.read_text(), 16) == midr
+    # and a guest reading /proc/cpuinfo through that prefix sees it, not the host's
+    src = tmp_path / "cat.c"
+    src.write_text('#include <stdio.h>\nint main(void) { FILE *f = fopen("/proc/cpuinfo", "r");'
+                   ' int c; if (!f) return 1; while ((c = fgetc(f)) != EOF) putchar(c); '
+                   'return 0; }\n')
+    subprocess.run(["aarch64-linux-gnu-gcc", "-o", str(tmp_path / "cat"), str(src)], check=True)
+    seen = subprocess.run(["qemu-aarch64", "-L", str(q), str(tmp_path / "cat")],
+                          capture_output=True, text=True, check=True).stdout
+    assert seen == info
 
 
 def test_wheel_spec_platform_requirements(tmp_path):

@@ -250,7 +250,7 @@ def _build_one(b: Batch, node: Node, head: str, variants: dict, mirror: SourceMi
             cb = _LogCallback(log, lambda step, st=st, head=head: st.update(f"{head}: {step}"))
             ready = _local_sources(node, mirror, b.staging.parent, variants)
             if node.subdir not in ("noarch", host_subdir()):
-                packages = _build_cross(ready, b, log)
+                packages = _build_cross(ready, b, log, cuda=release_cuda(variants))
             else:
                 packages = ready.rendered.run_build(  # type: ignore[union-attr]
                     tool_config=rb.ToolConfiguration(
@@ -286,11 +286,21 @@ def _build_one(b: Batch, node: Node, head: str, variants: dict, mirror: SourceMi
             cb.close()
 
 
-def _build_cross(node: Node, b: Batch, log: Path) -> list[Path]:
+def release_cuda(variants: dict) -> str | None:
+    """The release's CUDA: conda_build_config.yaml's one cuda_compiler_version not None."""
+    return next((str(v) for v in variants.get("cuda_compiler_version") or []
+                 if str(v) != "None"), None)
+
+
+def _build_cross(node: Node, b: Batch, log: Path, *, cuda: str | None = None) -> list[Path]:
     """Cross-build ``node`` through rattler-build's recipe entry point: a rendered
     variant's build (py-rattler-build 0.73) solves the host env for the build platform
     whatever host_platform says, so a cross build's host env would hold the build host's
-    python. The variant is the node's own, so the hash (and file name) is the same."""
+    python. The variant is the node's own, so the hash (and file name) is the same.
+
+    ``cuda``: the target's host env is solved as on a GPU node with a driver for that CUDA
+    (CONDA_OVERRIDE_CUDA, for this build only): linux-aarch64's pytorch, which ddl-torch
+    builds against, is a CUDA build alone."""
     import warnings
 
     from rattler_build.cli_api import build_recipes
@@ -299,6 +309,9 @@ def _build_cross(node: Node, b: Batch, log: Path) -> list[Path]:
     out_log = b.staging / "rattler-build-log.txt"  # its build dirs (JSON), not wanted
     out_log.unlink(missing_ok=True)
     before = set((b.staging / "bld").glob(f"rattler-build_{node.name}_*"))
+    saved = os.environ.get("CONDA_OVERRIDE_CUDA")
+    if cuda:
+        os.environ["CONDA_OVERRIDE_CUDA"] = cuda
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -320,6 +333,10 @@ def _build_cross(node: Node, b: Batch, log: Path) -> list[Path]:
         raise
     finally:
         out_log.unlink(missing_ok=True)
+        if saved is None:
+            os.environ.pop("CONDA_OVERRIDE_CUDA", None)
+        else:
+            os.environ["CONDA_OVERRIDE_CUDA"] = saved
     return [b.staging / node.subdir / node.filename]
 
 

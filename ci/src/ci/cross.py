@@ -2,10 +2,11 @@
 
 Cross-built here against a Debian sysroot of the target: libddl (the site's MPI,
 `external`), and, offline, the python stand-in; for linux-ppc64le also numpy and mpi4py
-from their sdists (recipes/upstream) and then ddl and powerai. Each is tested by its
+from their sdists (recipes/upstream); then ddl and powerai, and where the upstream has
+pytorch for the target (linux-aarch64: PyPI's wheels) ddl-torch. Each is tested by its
 recipe's ``cross_test.sh`` in an env for the target installed from the channels, the
-target's programs run under qemu-user (sysroot.prepare_for_qemu's launchers). pytorch
-and tensorflow are left to a native build (the report says so; nothing is faked).
+target's programs run under qemu-user (sysroot.prepare_for_qemu's launchers). Power's
+pytorch and tensorflow are left to a native build (the report says so; nothing is faked).
 """
 
 from __future__ import annotations
@@ -42,23 +43,26 @@ def prepare(cache: Path, platform: str) -> Path:
 
 
 def install_for_target(channels: list[str], specs: list[str], platform: str,
-                       prefix: Path) -> None:
+                       prefix: Path, cuda: str | None = None) -> None:
     """Solve ``specs`` for ``platform`` and install them into ``prefix`` (nothing runs:
-    the packages are only linked), as a user of that platform would get them."""
+    the packages are only linked), as a user of that platform would get them; ``cuda``:
+    on a node whose driver supports that CUDA (see install.solve)."""
     import asyncio
 
     import rattler
 
     from ci.install import solve
 
-    records, _ = solve(channels, specs, platform)
+    records, _ = solve(channels, specs, platform, cuda=cuda)
     asyncio.run(rattler.install(records, target_prefix=prefix, show_progress=False))
 
 
-def emulated_test(o: Outcome, channels: list[str]) -> tuple[str, str]:
+def emulated_test(o: Outcome, channels: list[str], *, cuda: str | None = None) -> tuple[str, str]:
     """Run the recipe's ``cross_test.sh`` (or say none) in an environment for the target
     holding the package and its run dependencies from ``channels``, as a user of that
-    platform would install it; the script runs the target's binaries under qemu-user."""
+    platform would install it; the script runs the target's binaries under qemu-user.
+    ``cuda``: the env is solved as on a GPU node with a driver for that CUDA, which the
+    CUDA builds need (linux-aarch64's pytorch is one); nothing here runs on a GPU."""
     script = o.node.recipe_path.parent / "cross_test.sh"
     if not script.exists():
         return "none", "no cross_test.sh in the recipe"
@@ -66,7 +70,7 @@ def emulated_test(o: Outcome, channels: list[str]) -> tuple[str, str]:
         prefix = Path(tmp) / "prefix"
         spec = f"{o.node.name} =={o.node.version} {o.node.build_string}"
         try:
-            install_for_target(channels, [spec], o.node.subdir, prefix)
+            install_for_target(channels, [spec], o.node.subdir, prefix, cuda=cuda)
         except Exception as exc:  # noqa: BLE001 - an uninstallable package fails its test
             return "failed", f"{spec} does not install for {o.node.subdir}: {exc}"[-4000:]
         launchers = Path(os.environ["DDLCE_SYSROOT"]) / "ddlce-bin"

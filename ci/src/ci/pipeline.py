@@ -11,6 +11,7 @@ Nothing here prints an error and exits: the command line (ci.cli) does that, onc
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -22,7 +23,7 @@ from pathlib import Path
 import networkx as nx
 from rich.console import Console
 
-from ci.build import ForeignTest, RunResult
+from ci.build import ForeignTest, RunResult, release_cuda
 from ci.config import Settings, host_subdir
 from ci.errors import CiError
 
@@ -212,7 +213,9 @@ def prepare_foreign(s: Settings, platforms: list[str], stages: dict[str, float])
             )
         with _Timer(stages, f"sysroot ({p})"):
             prepare(s.cache, p)
-    return emulated_test
+    # the env of an emulated test is one of a GPU node with a driver for the release's
+    # CUDA, where the CUDA builds (linux-aarch64's pytorch) install
+    return functools.partial(emulated_test, cuda=release_cuda(s.variants))
 
 
 def _apt_names(platform: str, tools: list[str]) -> list[str]:
@@ -246,7 +249,8 @@ def render_graph(
     from ci.graph import build_graph, select
     from ci.render import filter_variants, find_recipes, render_all
 
-    variants, dropped = filter_variants(s, has_package_factory(s.channels, platforms))
+    variants, dropped = filter_variants(s, has_package_factory(s.channels, platforms),
+                                        cross=any(p != host_subdir() for p in platforms))
     recipes = find_recipes(s.recipes_dir)
     if not recipes:
         raise CiError(
@@ -322,8 +326,9 @@ def cross_build(s: Settings, res: PipelineResult, *, continue_on_failure: bool) 
     """Every foreign target platform, cross-built and tested under emulation, added to
     ``res``: libddl always; offline, the source stand-ins (python, and where PyPI has no
     wheels numpy and mpi4py); then, where the upstream has python and numpy for the
-    platform, ddl and powerai. A platform that cannot be cross-built here is named as
-    unavailable; a failure is that platform's, and the others still publish."""
+    platform, ddl and powerai, and where it has pytorch too (linux-aarch64) ddl-torch,
+    so powerai there pins the whole set. A platform that cannot be cross-built here is
+    named as unavailable; a failure is that platform's, and the others still publish."""
     from ci.cross import CROSS_PLATFORMS, missing_tools
     from ci.standins import build_source_standins
 
@@ -346,12 +351,17 @@ def cross_build(s: Settings, res: PipelineResult, *, continue_on_failure: bool) 
             _show_cross_standins(res, up)
         has = has_package_factory(s.channels, [p])
         python_stack = has is None or (has("python") and has("numpy"))
+        frameworks = has is None or has("pytorch")
         packages = ["libddl", "ddl", "powerai"] if python_stack else ["libddl"]
+        if python_stack and frameworks:  # ddl_torch._C, built against the target's torch
+            packages.insert(2, "ddl-torch")
         console.print(f"[bold]cross[/]: {', '.join(packages)} for {p} (cross gcc, target "
                       "sysroot, qemu-user tests)")
         opts = Options(packages=packages, platforms=[p], continue_on_failure=continue_on_failure)
         res.absorb(run(s, opts, foreign_test=foreign_test), p)
-        if python_stack:
+        if python_stack and frameworks:
+            res.unavailable.pop(p, None)
+        elif python_stack:
             res.unavailable[p] = (
                 "pytorch, tensorflow, keras, pytorch-ddl, tensorflow-ddl and the companions "
                 "(PyPI has no wheels of them for this platform; a native build or conda-forge "

@@ -100,9 +100,11 @@ def recipe_digest(recipe_dir: Path, extra_paths: list[Path]) -> str:
 
 
 def filter_variants(
-    settings: Settings, has_package: Callable[..., bool] | None = None
+    settings: Settings, has_package: Callable[..., bool] | None = None, *, cross: bool = False
 ) -> tuple[dict, list[str]]:
-    """Drop variant values that cannot be built here; return (variants, reasons)."""
+    """Drop variant values that cannot be built here; return (variants, reasons).
+    ``cross``: the platform is cross-built, against a Debian sysroot whose Open MPI is the
+    one MPI to compile with, so only ``mpi=external`` (the site's MPI at run time) is."""
     v = copy.deepcopy(settings.variants)
     reasons: list[str] = []
     zip_keys: list[list[str]] = v.get("zip_keys") or []
@@ -128,6 +130,12 @@ def filter_variants(
             "pytorch", build="cuda*"):
         drop("build_type", lambda t: t != "cuda", "no CUDA compiler (nvcc) on this build host "
              "and no CUDA pytorch build upstream (the stand-ins make one unless DDLCE_CUDA=0)")
+    # and the other way round: where the upstream's pytorch is its CUDA build only (PyPI's
+    # linux-aarch64 torch, built for Grace Hopper), there is no CPU set to pin
+    if has_package is not None and has_package("pytorch") and not has_package(
+            "pytorch", build="cpu*"):
+        drop("build_type", lambda t: t != "cpu", "the upstream's pytorch for this platform is "
+             "its CUDA build only (PyPI's linux-aarch64 torch), so powerai is the CUDA build")
     if has_package is not None:
         drop(
             "python",
@@ -139,6 +147,10 @@ def filter_variants(
             lambda m: m == "external" or has_package(str(m)),
             "the upstream channel has no such MPI package",
         )
+    if cross:
+        drop("mpi", lambda m: m == "external", "a cross build compiles against the target "
+             "sysroot's Open MPI, the site's MPI at run time (external); the openmpi and mpich "
+             "builds need a native runner (python -m ci matrix)")
     return v, reasons
 
 
