@@ -349,6 +349,10 @@ def cross_build(s: Settings, res: PipelineResult, *, continue_on_failure: bool) 
             with _Timer(res.stages, f"cross stand-ins ({p})"):
                 up = build_source_standins(s, p, foreign_test=foreign_test)
             _show_cross_standins(res, up)
+            # and the platform's wheel stand-ins (wheels.yaml), before asking what the
+            # upstream has for it: they decide which of ddl, ddl-torch and powerai follow
+            with _Timer(res.stages, f"wheel stand-ins ({p})"):
+                resolve_upstream(s, None, [p])
         has = has_package_factory(s.channels, [p])
         python_stack = has is None or (has("python") and has("numpy"))
         frameworks = has is None or has("pytorch")
