@@ -351,7 +351,8 @@ def test_build_test_publish_steps_one_at_a_time(tmp_path, upstream):
 
 def test_pipeline_result_ok_and_cross_runs_absorbed():
     """The result object: ok needs every package and every install check to pass; a cross
-    run's outcomes, published files and stage times join the native run's."""
+    run's outcomes, published files, stage times and dropped variants (named with the
+    platform) join the native run's."""
     from ci.build import Outcome, RunResult
     from ci.pipeline import PipelineResult
     from ci.render import Node
@@ -366,8 +367,11 @@ def test_pipeline_result_ok_and_cross_runs_absorbed():
     cross = PipelineResult(
         run=RunResult(outcomes=[Outcome(node("a", "linux-ppc64le"), "failed")]),
         stages={"build": 1.0, "sysroot (linux-ppc64le)": 3.0, "upstream": 9.0},
+        dropped=["mpi=mpich: a cross build is tested under qemu-user"],
     )
     res.absorb(cross, "linux-ppc64le")
+    res.absorb(PipelineResult(run=RunResult(), dropped=cross.dropped), "linux-ppc64le")  # once
+    assert res.dropped == ["linux-ppc64le: mpi=mpich: a cross build is tested under qemu-user"]
     assert [o.node.subdir for o in res.run.outcomes] == ["linux-64", "linux-ppc64le"]
     assert res.stages == {"build": 2.0, "build (linux-ppc64le)": 1.0,
                           "sysroot (linux-ppc64le)": 3.0}

@@ -103,6 +103,9 @@ class PipelineResult:
         for k, v in other.stages.items():
             if k not in ("upstream", "report"):
                 self.stages[k if platform in k else f"{k} ({platform})"] = v
+        # what its render dropped, and why (linux-aarch64: build_type=cpu, mpi=mpich)
+        self.dropped += [f"{platform}: {d}" for d in other.dropped
+                         if f"{platform}: {d}" not in self.dropped and d not in self.dropped]
 
 
 class _Timer:
