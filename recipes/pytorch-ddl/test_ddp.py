@@ -17,5 +17,5 @@ w = model.module.weight.detach().clone()
 ws = [torch.empty_like(w) for _ in range(dist.get_world_size())]
 dist.all_gather(ws, w)
 assert all(torch.equal(ws[0], v) for v in ws), "ranks diverged"
-print("pytorch-ddl OK", r)
+print(f"pytorch-ddl OK {r}", flush=True)  # one write: ranks share a stdout
 dist.destroy_process_group()

@@ -16,4 +16,4 @@ model.fit(x, x[:, :3], batch_size=4, epochs=1, verbose=0,
 w = np.ascontiguousarray(model.get_weights()[0], dtype=np.float32).reshape(1, -1)
 everyone = ddl_core.allgather(w)
 assert (everyone == everyone[0]).all(), "ranks diverged"
-print("tensorflow-ddl OK", ddl.rank())
+print(f"tensorflow-ddl OK {ddl.rank()}", flush=True)  # one write: ranks share a stdout

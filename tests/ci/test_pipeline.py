@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -170,6 +171,12 @@ def test_failing_test_leaves_channel_unchanged(good_channel, upstream, tmp_path)
     assert r.returncode == 1
     assert "broken" in r.stderr and "failed" in r.stderr
     assert snapshot(chan) == before, "a failed run must not touch the channel"
+    # after the summary table, the why again (a CI log is read from its tail), with the
+    # test's whole output kept in a log file beside the build's
+    tail = (r.stdout + r.stderr).split("report: ")[-1]
+    assert "broken-0.1.0" in tail and "tests failed" in tail, tail
+    logs = re.findall(r"log: (\S+\.test\.log)", tail)
+    assert logs and "broken.txt" in Path(logs[0]).read_text(), tail
     # keep going: everything that passed is published, the broken package is not
     r = build(recipes, chan, upstream, "--continue-on-failure")
     assert r.returncode == 1

@@ -48,6 +48,8 @@ class Outcome:
     test_seconds: float = 0.0
     test_output: str = ""
     log: Path | None = None
+    #: the whole output of the package's tests (``test_output`` keeps only its tail)
+    test_log: Path | None = None
 
 
 @dataclass
@@ -392,6 +394,15 @@ def _report_test(o: Outcome, head: str, how: str = "") -> None:
             console.print(f"    {line}", markup=False, highlight=False)
 
 
+def _keep_test_output(b: Batch, o: Outcome) -> None:
+    """Write a test's whole output beside the build log (``<package>.test.log``), so a
+    failure seen only as a summary can be read in full, and keep its tail in the outcome."""
+    if o.test_output:
+        o.test_log = b.logs / f"{o.node.name}-{o.node.version}-{o.node.build_string}.test.log"
+        o.test_log.write_text(o.test_output)
+        o.test_output = o.test_output[-4000:]
+
+
 def test_step(b: Batch, *, run_tests: bool = True, foreign_test: ForeignTest | None = None) -> None:
     """Test every package built in this run, each in a fresh environment against staging +
     channel + upstream; a cross-built one runs its recipe's ``cross_test.sh`` through
@@ -407,6 +418,7 @@ def test_step(b: Batch, *, run_tests: bool = True, foreign_test: ForeignTest | N
         if o.node.subdir not in ("noarch", host_subdir()):
             o.test_status, o.test_output = (foreign_test(o, b.chans) if foreign_test
                                             else ("none", ""))
+            _keep_test_output(b, o)
             o.test_seconds = time.monotonic() - t0
             _report_test(o, head, " under emulation")
         else:
@@ -417,9 +429,10 @@ def test_step(b: Batch, *, run_tests: bool = True, foreign_test: ForeignTest | N
                 outputs = "\n".join(_lines(getattr(r, "output", "")) for r in results)
                 ok = all(r.success for r in results)
                 o.test_status = ("passed" if ok else "failed") if results else "none"
-                o.test_output = outputs[-4000:]
+                o.test_output = outputs
             except Exception as exc:  # noqa: BLE001 - a crashing test is a failing test
-                o.test_status, o.test_output = "failed", str(exc)[-4000:]
+                o.test_status, o.test_output = "failed", str(exc)
+            _keep_test_output(b, o)
             o.test_seconds = time.monotonic() - t0
             _report_test(o, head)
         if o.test_status == "failed":

@@ -81,13 +81,22 @@ def _settings(recipes: Path | None, channel: Path | None, config: Path | None) -
 
 def _show(res, *, what: str) -> None:
     """The summary table, the install checks and the report path; exit 1 on failure."""
-    from ci.report import summary_table
+    from ci.report import failure_tail, summary_table
 
     console.print(summary_table(res.run))
     for k, v in (res.install or {}).items():
         console.print(f"  [{'red' if v.startswith('FAILED') else 'default'}]{k}: {v}")
     console.print(f"report: {res.report}")
     if not res.ok:
+        # the why again, last: a CI log is often read from its tail
+        for o in res.run.failed:
+            console.print(f"[red]{o.node.key}[/]: {o.status}, tests {o.test_status or '-'}",
+                          highlight=False)
+            for line in failure_tail(o, 12):
+                console.print(f"    {line[:300]}", markup=False, highlight=False)
+            for log in (o.log, o.test_log):
+                if log:
+                    console.print(f"    log: {log}", highlight=False)
         console.print(
             f"[red]{what} failed[/]: {len(res.run.failed)} package(s) and "
             f"{len(res.run.recipe_errors)} recipe(s) failed, published: "

@@ -57,6 +57,10 @@ def install_for_target(channels: list[str], specs: list[str], platform: str,
     asyncio.run(rattler.install(records, target_prefix=prefix, show_progress=False))
 
 
+#: an emulated test past this is hung (powerai's, the longest, takes about 90 s on 2 cores)
+TEST_TIMEOUT_S = 900
+
+
 def emulated_test(o: Outcome, channels: list[str], *, cuda: str | None = None) -> tuple[str, str]:
     """Run the recipe's ``cross_test.sh`` (or say none) in an environment for the target
     holding the package and its run dependencies from ``channels``, as a user of that
@@ -72,7 +76,7 @@ def emulated_test(o: Outcome, channels: list[str], *, cuda: str | None = None) -
         try:
             install_for_target(channels, [spec], o.node.subdir, prefix, cuda=cuda)
         except Exception as exc:  # noqa: BLE001 - an uninstallable package fails its test
-            return "failed", f"{spec} does not install for {o.node.subdir}: {exc}"[-4000:]
+            return "failed", f"{spec} does not install for {o.node.subdir}: {exc}"
         launchers = Path(os.environ["DDLCE_SYSROOT"]) / "ddlce-bin"
         env = {
             **os.environ,
@@ -87,7 +91,12 @@ def emulated_test(o: Outcome, channels: list[str], *, cuda: str | None = None) -
             "CROSS_MPIRUN": str(launchers / "target-mpirun"),
             "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         }
-        p = subprocess.run(
-            ["bash", str(script)], cwd=tmp, env=env, capture_output=True, text=True, timeout=900
-        )
-    return ("passed" if p.returncode == 0 else "failed"), (p.stdout + p.stderr)[-4000:]
+        try:
+            p = subprocess.run(["bash", str(script)], cwd=tmp, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               timeout=TEST_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout or ""
+            out = out.decode(errors="replace") if isinstance(out, bytes) else out
+            return "failed", f"{out}\ncross_test.sh ran past {TEST_TIMEOUT_S} s and was killed"
+    return ("passed" if p.returncode == 0 else "failed"), p.stdout

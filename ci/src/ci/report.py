@@ -13,7 +13,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from ci.build import RunResult, _before_epilogue
+from ci.build import Outcome, RunResult, _before_epilogue
 from ci.graph import AXES
 from ci.index import world_readable
 from ci.state import load_state
@@ -155,13 +155,12 @@ def write_report(
         lines.append(f"- recipe `{path}`: failed to render: {why}")
     if failed:
         for o in failed:
-            why = o.error
-            if not why and o.test_output:
-                useful = [ln for ln in _before_epilogue(o.test_output.splitlines()) if ln.strip()]
-                why = "tests failed: " + (useful[-1].strip() if useful else "see the log")
-            lines.append(f"- `{o.node.key}`: {o.status}, tests {o.test_status or '-'}: {why}")
-            if o.log:
-                lines.append(f"  log: `{o.log}`")
+            why = failure_tail(o, 1)
+            lines.append(f"- `{o.node.key}`: {o.status}, tests {o.test_status or '-'}: "
+                         f"{why[0] if why else 'see the log'}")
+            for log in (o.log, o.test_log):
+                if log:
+                    lines.append(f"  log: `{log}`")
     elif not run.recipe_errors:
         lines.append("None.")
     lines += ["", "## Variants", ""]
@@ -219,6 +218,16 @@ def write_report(
     out.write_text("\n".join(lines) + "\n")
     world_readable(channel)
     return out
+
+
+def failure_tail(o: Outcome, n: int) -> list[str]:
+    """The last ``n`` non-blank lines that say why ``o`` failed: its build error, else the
+    end of its tests' output (without rattler-build's "run it manually" epilogue)."""
+    text = o.error or o.test_output
+    useful = [ln.rstrip() for ln in _before_epilogue(text.splitlines()) if ln.strip()][-n:]
+    if useful and not o.error:
+        useful[0] = "tests failed: " + useful[0].strip()
+    return useful
 
 
 def summary_table(run: RunResult):
