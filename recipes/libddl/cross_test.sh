@@ -1,8 +1,9 @@
 #!/bin/bash
 # Run by ci for a cross-built libddl (linux-ppc64le, linux-aarch64; $PREFIX = an env for
 # the target holding it): compile test_allreduce.c with the cross compiler against it and
-# its MPI (the sysroot's for external, the env's Open MPI for openmpi), then run it under qemu-user: 1 rank, then 2 ranks under the target's
-# mpirun ($CROSS_RUN, $CROSS_MPIRUN: see ci/src/ci/sysroot.py).
+# its MPI (the sysroot's for external, the env's Open MPI for openmpi), then run it under
+# qemu-user: 1 rank, then 2 ranks under the target's mpirun ($CROSS_RUN, $CROSS_MPIRUN:
+# see ci/src/ci/sysroot.py).
 set -euo pipefail
 lib="$DDLCE_SYSROOT/usr/lib/$CROSS_TRIPLE"
 lib2="$DDLCE_SYSROOT/lib/$CROSS_TRIPLE"

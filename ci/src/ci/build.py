@@ -51,6 +51,11 @@ class Outcome:
     #: the whole output of the package's tests (``test_output`` keeps only its tail)
     test_log: Path | None = None
 
+    @property
+    def logs(self) -> list[Path]:
+        """The build and test logs this run wrote for the package."""
+        return [p for p in (self.log, self.test_log) if p]
+
 
 @dataclass
 class RunResult:
@@ -211,6 +216,11 @@ class Batch:
     stopped: bool = False
     result: RunResult = field(default_factory=RunResult)
 
+    def log_path(self, node: Node, suffix: str) -> Path:
+        """Where this run keeps one of ``node``'s logs (``log``: the build's, ``test.log``:
+        its tests' whole output), named for the package file."""
+        return self.logs / f"{node.name}-{node.version}-{node.build_string}.{suffix}"
+
     @property
     def built(self) -> list[Outcome]:
         """Outcomes built in this run, in build order."""
@@ -244,7 +254,7 @@ def open_batch(g: nx.DiGraph, *, channel_dir: Path, work_dir: Path, channels: li
 
 def _build_one(b: Batch, node: Node, head: str, variants: dict, mirror: SourceMirror) -> Outcome:
     """rattler-build one node into staging; a failure is an outcome, not an exception."""
-    log = b.logs / f"{node.name}-{node.version}-{node.build_string}.log"
+    log = b.log_path(node, "log")
     t0 = time.monotonic()
     cb = None
     try:
@@ -398,7 +408,7 @@ def _keep_test_output(b: Batch, o: Outcome) -> None:
     """Write a test's whole output beside the build log (``<package>.test.log``), so a
     failure seen only as a summary can be read in full, and keep its tail in the outcome."""
     if o.test_output:
-        o.test_log = b.logs / f"{o.node.name}-{o.node.version}-{o.node.build_string}.test.log"
+        o.test_log = b.log_path(o.node, "test.log")
         o.test_log.write_text(o.test_output)
         o.test_output = o.test_output[-4000:]
 

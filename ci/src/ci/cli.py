@@ -94,9 +94,8 @@ def _show(res, *, what: str) -> None:
                           highlight=False)
             for line in failure_tail(o, 12):
                 console.print(f"    {line[:300]}", markup=False, highlight=False)
-            for log in (o.log, o.test_log):
-                if log:
-                    console.print(f"    log: {log}", highlight=False)
+            for log in o.logs:
+                console.print(f"    log: {log}", highlight=False)
         console.print(
             f"[red]{what} failed[/]: {len(res.run.failed)} package(s) and "
             f"{len(res.run.recipe_errors)} recipe(s) failed, published: "

@@ -158,9 +158,7 @@ def write_report(
             why = failure_tail(o, 1)
             lines.append(f"- `{o.node.key}`: {o.status}, tests {o.test_status or '-'}: "
                          f"{why[0] if why else 'see the log'}")
-            for log in (o.log, o.test_log):
-                if log:
-                    lines.append(f"  log: `{log}`")
+            lines += [f"  log: `{log}`" for log in o.logs]
     elif not run.recipe_errors:
         lines.append("None.")
     lines += ["", "## Variants", ""]
