@@ -71,9 +71,13 @@ async def solve(
     pinned: list | None = None,
     locked: list | None = None,
     shown: list[str] | None = None,
+    platform: str | None = None,
 ) -> list[rattler.RepoDataRecord]:
     """Solve ``specs`` against ``channels``, turning solver failures into a clear error
     (naming ``shown``, the specs the user gave, when others were added to them).
+    ``platform``: the subdir to solve for (with noarch) instead of this machine's, as the
+    channel pipeline does for the targets it cross-builds (``virtuals`` then describe a
+    machine of that platform: :func:`envtools.virtual.for_platform`).
 
     pip goes with python, as conda does (``add_pip_as_python_dependency``): users expect
     ``python -m pip`` in every env. A channel set without pip (the fixture channel, a
@@ -90,6 +94,7 @@ async def solve(
                 pinned_packages=pinned or [],
                 locked_packages=locked or [],
                 add_pip_as_python_dependency=with_pip,
+                **({"platforms": [platform, "noarch"]} if platform else {}),
             )
         except EnvtoolsError:
             raise
@@ -98,7 +103,8 @@ async def solve(
     e = last
     if e is not None:
         raise EnvtoolsError(
-            f"cannot solve {' '.join(shown or specs)} from {', '.join(channels)}:\n{e}",
+            f"cannot solve {' '.join(shown or specs)} "
+            f"{f'for {platform} ' if platform else ''}from {', '.join(channels)}:\n{e}",
             "check the package name and version exist in the channel (and --virtual for a GPU "
             "node), e.g. list them with: python -c \"import json;print(json.load(open("
             "'CHANNEL/noarch/repodata.json'))['packages'].keys())\"",

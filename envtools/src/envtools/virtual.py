@@ -6,6 +6,7 @@ driver the login node lacks), hence ``--virtual __cuda=12.4`` overrides detectio
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import rattler
@@ -70,7 +71,12 @@ def detect() -> list[Virtual]:
 
 def resolve(overrides: list[str] | None) -> list[Virtual]:
     """Detected virtual packages with user overrides applied (by name)."""
-    vs = {v.name: v for v in detect()}
+    return _apply(detect(), overrides)
+
+
+def _apply(found: Iterable[Virtual], overrides: list[str] | None) -> list[Virtual]:
+    """``found`` with each override put in place of the one of its name (or removing it)."""
+    vs = {v.name: v for v in found}
     for text in overrides or []:
         o = parse_override(text)
         if o.version:
@@ -78,3 +84,31 @@ def resolve(overrides: list[str] | None) -> list[Virtual]:
         else:
             vs.pop(o.name, None)
     return list(vs.values())
+
+
+#: a machine of a linux platform other than this one, where nothing can be detected: an
+#: older glibc than most nodes have (2.28, as on RHEL 8), so what is solved for it runs on
+#: the nodes of that platform, not only on new ones
+FOREIGN_LINUX = (Virtual("__glibc", "2.28"), Virtual("__unix", "0"), Virtual("__linux", "5.0"))
+
+
+def host_platform() -> str:
+    """This machine's conda subdir (``linux-64``, ``linux-aarch64``, ...)."""
+    return str(rattler.Platform.current())
+
+
+def for_platform(platform: str | None, overrides: list[str] | None) -> list[Virtual]:
+    """The virtual packages of a machine of ``platform`` (None: this one), overrides applied.
+
+    This machine's are detected (:func:`resolve`); for another platform (solving what a
+    cross-built package needs) nothing can be detected, so a linux one is described by
+    :data:`FOREIGN_LINUX`, and ``--virtual`` values are applied to that the same way.
+    """
+    if platform is None or platform == host_platform():
+        return resolve(overrides)
+    if not platform.startswith("linux-"):
+        raise EnvtoolsError(
+            f"cannot describe a machine of platform {platform!r} from here",
+            "solve for a linux-* platform, or on a machine of that platform",
+        )
+    return _apply(FOREIGN_LINUX, overrides)
