@@ -1,8 +1,11 @@
-"""Index a channel directory (repodata.json per subdir) with rattler's indexer."""
+"""Index a channel directory (repodata.json per subdir) with rattler's indexer, and write
+the channel's ``channeldata.json`` beside the subdirs (conda-index's summary of the
+channel: each package's subdirs and newest version), which rattler's indexer does not."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 from pathlib import Path
@@ -22,7 +25,53 @@ def index_channel(channel: Path, subdirs: list[str] | None = None, force: bool =
     for sub in {"noarch", *(subdirs or [])}:
         (channel / sub).mkdir(exist_ok=True)
     asyncio.run(index_fs(channel, force=force))
+    write_channeldata(channel)
     world_readable(channel)
+
+
+def channeldata(channel: Path) -> dict:
+    """What conda-index puts in channeldata.json, from the subdirs' repodata.json: for
+    every package name the subdirs that have it, its newest version, the newest build's
+    timestamp and license."""
+    from rattler import Version
+
+    packages: dict[str, dict] = {}
+    subdirs: list[str] = []
+    for rd in sorted(channel.glob("*/repodata.json")):
+        try:
+            data = json.loads(rd.read_text())
+        except (OSError, ValueError):
+            continue
+        subdirs.append(rd.parent.name)
+        for rec in [*data.get("packages", {}).values(), *data.get("packages.conda", {}).values()]:
+            name, version = rec.get("name"), str(rec.get("version", ""))
+            if not name or not version:
+                continue
+            entry = packages.setdefault(name, {"subdirs": set(), "version": version})
+            entry["subdirs"].add(rd.parent.name)
+            try:
+                newer = Version(version) > Version(entry["version"])
+            except Exception:  # noqa: BLE001 - a version rattler cannot parse: keep the first
+                newer = False
+            if newer or version == entry["version"]:
+                entry["version"] = version
+                if rec.get("timestamp", 0) >= entry.get("timestamp", 0):
+                    entry["timestamp"] = rec.get("timestamp", 0)
+                    if rec.get("license"):
+                        entry["license"] = rec["license"]
+    for entry in packages.values():
+        entry["subdirs"] = sorted(entry["subdirs"])
+        if not entry.get("timestamp"):
+            entry.pop("timestamp", None)
+    return {"channeldata_version": 1, "packages": dict(sorted(packages.items())),
+            "subdirs": subdirs}
+
+
+def write_channeldata(channel: Path) -> None:
+    """Write ``channel/channeldata.json`` (replacing it in one rename)."""
+    tmp = channel / f".channeldata.json.{os.getpid()}"
+    tmp.write_text(json.dumps(channeldata(channel), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, channel / "channeldata.json")
 
 
 def world_readable(channel: Path) -> None:

