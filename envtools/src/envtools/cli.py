@@ -10,7 +10,6 @@ pydantic and rich: ~0.1 s) would be a third of it.
 from __future__ import annotations
 
 import argparse
-import errno
 import gc
 import os
 import signal
@@ -20,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from envtools.errors import EnvtoolsError
+from envtools.errors import EnvtoolsError, os_error
 from envtools.progress import info
 
 DESCRIPTION = "Install, publish as modules, clone and validate read-only conda environments."
@@ -380,28 +379,6 @@ def _report(e: EnvtoolsError) -> int:
     if e.hint:
         info("[bold]hint:[/] ", e.hint)
     return e.exit_code
-
-
-#: what to do about a system error, by errno
-_OS_HINTS = {
-    errno.ENOSPC: "the filesystem is full: free space there (df -h shows it) or choose a "
-    "destination on another filesystem; nothing of this run was kept",
-    errno.EDQUOT: "your disk quota is used up: free space (quota -s shows it) or choose "
-    "another destination; nothing of this run was kept",
-    errno.EACCES: "check the permissions of that path, or choose a destination you can "
-    "write to",
-    errno.EPERM: "check the permissions and owner of that path",
-    errno.EROFS: "that filesystem is mounted read-only: choose a destination elsewhere",
-    errno.ENOENT: "it disappeared while envtools ran (removed by someone else?): run again",
-    errno.EMFILE: "too many open files: raise the limit (ulimit -n) or set ENVTOOLS_WORKERS=1",
-}
-
-
-def os_error(e: OSError) -> EnvtoolsError:
-    """A system call's failure as one error naming the path, with a hint for the usual ones."""
-    where = f": {e.filename}" if e.filename else ""
-    return EnvtoolsError(f"{e.strerror or e}{where}", _OS_HINTS.get(e.errno or 0, ""),
-                         exit_code=1)
 
 
 def _internal_error(e: BaseException) -> EnvtoolsError:

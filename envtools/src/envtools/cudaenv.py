@@ -52,21 +52,33 @@ def lower_bound(spec: str) -> str | None:
     return max(found, key=_key) if found else None
 
 
+def need_of(specs: Iterable[str]) -> str | None:
+    """The CUDA one package's requirements (depends, constrains) ask of the driver: the
+    highest ``__cuda`` lower bound, "0" for a bare ``__cuda``; None when none is about it.
+    (What the channel pipeline solves a CUDA build with: ``--virtual __cuda=<it>``.)"""
+    best: str | None = None
+    for spec in specs:
+        s = str(spec).strip()
+        if not re.match(r"^__cuda(\s|[<>=!]|$)", s):
+            continue
+        low = lower_bound(s) or "0"
+        if best is None or _key(low) > _key(best):
+            best = low
+    return best
+
+
 def env_cuda(records: Iterable[Record]) -> CudaNeed | None:
     """The CUDA the env needs (highest ``__cuda`` lower bound over depends and constrains),
     or None for a CPU env. A bare ``__cuda`` dependency counts as CUDA with version "0"."""
     best: str | None = None
     who: dict[str, list[str]] = {}
     for r in records:
-        data = r.data
-        for spec in [*data.get("depends", []), *data.get("constrains", [])]:
-            s = str(spec).strip()
-            if not re.match(r"^__cuda(\s|[<>=!]|$)", s):
-                continue
-            low = lower_bound(s) or "0"
-            who.setdefault(low, []).append(r.name)
-            if best is None or _key(low) > _key(best):
-                best = low
+        low = need_of([*r.data.get("depends", []), *r.data.get("constrains", [])])
+        if low is None:
+            continue
+        who.setdefault(low, []).append(r.name)
+        if best is None or _key(low) > _key(best):
+            best = low
     if best is None:
         return None
     return CudaNeed(best, tuple(sorted(set(who[best]))))

@@ -99,6 +99,9 @@ class Context:
     import_job: tuple | None = None
     #: (record, rel) of altered .pyc files, checked together by _settle_pycs
     pending_pycs: list[tuple[Record, str]] = field(default_factory=list)
+    #: what the import smoke test found, by module (envtools.imports.Outcome): for callers
+    #: that need one module's result, as the channel pipeline does for its curated imports
+    import_outcomes: dict = field(default_factory=dict)
 
     def add(self, check: str, severity: str, message: str, packages=(), paths=(), hint=""):
         self.findings.append(Finding(check, severity, message, list(packages), list(paths),
@@ -1070,6 +1073,7 @@ def check_imports(ctx: Context) -> None:
                 hint="reinstall python (clone the env again); no module could be imported")
         return
     ctx.checked["imports"] = len(owner)
+    ctx.import_outcomes = dict(run.outcomes)
     numpy = ctx.prefix.by_name().get("numpy")
 
     def env_rel(path: str) -> str | None:
