@@ -52,7 +52,6 @@ import inspect
 import os
 import pickle
 import socket
-import urllib.parse
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -60,6 +59,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
+# the rules the entry point needs without ddl_core (it must import where libddl cannot)
+from _ddl_core_torch_plugin import under_mpi, wants_ddl_rendezvous
 from torch.distributed import ReduceOp
 from torch.distributed.constants import default_pg_timeout
 
@@ -672,12 +674,6 @@ def _to_device(dst: torch.Tensor, host: torch.Tensor) -> None:
 
 # -- rendezvous ---------------------------------------------------------------------------
 
-def under_mpi() -> bool:
-    """Whether an MPI launcher (Open MPI / PMIx, MPICH Hydra) started this process."""
-    return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE",
-                                          "PMI_RANK"))
-
-
 def _bcast_object(obj: Any, root: int = 0) -> Any:
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if ddl_core.rank() == root else None
     n = np.array([0 if data is None else data.size], dtype=np.int64)
@@ -741,13 +737,7 @@ def _ddl_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30),
 
 def _env_or_ddl(original: Any) -> Any:
     def handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Any:
-        # Under an MPI launcher the rank and size come from MPI: with MASTER_ADDR unset, or
-        # set (it then names rank 0's address, MASTER_PORT its port) without RANK and
-        # WORLD_SIZE, which torch's env:// would demand.
-        query = urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
-        has_rank = "RANK" in os.environ or "rank" in query
-        has_size = "WORLD_SIZE" in os.environ or "world_size" in query
-        if under_mpi() and ("MASTER_ADDR" not in os.environ or not (has_rank and has_size)):
+        if wants_ddl_rendezvous(url):
             return _ddl_rendezvous(url, timeout, **kwargs)
         return original(url, timeout=timeout, **kwargs)
 
@@ -760,11 +750,32 @@ def cpp_backend() -> Any:
     or with DDL_TORCH_CPP=0 (the Python ProcessGroup alone: for comparison)."""
     if os.environ.get("DDL_TORCH_CPP", "1") == "0":
         return None
+    return _import_ddl_torch()
+
+
+@functools.cache
+def _import_ddl_torch() -> Any:
+    """ddl_torch, or None: absent, or present and broken (its _C built for another torch,
+    say), which warns once with the cause: the Python ProcessGroup still serves."""
     try:
         import ddl_torch
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if exc.name != "ddl_torch":
+            _warn_broken_ddl_torch(exc)
+        return None
+    except Exception as exc:  # noqa: BLE001 - a broken C++ Backend leaves the Python one
+        _warn_broken_ddl_torch(exc)
         return None
     return ddl_torch
+
+
+def _warn_broken_ddl_torch(exc: BaseException) -> None:
+    import warnings
+
+    warnings.warn(f"ddl-torch (the ddl backend's C++ c10d Backend) is installed but cannot be "
+                  f"imported: {type(exc).__name__}: {exc}. The ddl backend runs without it "
+                  "(DDP and the plain collectives; no named groups for FSDP2/DTensor). Fix: "
+                  "reinstall ddl-torch built for this torch", RuntimeWarning, stacklevel=3)
 
 
 def group_comm(global_ranks: list[int]) -> ddl_core.Comm | None:
@@ -832,6 +843,11 @@ def _join_as_non_member(original: Any) -> Any:
 _registered = False
 
 
+def _unavailable(fn: Any) -> bool:
+    """Whether fn is one of the entry point's placeholders for a ddl that failed to load."""
+    return getattr(fn, "_ddl_unavailable", False)
+
+
 def register() -> None:
     """Make "ddl" a torch.distributed backend and "ddl://" a rendezvous; idempotent.
 
@@ -842,7 +858,9 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+    # (the entry point's placeholders, left when an earlier load failed, give way)
+    plugin = dist.Backend._plugins.get(BACKEND_NAME.upper())
+    if plugin is None or _unavailable(plugin.creator_fn):
         devices = ["cpu", "cuda"] if cpp_backend() is not None else ["cpu"]
         dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True,
                                       devices=devices)
@@ -854,8 +872,11 @@ def register() -> None:
     rdzv = importlib.import_module("torch.distributed.rendezvous")
     handlers = getattr(rdzv, "_rendezvous_handlers", None)
     if handlers is not None:
-        if "ddl" not in handlers:
+        if "ddl" not in handlers or _unavailable(handlers["ddl"]):
+            handlers.pop("ddl", None)
             rdzv.register_rendezvous_handler("ddl", _ddl_rendezvous)
         env = handlers.get("env")
+        if env is not None and _unavailable(env):
+            env = env._ddl_original
         if env is not None and not getattr(env, "_ddl_wrapped", False):
             handlers["env"] = _env_or_ddl(env)
