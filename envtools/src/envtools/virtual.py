@@ -94,7 +94,7 @@ FOREIGN_LINUX = (Virtual("__glibc", "2.28"), Virtual("__unix", "0"), Virtual("__
 
 def host_platform() -> str:
     """This machine's conda subdir (``linux-64``, ``linux-aarch64``, ...)."""
-    return str(rattler.Platform.current())
+    return str(rattler.Subdir.current())
 
 
 def for_platform(platform: str | None, overrides: list[str] | None) -> list[Virtual]:
