@@ -136,7 +136,7 @@ def test_python_fallback_refuses_subgroups_clearly() -> None:
 
 def test_torchrun_gets_a_clear_error() -> None:
     """Processes started by torchrun cannot form libddl's MPI job (Open MPI 5 singletons
-    cannot MPI_Comm_connect without a PMIx server; FRAMEWORKS.md, 'torchrun'): init says so
+    cannot MPI_Comm_connect without a PMIx server; docs/frameworks.md, 'torchrun'): init says so
     and names the launchers that work, instead of a rank-mismatch error."""
     import subprocess
 

@@ -1,7 +1,7 @@
 """The allreduce cost model in Python, and its projection to cluster scale.
 
     python -m ddl_core.model project --preset summit --params 25.6e6 --step-time 0.1 \\
-        --plot docs/projection.png
+        --plot docs/bench/projection-summit.png
     python -m ddl_core.model project --tune-file ~/.cache/ddl-ce/tune-2x2.txt --nodes-per-rack 4
 
 Why: we can measure DDL on a handful of emulated hosts, but its claims are about clusters

@@ -300,7 +300,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
                 f"{have[1]}). The ddl backend runs on MPI and separately started processes "
                 f"cannot join one MPI job, so launch with ddlrun, mpirun or srun instead "
                 f"(ddlrun -n {size} python script.py), or use backend='gloo' under torchrun. "
-                "See ddl_core/FRAMEWORKS.md, 'torchrun'.")
+                "See docs/frameworks.md, 'torchrun', in DDL-CE.")
         if (rank, size) != have:
             raise ValueError(
                 f"a ddl process group with rank {rank} of {size} on a communicator where "
