@@ -16,14 +16,15 @@ PYTEST_ARGS ?=
 
 DDL_SOURCES := $(shell find ddl_core -type f \( -name '*.c' -o -name '*.h' -o -name '*.py' -o -name 'CMakeLists.txt' -o -name 'pyproject.toml' \) -not -path '*/build/*')
 
-.PHONY: all test channel venv deps lint clean bench help
+.PHONY: all test channel venv deps lint imports clean bench help
 all: test
 
 help:
 	@echo "make channel   build the conda channel, install powerai into envs/powerai, write modulefiles"
 	@echo "make test      run the whole test suite (sets up everything it needs)"
 	@echo "make bench     run the allreduce benchmark (2 ranks) against mpi4py"
-	@echo "make lint      ruff over the Python sources"
+	@echo "make lint      ruff over the Python sources, and the import contracts"
+	@echo "make imports   the import contracts alone (lint-imports, .importlinter)"
 
 # --- system packages: installed only when one is missing, so reruns cost nothing ---------
 $(STAMPS)/apt: .ci/apt-packages.txt | $(STAMPS)
@@ -74,10 +75,20 @@ $(STAMPS)/ci: $(STAMPS)/venv ci/pyproject.toml
 	@$(PIP) install --no-build-isolation --no-deps -e ./ci
 	@touch $@
 
-deps: $(STAMPS)/apt $(STAMPS)/venv $(STAMPS)/ddl_core $(STAMPS)/ddl_torch $(STAMPS)/horovod $(STAMPS)/envtools $(STAMPS)/ci
+# tools: what only this repository's tests and benchmarks use (the emulated cluster);
+# into .venv only, never into a conda recipe or a user's env
+$(STAMPS)/tools: $(STAMPS)/venv tools/pyproject.toml | $(STAMPS)/ddl_core
+	@$(PIP) install --no-build-isolation --no-deps -e ./tools
+	@touch $@
+
+deps: $(STAMPS)/apt $(STAMPS)/venv $(STAMPS)/ddl_core $(STAMPS)/ddl_torch $(STAMPS)/horovod $(STAMPS)/envtools $(STAMPS)/ci $(STAMPS)/tools
 venv: deps
 
-test: deps
+# import-linter's contracts (.importlinter): which way imports may go, checked first
+imports: $(STAMPS)/venv
+	@PYTHONPATH=$(ROOT)/ddl_core/src:$(ROOT)/ci/src:$(ROOT)/tools/src $(VENV)/bin/lint-imports --no-cache --no-logo --config .importlinter
+
+test: deps imports
 	@$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 channel: deps
@@ -86,8 +97,8 @@ channel: deps
 bench: deps
 	@$(VENV)/bin/ddlrun -n 2 $(PY) -m ddl_core.bench allreduce
 
-lint: $(STAMPS)/venv
-	@$(VENV)/bin/ruff check ddl_core envtools ci tests
+lint: $(STAMPS)/venv imports
+	@$(VENV)/bin/ruff check ddl_core envtools ci tools tests
 
 clean:
 	rm -rf $(VENV) ddl_core/build

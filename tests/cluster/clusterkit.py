@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ddl_core.runner import cluster
+from ddl_tools import cluster
 
 BIN = Path(sys.executable).parent
 WORKERS = Path(__file__).parent / "workers"

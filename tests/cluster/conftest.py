@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from clusterkit import REASON, unique
-from ddl_core.runner import cluster
+from ddl_tools import cluster
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import time
 
 import pytest
 from clusterkit import BIN, WORKERS, ddlrun, needs_netns, places, unique
-from ddl_core.runner import cluster
+from ddl_tools import cluster
 
 pytestmark = [pytest.mark.cluster, needs_netns]
 
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.cluster, needs_netns]
 def test_placement_topology_and_collectives(cluster3: cluster.Cluster, hosts: int,
                                             per_host: int) -> None:
     names = cluster3.hosts[:hosts]
-    proc = ddlrun("--cluster", cluster3.name, "-H", ",".join(names), "--accelerators",
+    proc = ddlrun(*cluster3.ddlrun_args(), "-H", ",".join(names), "--accelerators",
                   str(per_host), sys.executable, str(WORKERS / "collectives.py"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = places(proc)
@@ -39,7 +39,7 @@ def test_placement_topology_and_collectives(cluster3: cluster.Cluster, hosts: in
 @pytest.mark.parametrize("grid,expect", [("4", [4]), ("2x2", [2, 2])])
 def test_ddl_topology_overrides_detection(cluster3: cluster.Cluster, grid: str,
                                           expect: list[int]) -> None:
-    proc = ddlrun("--cluster", cluster3.name, "-H", ",".join(cluster3.hosts[:2]),
+    proc = ddlrun(*cluster3.ddlrun_args(), "-H", ",".join(cluster3.hosts[:2]),
                   "--accelerators", "2", "-x", f"DDL_TOPOLOGY={grid}", sys.executable,
                   str(WORKERS / "collectives.py"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -50,7 +50,7 @@ def test_ddl_topology_overrides_detection(cluster3: cluster.Cluster, grid: str,
 def test_racks_make_a_third_level(cluster3: cluster.Cluster) -> None:
     # 3 hosts x 2 ranks as 3 racks of one host: grid 2x1x3 -> levels (2, 3) after the
     # extent-1 level is dropped; what matters is that ddlrun set it, not detection.
-    proc = ddlrun("-v", "--cluster", cluster3.name, "--accelerators", "2", "--racks", "3",
+    proc = ddlrun("-v", *cluster3.ddlrun_args(), "--accelerators", "2", "--racks", "3",
                   sys.executable, str(WORKERS / "collectives.py"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "DDL_TOPOLOGY=2x1x3" in proc.stderr
@@ -59,13 +59,14 @@ def test_racks_make_a_third_level(cluster3: cluster.Cluster) -> None:
 
 def test_unknown_hosts_fail_fast_and_by_name(cluster3: cluster.Cluster) -> None:
     t0 = time.time()
-    proc = ddlrun("--cluster", cluster3.name, "-H", f"{cluster3.hosts[0]},nosuchhost", "true")
+    proc = ddlrun(*cluster3.ddlrun_args(), "-H", f"{cluster3.hosts[0]},nosuchhost", "true")
     assert proc.returncode == 2 and "host 'nosuchhost' is not in cluster" in proc.stderr
     proc = ddlrun("-H", "nosuchhost.invalid:2", "true")
     assert proc.returncode == 2
     assert "host nosuchhost.invalid: unknown host" in proc.stderr
     assert time.time() - t0 < 20
-    proc = ddlrun("--cluster", "nosuch", "true")
+    proc = subprocess.run([sys.executable, "-m", "ddl_tools.cluster", "ddlrun", "--name", "nosuch",
+                           "--", "true"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no emulated cluster named 'nosuch'" in proc.stderr
 
 
@@ -83,7 +84,7 @@ def test_killed_run_then_down_leaves_nothing() -> None:
     try:
         marker = f"sleep-{name}"
         proc = subprocess.Popen(
-            [str(BIN / "ddlrun"), "--cluster", name, "--accelerators", "2", sys.executable,
+            [str(BIN / "ddlrun"), *c.ddlrun_args(), "--accelerators", "2", sys.executable,
              "-c", f"import time, sys; sys.argv.append('{marker}'); time.sleep(300)",
              marker], env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.time() + 60
@@ -107,7 +108,7 @@ def test_killed_run_then_down_leaves_nothing() -> None:
 def test_interrupted_cluster_run_removes_its_cluster() -> None:
     name = unique("i")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ddl_core.runner.cluster", "run", "--name", name, "--hosts", "2",
+        [sys.executable, "-m", "ddl_tools.cluster", "run", "--name", name, "--hosts", "2",
          "--",
          "--accelerators", "1", sys.executable, "-c", "import time; time.sleep(300)"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -124,7 +125,7 @@ def test_interrupted_cluster_run_removes_its_cluster() -> None:
 
 def test_cluster_cli_up_status_down() -> None:
     name = unique("c")
-    py = [sys.executable, "-m", "ddl_core.runner.cluster"]
+    py = [sys.executable, "-m", "ddl_tools.cluster"]
     up = subprocess.run([*py, "up", "--name", name, "--hosts", "2", "--link", "300mbit"],
                         capture_output=True, text=True, timeout=60)
     try:
@@ -155,7 +156,7 @@ def test_refuses_clearly_without_root() -> None:
     if not shutil_which("unshare"):
         pytest.skip("unshare (util-linux) is not installed")
     proc = subprocess.run(["unshare", "--map-user=65534", "--map-group=65534",
-                           sys.executable, "-m", "ddl_core.runner.cluster", "up", "--name", "x"],
+                           sys.executable, "-m", "ddl_tools.cluster", "up", "--name", "x"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "needs root" in proc.stderr

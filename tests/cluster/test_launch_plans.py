@@ -10,19 +10,16 @@ import time
 from pathlib import Path
 
 import pytest
+from ddl_core.runner.hosts import LaunchError, parse_hosts
 from ddl_core.runner.launcher import (
-    LaunchError,
-    Plan,
     build_command,
     build_jsrun,
     build_srun,
-    check_hosts,
     choose_launcher,
-    grid_for,
-    parse_hosts,
-    place,
     rankfile_text,
 )
+from ddl_core.runner.plan import Plan, grid_for, place
+from ddl_core.runner.probe import check_hosts, local_gpus, probe_host
 from ddl_core.runner.slurmalloc import Allocation
 
 BIN = Path(sys.executable).parent
@@ -140,7 +137,8 @@ def test_host_checks_name_the_host_quickly() -> None:
     with pytest.raises(LaunchError, match="host no-such-host.invalid: unknown host"):
         check_hosts(["localhost", "no-such-host.invalid"])
     assert time.time() - t0 < 15
-    assert check_hosts(["localhost"]) == {"localhost": 0}
+    here = check_hosts(["localhost"])["localhost"]
+    assert (here.gpus, here.cpus) == (local_gpus(), os.cpu_count())
     p = subprocess.run([str(BIN / "ddlrun"), "-H", "localhost,no-such-host.invalid", "true"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "host no-such-host.invalid" in p.stderr
@@ -161,3 +159,79 @@ def test_named_local_host_with_more_ranks_than_cores_runs() -> None:
     assert p.returncode == 0, p.stderr[-2000:]
     assert sorted(ln for ln in p.stdout.splitlines() if ln.startswith("R ")) == sorted(
         f"R {r} ({n},)" for r in range(n))
+
+
+def _agent(tmp_path: Path, hosts: tuple[str, ...] = ("fake1", "fake2")) -> Path:
+    """A launch agent as a site might write one: called as ssh is (`AGENT [-opts] HOST
+    COMMAND`), it runs COMMAND for the hosts it knows (here: on this machine) and refuses
+    the others, as the emulated cluster's agent does."""
+    agent = tmp_path / "agent"
+    agent.write_text(f"""#!/bin/sh
+while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done
+h="$1"; shift
+echo "$h" >> {tmp_path}/calls
+case "$h" in
+  {'|'.join(hosts)}) ;;
+  *) echo "host '$h' is not one of ours" >&2; exit 255;;
+esac
+exec sh -c "$*"
+""")
+    agent.chmod(0o755)
+    return agent
+
+
+def test_host_check_goes_through_the_launch_agent(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    # fake1 resolves nowhere: with an agent the name is the agent's to reach, not DNS's
+    info = probe_host("fake1", agent=str(agent))
+    assert (info.gpus, info.cpus) == (local_gpus(), os.cpu_count())
+    t0 = time.time()
+    with pytest.raises(LaunchError, match=r"host other: not reachable through the launch agent "
+                       rf"{agent} \(host 'other' is not one of ours\)"):
+        check_hosts(["fake1", "other"], lambda h: probe_host(h, agent=str(agent)))
+    assert time.time() - t0 < 15
+    assert sorted((tmp_path / "calls").read_text().split()) == ["fake1", "fake1", "other"]
+    p = subprocess.run([str(BIN / "ddlrun"), "--launch-agent", str(agent), "-H", "fake1,other",
+                        "true"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "host other: not reachable through the launch agent" in \
+        p.stderr, p.stderr
+
+
+def test_launch_agent_in_the_commands(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    p = dry("--launch-agent", str(agent), "-H", "fake1,fake2", "--accelerators", "2",
+            "--mpi-args", "--mca btl_tcp_if_include 10.0.0.0/24", "--mpi-args=--bind-to none",
+            "python", "t.py")
+    assert p.returncode == 0, p.stderr
+    cmd = p.stderr.strip().splitlines()[-1]
+    assert f"--prtemca plm_ssh_agent {agent}" in cmd
+    # every --mpi-args, in order, after ddlrun's own options
+    assert "--mca btl_tcp_if_include 10.0.0.0/24 --bind-to none" in cmd
+    assert not (tmp_path / "calls").exists()  # a dry run reaches no host
+    for bad, msg in [(["--launch-agent", str(tmp_path / "nosuch")], "no such program"),
+                     (["--launch-agent", str(agent), "--launcher", "srun"],
+                      "--launch-agent is how mpirun reaches the hosts")]:
+        p = dry(*bad, "-H", "fake1", "true", env=ALLOC)
+        assert p.returncode == 2 and msg in p.stderr, p.stderr
+    plan = Plan(command=["t"], hosts=parse_hosts("fake1,fake2"), launch_agent=str(agent),
+                placement=[("fake1", 1), ("fake2", 1)])
+    cmd = build_command(plan, "mpiexec", "mpich", {})
+    assert cmd[1:5] == ["-launcher", "ssh", "-launcher-exec", str(agent)]
+
+
+def test_rankfile_slots_wrap_around_the_cores_a_host_check_found() -> None:
+    plan = Plan(command=["t"], hosts=parse_hosts("n1,n2"), placement=[("n1", 3), ("n2", 2)],
+                host_cpus={"n1": 2, "n2": 8})
+    cmd = build_command(plan, "mpirun", "openmpi", {}, cores=8)
+    rf = cmd[cmd.index("--map-by") + 1]
+    assert rf.endswith(":OVERSUBSCRIBE")  # n1 holds more ranks than cores
+    slots = Path(rf.split("=", 1)[1].removesuffix(":OVERSUBSCRIBE")).read_text().split("\n")
+    assert slots[:5] == ["rank 0=n1 slot=0", "rank 1=n1 slot=1", "rank 2=n1 slot=0",
+                         "rank 3=n2 slot=0", "rank 4=n2 slot=1"]
+    assert " ".join(cmd).count("--bind-to none") == 1 and "mpi_yield_when_idle 1" in " ".join(cmd)
+    plan.extra = ["--bind-to", "core"]  # the user's own binding wins
+    cmd = build_command(plan, "mpirun", "openmpi", {}, cores=8)
+    assert "--bind-to none" not in " ".join(cmd) and cmd[-3:] == ["--bind-to", "core", "t"]
+    plan.host_cpus = {}  # nothing known about the hosts: slots as placed, no oversubscribing
+    cmd = build_command(plan, "mpirun", "openmpi", {}, cores=8)
+    assert not cmd[cmd.index("--map-by") + 1].endswith(":OVERSUBSCRIBE")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from clusterkit import BIN, REASON, WORKERS, places, unique
-from ddl_core.runner import cluster, slurmcluster
+from ddl_tools import cluster, slurmcluster
 
 try:
     slurmcluster.check_installed()
@@ -240,7 +240,7 @@ def test_multiworker_mirrored_strategy_across_hosts(slurm2: cluster.Cluster) -> 
 
 def test_cli_slurm_up_run_down(tmp_path: Path) -> None:
     name = unique("u")
-    py = [PY, "-m", "ddl_core.runner.cluster"]
+    py = [PY, "-m", "ddl_tools.cluster"]
     up = subprocess.run([*py, "up", "--name", name, "--hosts", "2", "--slurm"],
                         capture_output=True, text=True, timeout=120)
     try:
@@ -278,12 +278,12 @@ def test_up_failing_half_way_leaves_nothing(tmp_path: Path) -> None:
                                  "exit 1\n")
     (sbin / "slurmd").chmod(0o755)
     name = unique("f")
-    up = [PY, "-m", "ddl_core.runner.cluster", "up", "--name", name, "--hosts", "2", "--slurm"]
+    up = [PY, "-m", "ddl_tools.cluster", "up", "--name", name, "--hosts", "2", "--slurm"]
     # no daemons at all: refused before anything is made
     p = subprocess.run(up, capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, DDL_SLURM_SBIN=str(tmp_path)))
     assert p.returncode == 2 and p.stderr.strip() == (
-        f"ddl_core.runner.cluster: error: DDL_SLURM_SBIN={tmp_path} holds no executable munged")
+        f"ddl_tools.cluster: error: DDL_SLURM_SBIN={tmp_path} holds no executable munged")
     assert cluster._resources(name) == {"namespaces": [], "links": []}
     p = subprocess.run([*up[:-1], "--cpus", "4"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--cpus is the CPU count of each Slurm node: it needs " \

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ddl_core.runner.launcher import LaunchError
+from ddl_core.runner.hosts import LaunchError
 from ddl_core.runner.slurmalloc import allocation, expand_counts, expand_hostlist
 from ddl_core.runner.tfconfig import pick_base, workers
 

@@ -10,14 +10,9 @@ from pathlib import Path
 
 import pytest
 from ddl_core.runner.exitreport import Collector, Report, job_status
-from ddl_core.runner.launcher import (
-    LaunchError,
-    Plan,
-    build_command,
-    parse_hostfile,
-    parse_hosts,
-    recoverable_extra,
-)
+from ddl_core.runner.hosts import LaunchError, parse_hostfile, parse_hosts
+from ddl_core.runner.launcher import build_command, recoverable_extra
+from ddl_core.runner.plan import Plan
 
 BIN = Path(sys.executable).parent
 

@@ -12,12 +12,13 @@
     ddlrun -n 2 python -m ddl_core.bench ddp         # DDP on the ddl backend against gloo
     ddlrun -n 1 python -m ddl_core.bench gpu         # CUDA tensors: ddl vs torch NCCL
     python -m ddl_core.bench lms                     # Large Model Support: largest batch, cost
-    python -m ddl_core.bench cluster --hosts 2 --ranks 2 --link 200mbit  # emulated cluster
     ddlrun -n 4 --topology 2x2 python -m ddl_core.bench tune  # measure the cost model
 
 `python -m ddl_core.bench NAME --help` gives each one's options. The collectives, check,
 liveness, hvd and compare share one command line (ddl_core.bench.collectives); every
-other benchmark is a module here with options of its own, handed the rest of the line.
+other benchmark is a module here with options of its own, handed the rest of the line;
+measure.py holds what they share (sizes, iteration counts, the slowest rank's time).
+The emulated-cluster benchmark is the repository's own (tools/: ddl_tools.clusterbench).
 
 Kept out of the core modules (comm, settings, model, ...): nothing in the library
 imports a benchmark, so the import graph runs one way, from here to the core.
@@ -34,7 +35,6 @@ OWN_OPTIONS = {
     "gpu": "gpu",
     "lms": "lms",
     "matching": "matching",
-    "cluster": "cluster",
     "tune": "tune",
 }
 
@@ -53,4 +53,4 @@ def main(argv: list[str] | None = None) -> int:
         return mod.main(argv[1:])
     from .collectives import main as collectives_main
 
-    return collectives_main(argv)
+    return collectives_main(argv, others=tuple(OWN_OPTIONS))

@@ -8,7 +8,7 @@ benchmarks that share its options (check, liveness, hvd, compare).
     ddlrun -n 2 python -m ddl_core.bench hvd -b 1M -e 64M  # what horovod-ddl's layer costs
     python -m ddl_core.bench compare --baseline DIR   (this build against another: see
                                                        ddl_core.bench.compare)
-    python -m ddl_core.bench ddp|faults|gpu|lms|matching|cluster|tune --help
+    python -m ddl_core.bench ddp|faults|gpu|lms|matching|tune --help
                                                      # the others, each with its own options
 
 For every size, DDL and MPI run on the same buffers, interleaved repetition by
@@ -27,13 +27,14 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import ddl_core as ddl
+
+from .measure import iterations, mpi, parse_size, timed
 
 COLLECTIVES = ("allreduce", "allgather", "broadcast", "reduce_scatter", "alltoall", "allgatherv",
                "gather", "scatter", "reduce", "sendrecv")
@@ -42,23 +43,12 @@ NP_DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32,
              "int64": np.int64, "float16": np.float16, "int8": np.int8, "uint8": np.uint8}
 
 
-def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(float(text.rstrip("KMG")) * mult)
-
-
 def busbw_factor(coll: str, n: int) -> float:
     if coll == "allreduce":
         return 2.0 * (n - 1) / n
     if coll in _PARTED:
         return (n - 1) / n
     return 1.0
-
-
-def iterations(nbytes: int) -> int:
-    """The same on every rank (collectives must match): many for tiny sizes, few for big."""
-    return max(3, min(2000, (64 << 20) // max(nbytes, 1)))
 
 
 class Case:
@@ -173,24 +163,8 @@ class Case:
         return int(np.count_nonzero(self.y != self.expect))
 
 
-def timed(fn: Callable[[], None], iters: int, comm: Any) -> float:
-    """Mean seconds per call on the slowest rank."""
-    comm.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    dt = (time.perf_counter() - t0) / iters
-    return comm.allreduce(dt, op=_mpi().MAX)
-
-
-def _mpi() -> Any:
-    from mpi4py import MPI
-
-    return MPI
-
-
 def run(coll: str, sizes: list[int], dtype: Any, reps: int) -> list[dict[str, Any]]:
-    comm = _mpi().COMM_WORLD
+    comm = mpi().COMM_WORLD
     n = ddl.size()
     rows = []
     for nbytes in sizes:
@@ -202,7 +176,7 @@ def run(coll: str, sizes: list[int], dtype: Any, reps: int) -> list[dict[str, An
         for impl, fn in fns.items():  # warm-up, and the correctness check
             for _ in range(min(iters, 20)):
                 fn()
-            wrong[impl] = comm.allreduce(case.wrong(), op=_mpi().SUM)
+            wrong[impl] = comm.allreduce(case.wrong(), op=mpi().SUM)
         for _ in range(reps):
             for impl, fn in fns.items():
                 times[impl].append(timed(fn, iters, comm))
@@ -272,7 +246,7 @@ def plot(coll: str, rows: list[dict[str, Any]], path: str) -> None:
 def check_cost(reps: int) -> None:
     """What the mismatch check costs: nothing extra on the fused path; one header-only
     recursive doubling (= ddl.barrier) before every other collective."""
-    comm = _mpi().COMM_WORLD
+    comm = mpi().COMM_WORLD
     x, y = np.ones(2, np.float32), np.empty(2, np.float32)
     rows = {}
     for name, fn in (("ddl allreduce 8 B (header fused)", lambda: ddl.allreduce(x, out=y)),
@@ -295,7 +269,7 @@ def liveness_cost(reps: int) -> None:
     alternated repetition by repetition; medians."""
     from .. import _ddl
 
-    comm = _mpi().COMM_WORLD
+    comm = mpi().COMM_WORLD
     rows = []
     for nbytes in (8, 1 << 20):
         x = np.ones(nbytes // 4, np.float32)
@@ -331,17 +305,16 @@ def liveness_cost(reps: int) -> None:
 SHARED_OPTIONS = ("check", "liveness", "hvd", "compare")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, others: tuple[str, ...] = ()) -> int:
     """The benchmarks that share this command line (the collectives, check, liveness,
-    hvd, compare); `python -m ddl_core.bench` (bench/__main__.py) sends the others to
-    their own modules before this parser sees them."""
+    hvd, compare); `python -m ddl_core.bench` (bench/__init__.py) sends the others to
+    their own modules before this parser sees them, and names them in `others` so that
+    the usage lists every benchmark."""
     argv = sys.argv[1:] if argv is None else argv
-    from . import OWN_OPTIONS
-
     ap = argparse.ArgumentParser(prog="python -m ddl_core.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("collective",
-                    choices=(*COLLECTIVES, *SHARED_OPTIONS, *OWN_OPTIONS))
+                    choices=(*COLLECTIVES, *SHARED_OPTIONS, *others))
     ap.add_argument("-b", "--min-bytes", default="8")
     ap.add_argument("-e", "--max-bytes", default="256M")
     ap.add_argument("-f", "--factor", type=int, default=2, help="size multiplier per step")

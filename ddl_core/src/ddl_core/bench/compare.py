@@ -32,6 +32,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .measure import parse_size
+
 TARGET = 1.02
 
 
@@ -107,7 +109,5 @@ def compare(baseline: str, ranks: int, rounds: int, sizes: list[int], reps: int)
 
 
 def main(args: Any) -> int:
-    from .collectives import parse_size
-
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     return compare(args.baseline, args.ranks, args.rounds, sizes, args.reps)

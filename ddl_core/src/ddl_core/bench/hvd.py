@@ -21,7 +21,7 @@ from typing import Any
 
 import ddl_core as ddl
 
-from .collectives import iterations, timed
+from .measure import iterations, timed
 
 
 def _pairs(t: Any, x: Any, hvd: Any) -> list[tuple[str, Any, Any]]:

@@ -1,16 +1,21 @@
-"""Launching jobs: ddlrun and what it stands on.
+"""Launching jobs: ddlrun and what it stands on, in one-way order (each imports only
+the ones below it):
 
     run.py          ddlrun: the command line, the plan, the job (ddl_core.runner.run:main)
-    launcher.py     launch plans for mpirun, srun and the emulated cluster (hosts, slots, env)
     launchcheck.py  a plan's settings checked before anything starts
-    exitreport.py   each rank's wrapper: its real exit status back to ddlrun (run as a file)
     tfconfig.py     TF_CONFIG per rank for TensorFlow's MultiWorkerMirroredStrategy (run as a file)
+    launcher.py     a plan as an mpirun, srun or jsrun argv
+    probe.py        the host check: each host reached as mpirun will reach it (ssh or
+                    --launch-agent), its GPUs and CPUs
+    plan.py         the launch plan and its placement (consecutive ranks share a host)
     slurmalloc.py   reading a Slurm allocation (SLURM_* variables, host lists)
-    cluster.py      the emulated cluster, hosts in network namespaces
-                    (python -m ddl_core.runner.cluster)
-    slurmcluster.py Slurm daemons on the emulated cluster
+    hosts.py        host names, -H lists and hostfiles, LaunchError
+    exitreport.py   each rank's wrapper: its real exit status back to ddlrun (run as a file)
+    child.py        a child process that Ctrl-C reaches
 
 Nothing in the library (comm, settings, model, the framework layers) imports this
 package; it imports them. Kept light: importing it loads nothing, and exitreport.py and
-tfconfig.py import nothing from it, so they run as plain files inside a rank.
+tfconfig.py import nothing from it at their top, so they run as plain files inside a rank.
+The emulated cluster the repository's tests launch on is not here: it is the tools/
+distribution (ddl_tools.cluster), which reaches its hosts through --launch-agent.
 """

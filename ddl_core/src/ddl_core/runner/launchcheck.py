@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping
 
 from .. import _ddl
 from ..settings import check, number
-from .launcher import LaunchError, Plan, env_to_forward, total_slots
+from .hosts import LaunchError
+from .plan import Plan, env_to_forward, total_slots
 
 MAX_RANKS = 1 << 24
 

@@ -1,105 +1,28 @@
 """Build the launcher command that `ddlrun` runs (mpirun, srun or jsrun).
 
 Separate from the CLI so each launcher flavour is a small, testable function from a
-plan (ranks, hosts, placement, environment) to an argv list. Placement is decided here,
-once, for every launcher: consecutive ranks share a host (rank r on host r // ranks per
-host), so DDL's rank grid (ranks per host x hosts [x racks]) matches where ranks really
-run; Open MPI gets it as a rankfile, Slurm as an arbitrary-distribution host list.
-The only things that touch the network are the host checks (name resolution and a
-short ssh probe), so an unknown host fails in seconds instead of hanging mpirun.
+plan (plan.py: ranks, hosts, placement, environment) to an argv list. Open MPI gets the
+placement as a rankfile, Slurm as an arbitrary-distribution host list. Nothing here
+touches the network (the host checks are probe.py's).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .. import _ddl
 from ..settings import check, env_number
-
-if TYPE_CHECKING:
-    from .cluster import Cluster
-    from .slurmalloc import Allocation
-
-# What ranks on other hosts need to find the same Python and libraries.
-FORWARDED_ALWAYS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX")
-HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]{0,252})?$")
-
-
-class LaunchError(Exception):
-    """A launch that cannot work, with the reason and the fix."""
-
+from .hosts import LaunchError, is_local
+from .plan import Plan, env_to_forward, total_slots
+from .probe import local_gpus
 
 LAUNCHERS = ("auto", "mpirun", "srun", "jsrun")
-
-
-@dataclass
-class Host:
-    name: str
-    slots: int | None = None
-
-
-@dataclass
-class Plan:
-    command: list[str]
-    np: int | None = None
-    hosts: list[Host] = field(default_factory=list)
-    hostfile: str | None = None
-    topology: str | None = None
-    forward: list[str] = field(default_factory=list)  # -x VAR or VAR=value
-    extra: list[str] = field(default_factory=list)  # passed to the launcher as they are
-    accelerators: int | None = None  # ranks per host
-    racks: int | None = None  # hosts are grouped into this many racks, consecutively
-    cluster: Cluster | None = None  # an emulated cluster (ddl_core.runner.cluster)
-    allocation: Allocation | None = None  # the Slurm allocation ddlrun runs in
-    oversubscribe: bool = False  # more ranks than the hosts' slots: spread them evenly
-    # (host, ranks) in rank order, decided by place(); None: leave it to the launcher
-    placement: list[tuple[str, int]] | None = None
-
-
-def parse_hosts(text: str) -> list[Host]:
-    """'a:2,b,c:4' -> hosts; names are checked so nothing odd reaches a shell."""
-    hosts = []
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        name, _, slots = item.partition(":")
-        if not HOST_RE.match(name):
-            raise LaunchError(f"host name {name!r} is not a valid host name (letters, digits, "
-                              "'.', '-')")
-        if slots and (not slots.isdigit() or int(slots) < 1):
-            raise LaunchError(f"host {item!r}: slots must be a positive number, as in {name}:4")
-        hosts.append(Host(name, int(slots) if slots else None))
-    if not hosts:
-        raise LaunchError("-H needs at least one host, as in -H server1:4,server2:4")
-    return hosts
-
-
-def parse_hostfile(path: str) -> list[Host]:
-    """Open MPI / MPICH hostfile lines: 'name slots=N' or 'name:N'; '#' comments."""
-    p = Path(path)
-    if not p.is_file():
-        raise LaunchError(f"hostfile {path} does not exist")
-    hosts = []
-    for line in p.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        m = re.match(r"^(\S+?)(?::(\d+))?(?:\s+(?:slots|max_slots)\s*=\s*(\d+))?\s*$", line)
-        if not m:
-            raise LaunchError(f"hostfile {path}: cannot read the line {line!r}; write "
-                              "'hostname slots=4'")
-        hosts.extend(parse_hosts(m.group(1) + (f":{m.group(2) or m.group(3)}"
-                                               if (m.group(2) or m.group(3)) else "")))
-    return hosts
 
 
 def parse_topology(text: str) -> str:
@@ -141,171 +64,6 @@ def mpi_flavor(mpirun: str) -> str:
     return "openmpi"
 
 
-def total_slots(plan: Plan) -> int | None:
-    hosts = plan.hosts or (parse_hostfile(plan.hostfile) if plan.hostfile else [])
-    if not hosts:
-        return None
-    if any(h.slots is None for h in hosts):
-        return None
-    return sum(h.slots or 0 for h in hosts)
-
-
-def env_to_forward(plan: Plan, environ: dict[str, str]) -> list[tuple[str, str | None]]:
-    """(name, value or None for 'take it from my environment')."""
-    out: list[tuple[str, str | None]] = []
-    seen = set()
-    for item in plan.forward:
-        name, eq, value = item.partition("=")
-        out.append((name, value if eq else None))
-        seen.add(name)
-    if plan.topology:
-        out.append(("DDL_TOPOLOGY", plan.topology))
-        seen.add("DDL_TOPOLOGY")
-    for name in sorted(environ):
-        if name not in seen and (name.startswith("DDL_") or name in FORWARDED_ALWAYS):
-            out.append((name, None))
-    return out
-
-
-LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
-
-
-def is_local(host: str) -> bool:
-    return host in LOCAL_NAMES or host in {socket.gethostname(), socket.getfqdn()}
-
-
-def _count_gpus(output: str) -> int:
-    return sum(1 for line in output.splitlines() if line.startswith("GPU "))
-
-
-def local_gpus() -> int:
-    """GPUs on this machine (`nvidia-smi -L`), 0 where there is none or no driver."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return 0
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=15).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return _count_gpus(out)
-
-
-def probe_host(host: str, timeout: float = 8.0) -> int:
-    """Check that `host` resolves and answers over ssh, within seconds; return its GPUs.
-
-    Why: mpirun given a host it cannot reach waits on ssh and its daemons for minutes,
-    and then says little about which host was at fault."""
-    if is_local(host):
-        return local_gpus()
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-    try:
-        pool.submit(socket.getaddrinfo, host, None).result(timeout=timeout)
-    except concurrent.futures.TimeoutError:
-        raise LaunchError(f"host {host}: its name did not resolve within {timeout:.0f} s "
-                          "(DNS unreachable?)") from None
-    except socket.gaierror as e:
-        raise LaunchError(f"host {host}: unknown host, its name does not resolve ({e.strerror})"
-                          ": check the spelling, or add it to /etc/hosts") from None
-    finally:
-        pool.shutdown(wait=False)
-    ssh = shutil.which("ssh")
-    if not ssh:
-        return 0  # the launcher has its own way in (a resource manager); nothing to probe
-    cmd = [ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(timeout) - 2)}",
-           "-o", "StrictHostKeyChecking=accept-new", host, "nvidia-smi -L 2>/dev/null; true"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise LaunchError(f"host {host}: no answer over ssh within {timeout:.0f} s (down, or a "
-                          "firewall?)") from None
-    if proc.returncode != 0:
-        err = proc.stderr.strip().splitlines()
-        raise LaunchError(f"host {host}: not reachable over ssh ({err[-1] if err else 'exit '}"
-                          f"{'' if err else proc.returncode}); mpirun needs passwordless ssh "
-                          "to every host")
-    return _count_gpus(proc.stdout)
-
-
-def check_hosts(hosts: list[str], probe: Callable[[str], int] = probe_host,
-                workers: int = 32) -> dict[str, int]:
-    """Probe every host in parallel (a 954-node list takes seconds, not minutes); the
-    first failure, in host order, is raised."""
-    uniq = list(dict.fromkeys(hosts))
-    with concurrent.futures.ThreadPoolExecutor(min(workers, max(1, len(uniq)))) as pool:
-        futs = {h: pool.submit(probe, h) for h in uniq}
-        errors = []
-        gpus = {}
-        for h, f in futs.items():
-            try:
-                gpus[h] = f.result()
-            except LaunchError as e:
-                errors.append(str(e))
-    if errors:
-        more = f" (and {len(errors) - 1} more host(s) failed)" if len(errors) > 1 else ""
-        raise LaunchError(errors[0] + more)
-    return gpus
-
-
-def place(plan: Plan, gpus: dict[str, int] | None = None) -> list[tuple[str, int]]:
-    """(host, ranks) in rank order: consecutive ranks share a host.
-
-    Ranks per host: --accelerators, else the GPUs found on the host, else its slots, else
-    -n spread evenly (block), else 1. -n then takes the first ranks in that order."""
-    hosts = plan.hosts or (parse_hostfile(plan.hostfile) if plan.hostfile else [])
-    if not hosts:
-        return []
-    gpus = gpus or {}
-    per: list[int] = []
-    for h in hosts:
-        if plan.accelerators:
-            per.append(plan.accelerators)
-        elif gpus.get(h.name):
-            per.append(gpus[h.name])
-        elif h.slots:
-            per.append(h.slots)
-        elif plan.np:
-            per.append(-(-plan.np // len(hosts)))
-        else:
-            per.append(1)
-    if plan.accelerators is not None and plan.accelerators < 1:
-        raise LaunchError(f"--accelerators {plan.accelerators}: at least 1 rank per host")
-    total = sum(per)
-    np_ = plan.np or total
-    if np_ > total and plan.oversubscribe:
-        per = [max(p, -(-np_ // len(hosts))) for p in per]
-        total = sum(per)
-    if np_ > total:
-        raise LaunchError(f"-n {np_} ranks, but the hosts hold {total} "
-                          f"({', '.join(f'{h.name}:{p}' for h, p in zip(hosts, per, strict=True))})"
-                          ": raise --accelerators or the slots, lower -n, or add "
-                          "--oversubscribe")
-    out, left = [], np_
-    for h, p in zip(hosts, per, strict=True):
-        if left <= 0:
-            break
-        out.append((h.name, min(p, left)))
-        left -= p
-    return out
-
-
-def grid_for(placement: list[tuple[str, int]], racks: int | None) -> str | None:
-    """The DDL_TOPOLOGY grid (innermost first) a placement makes, or None where hosts
-    hold different numbers of ranks (libddl then runs flat)."""
-    counts = {n for _, n in placement}
-    if len(counts) != 1:
-        if racks:
-            raise LaunchError("--racks needs the same number of ranks on every host: "
-                              f"the placement is {placement}")
-        return None
-    r, h = counts.pop(), len(placement)
-    if not racks:
-        return f"{r}x{h}"
-    if racks < 1 or h % racks:
-        raise LaunchError(f"--racks {racks}: {h} hosts cannot be split into {racks} racks of "
-                          "equal size (hosts are grouped in the order given)")
-    return f"{r}x{h // racks}x{racks}"
-
-
 def choose_launcher(requested: str, environ: dict[str, str]) -> str:
     """auto: srun inside a Slurm allocation, jsrun inside an LSF one, else mpirun."""
     if requested not in LAUNCHERS:
@@ -332,14 +90,13 @@ def _stash(kind: str, text: str) -> str:
     return str(p)
 
 
-def rankfile_text(placement: list[tuple[str, int]], cores: int | None = None,
-                  local_cores: dict[str, int] | None = None) -> str:
+def rankfile_text(placement: list[tuple[str, int]], cpus: dict[str, int] | None = None) -> str:
     """Open MPI rankfile: rank r on its host, slot = its index on that host, modulo the
-    cores where they are known (all hosts sharing this machine's, as in the emulated
-    cluster, or this host itself)."""
+    host's CPUs where they are known (this machine's, or what the host check found), so
+    a host with more ranks than cores still maps (its ranks then share cores)."""
     lines, r = [], 0
     for host, n in placement:
-        c = cores or (local_cores or {}).get(host)
+        c = (cpus or {}).get(host)
         for i in range(n):
             lines.append(f"rank {r}={host} slot={i % c if c else i}")
             r += 1
@@ -361,6 +118,16 @@ def recoverable_extra(extra: list[str]) -> list[str]:
     return ["--mca", "mpi_ft_enable", "1"]
 
 
+def yield_options(extra: list[str], bind: bool) -> list[str]:
+    """Options for ranks that share cores: no binding (if `bind`) and idle ranks
+    yielding the CPU, each left out where the user's own launcher options set it."""
+    joined = " ".join(extra)
+    out = ["--bind-to", "none"] if bind and "--bind-to" not in joined else []
+    if "mpi_yield_when_idle" not in joined:
+        out += ["--mca", "mpi_yield_when_idle", "1"]
+    return out
+
+
 def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
                   cores: int | None = None) -> list[str]:
     """The exact argv for mpirun (Open MPI or MPICH)."""
@@ -377,7 +144,7 @@ def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
     if flavor == "openmpi":
         if np_ is not None:
             cmd += ["-n", str(np_)]
-        over_local = False
+        over = False
         if placement and plan.allocation is not None:
             # Inside a Slurm allocation PRRTE starts its daemons through srun and binds
             # within the CPUs Slurm gave the job; a rankfile's slot numbers could point
@@ -385,33 +152,29 @@ def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
             cmd += ["--host", ",".join(f"{h}:{n}" for h, n in placement), "--map-by", "slot"]
         elif placement:
             cmd += ["--host", ",".join(f"{h}:{n}" for h, n in placement)]
-            shared = plan.cluster is not None
-            local = {h: cores for h, _ in placement if is_local(h)}
-            over_local = plan.oversubscribe or any(n > cores for h, n in placement
-                                                   if h in local)
-            rf = _stash("rankfile", rankfile_text(placement, cores if shared else None, local))
-            cmd += ["--map-by", f"rankfile:file={rf}" +
-                    (":OVERSUBSCRIBE" if shared or over_local else "")]
+            cpus = {**plan.host_cpus, **{h: cores for h, _ in placement if is_local(h)}}
+            over = plan.oversubscribe or any(n > cpus[h] for h, n in placement if h in cpus)
+            rf = _stash("rankfile", rankfile_text(placement, cpus))
+            cmd += ["--map-by", f"rankfile:file={rf}" + (":OVERSUBSCRIBE" if over else "")]
         elif plan.hosts:
             cmd += ["--host", ",".join(h.name + (f":{h.slots}" if h.slots else "")
                                        for h in plan.hosts)]
         if plan.hostfile and not placement:
             cmd += ["--hostfile", plan.hostfile]
-        if plan.cluster is not None:
-            cmd += plan.cluster.mpirun_args()
-        elif over_local:  # more ranks than this host's cores: share them, and yield
-            cmd += ["--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"]
+        if plan.launch_agent:
+            cmd += ["--prtemca", "plm_ssh_agent", plan.launch_agent]
+        if over:  # more ranks than a host's cores: share them, and yield
+            cmd += yield_options(plan.extra, bind=True)
         elif local_only and np_ is not None and np_ > cores:
             # More ranks than cores: allow it, and make idle ranks yield the CPU or
             # Open MPI's busy polling makes every rank crawl.
-            cmd += ["--map-by", ":OVERSUBSCRIBE", "--mca", "mpi_yield_when_idle", "1"]
+            cmd += ["--map-by", ":OVERSUBSCRIBE", *yield_options(plan.extra, bind=False)]
         for name, value in fwd:
             cmd += ["-x", f"{name}={value}" if value is not None else name]
         cmd += recoverable_extra(plan.extra)
     else:
-        if plan.cluster is not None:
-            raise LaunchError("the emulated cluster launches with Open MPI (its ssh agent); "
-                              "this mpirun is MPICH")
+        if plan.launch_agent:  # Hydra's ssh launcher, with the agent in ssh's place
+            cmd += ["-launcher", "ssh", "-launcher-exec", plan.launch_agent]
         if np_ is not None:
             cmd += ["-n", str(np_)]
         if placement:  # Hydra fills hosts in order: consecutive ranks share a host

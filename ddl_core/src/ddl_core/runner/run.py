@@ -1,10 +1,10 @@
-"""ddlrun: launch a DDL job on one host, a list of hosts, or an emulated cluster.
+"""ddlrun: launch a DDL job on one host or a list of hosts.
 
     ddlrun -n 4 python train.py
     ddlrun -H server1,server2,server3,server4 python train.py
     ddlrun -H server1:4,server2:4 --racks 2 python train.py
     ddlrun --hostfile hosts --accelerators 6 --launcher mpirun -v python train.py
-    ddlrun --cluster demo -n 4 python -m ddl_core.bench allreduce
+    ddlrun -H n1,n2 --launch-agent /opt/site/agent --mpi-args "--mca btl_tcp_if_include ib0" ...
     salloc -N 2 -n 8 ddlrun python train.py          # hosts, slots and layout from Slurm
 
 Ranks are placed so that consecutive ranks share a host (ranks per host: --accelerators,
@@ -22,7 +22,10 @@ and itself as worker <rank>, so tf.distribute.MultiWorkerMirroredStrategy runs a
 the ranks unchanged; --no-tf-config leaves it out, and a TF_CONFIG already set is kept.
 
 Everything not understood here (and everything after `--`) is the program and its
-arguments; launcher options can be passed with --mpi-args "...".
+arguments; launcher options can be passed with --mpi-args "..." (repeatable). Where the
+hosts are not reached over ssh (a container runtime, a site's own remote shell, network
+namespaces), --launch-agent names the command mpirun starts its daemons with in ssh's
+place, called as `AGENT HOST COMMAND`; the host check goes through it too.
 
 Exit status: that of the first rank that failed on its own (its exit code, or 128 + the
 signal that killed it), in every launcher mode (`mpirun --runtime-options recoverable`
@@ -43,27 +46,22 @@ from ..netaddr import local_addresses
 from .child import run_forwarding
 from .exitreport import ENV as EXIT_ENV
 from .exitreport import Collector, job_status
+from .hosts import Host, LaunchError, parse_hostfile, parse_hosts
 from .launchcheck import check_plan, count_type
 from .launcher import (
     LAUNCHERS,
-    Host,
-    LaunchError,
-    Plan,
     build_command,
     build_jsrun,
     build_srun,
-    check_hosts,
     choose_launcher,
     find_mpirun,
-    grid_for,
     launch_environ,
     mpi_flavor,
-    parse_hostfile,
-    parse_hosts,
     parse_topology,
-    place,
     srun_mpi_plugin,
 )
+from .plan import Plan, grid_for, place, plan_hosts
+from .probe import agent_argv, check_hosts, probe_host
 from .slurmalloc import allocation, in_allocation
 from .tfconfig import add_tf_config
 
@@ -85,13 +83,14 @@ def parser() -> argparse.ArgumentParser:
                     "2 nodes) or 4x2x2 (x 2 racks); sets DDL_TOPOLOGY")
     ap.add_argument("--launcher", default="auto", choices=LAUNCHERS,
                     help="auto: srun in a Slurm allocation, jsrun in LSF, else mpirun")
-    ap.add_argument("--cluster", help="run on the emulated cluster of this name "
-                    "(python -m ddl_core.runner.cluster up)")
+    ap.add_argument("--launch-agent", metavar="AGENT", help="reach the hosts with AGENT "
+                    "instead of ssh (called as `AGENT HOST COMMAND`; mpirun only)")
     ap.add_argument("--no-host-check", action="store_true",
                     help="skip the resolution / ssh probe of each host before launching")
     ap.add_argument("-x", dest="forward", action="append", default=[], metavar="VAR[=VALUE]",
                     help="export an environment variable to every rank (repeatable)")
-    ap.add_argument("--mpi-args", default="", help="extra launcher options, as one string")
+    ap.add_argument("--mpi-args", action="append", default=[],
+                    help="extra launcher options, as one string (repeatable)")
     ap.add_argument("--no-tf-config", action="store_true",
                     help="do not give the ranks a TF_CONFIG (TensorFlow multi-worker)")
     ap.add_argument("-v", "--verbose", action="store_true",
@@ -113,32 +112,24 @@ def make_plan(args: argparse.Namespace) -> Plan:
         parse_hostfile(args.hostfile)  # validated here
     if hosts and args.hostfile:
         raise LaunchError("give either -H or --hostfile, not both")
-    cluster = None
-    if args.cluster:
-        from .cluster import ClusterError, load
-
-        try:
-            cluster = load(args.cluster)
-            for h in hosts or (parse_hostfile(args.hostfile) if args.hostfile else []):
-                cluster.exec_argv(h.name, ["true"])  # raises for a host not in the cluster
-        except ClusterError as e:
-            raise LaunchError(str(e)) from None
-        if not hosts and not args.hostfile:
-            hosts = parse_hosts(",".join(cluster.hosts))
+    if args.launch_agent:
+        agent_argv(args.launch_agent)  # a program that exists, or a clear error now
     if args.accelerators is not None and args.accelerators < 1:
         raise LaunchError(f"--accelerators {args.accelerators}: at least 1 rank per host")
     return Plan(command=command, np=args.np, hosts=hosts, hostfile=args.hostfile,
                 topology=parse_topology(args.topology) if args.topology else None,
-                forward=args.forward, extra=shlex.split(args.mpi_args),
-                accelerators=args.accelerators, racks=args.racks, cluster=cluster,
+                forward=args.forward, extra=[a for s in args.mpi_args for a in shlex.split(s)],
+                accelerators=args.accelerators, racks=args.racks,
+                launch_agent=args.launch_agent,
                 oversubscribe=args.oversubscribe)
 
 
 def use_allocation(plan: Plan, launcher: str, environ: dict[str, str]) -> None:
     """Inside Slurm: the allocation's nodes and tasks per node become the hosts and
-    their slots (unless -H / --hostfile name others). srun needs an allocation."""
+    their slots (unless -H / --hostfile name others). srun needs an allocation. With a
+    launch agent mpirun reaches the hosts through it, not through the allocation."""
     if launcher == "srun" or (launcher == "mpirun" and in_allocation(environ)
-                              and plan.cluster is None):
+                              and not plan.launch_agent):
         plan.allocation = allocation(environ)  # LaunchError outside an allocation
         if not plan.hosts and not plan.hostfile:
             plan.hosts = [Host(n, slots) for n, slots in plan.allocation.nodes]
@@ -146,12 +137,12 @@ def use_allocation(plan: Plan, launcher: str, environ: dict[str, str]) -> None:
 
 def resolve(plan: Plan, launcher: str, check: bool) -> None:
     """Check the hosts and fix the placement and grid in the plan."""
-    names = [h.name for h in plan.hosts or
-             (parse_hostfile(plan.hostfile) if plan.hostfile else [])]
+    names = [h.name for h in plan_hosts(plan)]
     gpus: dict[str, int] = {}
-    if names and launcher == "mpirun" and plan.cluster is None and plan.allocation is None \
-            and check:
-        gpus = check_hosts(names)
+    if names and launcher == "mpirun" and plan.allocation is None and check:
+        found = check_hosts(names, lambda h: probe_host(h, agent=plan.launch_agent))
+        gpus = {h: i.gpus for h, i in found.items()}
+        plan.host_cpus = {h: i.cpus for h, i in found.items() if i.cpus}
     from_allocation = plan.allocation is not None and not plan.hostfile and \
         [(h.name, h.slots) for h in plan.hosts] == plan.allocation.nodes
     if from_allocation and plan.allocation and plan.np and not plan.accelerators and \
@@ -185,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"ddlrun: warning: cannot collect the ranks' exit statuses ({e}); "
                       "the exit status is the launcher's", file=sys.stderr)
         launcher = choose_launcher(args.launcher, environ)
-        if plan.cluster is not None and launcher != "mpirun":
-            raise LaunchError("--cluster launches with mpirun (the emulated hosts have no "
-                              f"{launcher}): add --launcher mpirun")
+        if plan.launch_agent and launcher != "mpirun":
+            raise LaunchError(f"--launch-agent is how mpirun reaches the hosts; {launcher} "
+                              "starts the ranks itself: add --launcher mpirun, or leave "
+                              "--launch-agent out")
         use_allocation(plan, launcher, environ)
         resolve(plan, launcher, check=not (args.no_host_check or args.dry_run))
         check_plan(plan, launcher, environ)

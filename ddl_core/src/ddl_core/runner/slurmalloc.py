@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .launcher import HOST_RE, LaunchError
+from .hosts import HOST_RE, LaunchError
 
 _COUNT = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 

@@ -35,7 +35,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .launcher import Plan
+    from .plan import Plan
 
 PORT_LO, PORT_HI = 20000, 32000
 # Where launchers put the rank, most specific first: Open MPI's mpirun, a PMIx server
@@ -86,7 +86,7 @@ def add_tf_config(plan: Plan, environ: dict[str, str]) -> list[str] | None:
     """Put the shim in front of the plan's program and DDL_TF_WORKERS in its forwarded
     environment; returns the workers, or None where nothing was added (the user's own
     TF_CONFIG, or a placement ddlrun does not know)."""
-    from .launcher import is_local
+    from .hosts import is_local
 
     if "TF_CONFIG" in environ or any(f.partition("=")[0] == "TF_CONFIG" for f in plan.forward):
         return None

@@ -1,11 +1,11 @@
 """Topology-aware allreduce against MPI on an emulated multi-host cluster, in one command.
 
-    python -m ddl_core.bench cluster --hosts 2 --ranks 2 --link 200mbit [--json F]
-    python -m ddl_core.bench cluster --hosts 4 --ranks 4 --link 200mbit --json bench-4x4.json
+    python -m ddl_tools.clusterbench --hosts 2 --ranks 2 --link 200mbit [--json F]
+    python -m ddl_tools.clusterbench --hosts 4 --ranks 4 --link 200mbit --json bench-4x4.json
 
 Why: DDL's claim is that it beats other allreduce libraries on a non-flat topology. Here
 the topology is real: ranks of one emulated host share memory, hosts talk TCP over a
-tbf-shaped link (ddl_core.runner.cluster), slow enough that the benchmark is bound by the link
+tbf-shaped link (ddl_tools.cluster), slow enough that the benchmark is bound by the link
 rather than by this machine's few cores. The command brings a cluster up, measures the
 cost model's alpha/beta per level (ddl_core.bench.tune), then runs three jobs:
 
@@ -22,7 +22,7 @@ csrc/model.c, with the tuned alpha/beta) and the link-bound limit: the time the 
 that must leave a host, 2(H-1)/H x size for H hosts, take at the link rate.
 The cluster is always removed, also when a job fails or the command is interrupted.
 
-    python -m ddl_core.bench cluster --split --hosts 2 --ranks 2 --link 200mbit
+    python -m ddl_tools.clusterbench --split --hosts 2 --ranks 2 --link 200mbit
 
 measures allreduce on split communicators in one job, each beside MPI on the same split
 (MPI_Comm_split with the same color and key), interleaved repetition by repetition:
@@ -32,10 +32,10 @@ ranks-per-host communicators at once, each one rank on every host, all crossing 
 together). It prints each one's ratio to MPI next to the world's, the figure being that
 a split communicator keeps the world's ratio.
 
-    python -m ddl_core.bench cluster --compare-launchers --hosts 2 --ranks 2 --link 200mbit
+    python -m ddl_tools.clusterbench --compare-launchers --hosts 2 --ranks 2 --link 200mbit
 
 compares launchers instead, on a cluster that also runs Slurm: the same allreduce job
-(DDL and MPI interleaved) started by ddlrun --cluster (mpirun over the ssh agent), by
+(DDL and MPI interleaved) started by ddlrun (mpirun over the cluster's launch agent), by
 `salloc ... ddlrun` (srun --mpi=pmix: Slurm starts every rank) and by `salloc ... ddlrun
 --launcher mpirun` (PRRTE starts its daemons through srun), in rounds whose launcher
 order rotates. Per launcher and size it prints the median over every repetition of its
@@ -56,7 +56,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import model
+from ddl_core.bench.measure import parse_size
+from ddl_core.model import Fabric, flat_ring_on, han_like, hierarchical, link_bound
+
+from . import cluster
 
 MPI_RING = ["--mca", "coll_tuned_use_dynamic_rules", "1", "--mca",
             "coll_tuned_allreduce_algorithm", "4", "--mca", "coll_han_priority", "0",
@@ -194,9 +197,9 @@ def print_split(res: dict[str, Any], file: Any = sys.stdout) -> dict[str, bool]:
 
 # ---- the driver ------------------------------------------------------------------------
 
-def _ddlrun(cluster: str, ranks: int, argv: list[str], mpi_args: list[str],
+def _ddlrun(c: cluster.Cluster, ranks: int, argv: list[str], mpi_args: list[str],
             env: dict[str, str], timeout: float) -> None:
-    cmd = [str(Path(sys.executable).parent / "ddlrun"), "--cluster", cluster, "--accelerators",
+    cmd = [str(Path(sys.executable).parent / "ddlrun"), *c.ddlrun_args(), "--accelerators",
            str(ranks)]
     for k, v in env.items():
         cmd += ["-x", f"{k}={v}"]
@@ -211,18 +214,18 @@ def _ddlrun(cluster: str, ranks: int, argv: list[str], mpi_args: list[str],
                            f"{proc.stderr[-3000:]}")
 
 
-def measure(cluster: str, hosts: int, ranks: int, link_bps: float, sizes: list[int],
+def measure(c: cluster.Cluster, hosts: int, ranks: int, link_bps: float, sizes: list[int],
             reps: int, workdir: Path, timeout: float) -> dict[str, Any]:
     tune_file = workdir / "tune.txt"
-    _ddlrun(cluster, ranks, ["-m", "ddl_core.bench", "tune", "-o", str(tune_file)], [],
+    _ddlrun(c, ranks, ["-m", "ddl_core.bench", "tune", "-o", str(tune_file)], [],
             {"DDL_TOPOLOGY": f"{ranks}x{hosts}"}, timeout)
-    fabric = model.Fabric.from_tune_file(tune_file)
+    fabric = Fabric.from_tune_file(tune_file)
     jobs = {}
     for name, (mpi_args, env, _) in JOBS.items():
         env = dict(env, DDL_TUNE_FILE=str(tune_file),
                    DDL_TOPOLOGY=f"{ranks}x{hosts}" if name != "flat" else str(ranks * hosts))
         out = workdir / f"{name}.json"
-        _ddlrun(cluster, ranks, ["-m", "ddl_core.bench", "cluster", "--worker", "--out", str(out),
+        _ddlrun(c, ranks, ["-m", "ddl_tools.clusterbench", "--worker", "--out", str(out),
                                  "--reps", str(reps), "--sizes", *map(str, sizes)],
                 mpi_args, env, timeout)
         jobs[name] = json.loads(out.read_text())
@@ -242,7 +245,7 @@ def _launch_argv(c: Any, variant: str, ranks: int, ddlrun_args: list[str]) -> tu
     ddlrun = str(Path(sys.executable).parent / "ddlrun")
     env = dict(os.environ, PYTHONUNBUFFERED="1", DDL_TIMEOUT="600")
     if variant == "mpirun":
-        return [ddlrun, "--cluster", c.name, "--accelerators", str(ranks), *ddlrun_args], env
+        return [ddlrun, *c.ddlrun_args(), "--accelerators", str(ranks), *ddlrun_args], env
     env.update(c.job_env())
     hosts = len(c.hosts)
     salloc = ["salloc", "-N", str(hosts), "-n", str(hosts * ranks), ddlrun]
@@ -253,8 +256,6 @@ def _launch_argv(c: Any, variant: str, ranks: int, ddlrun_args: list[str]) -> tu
 
 def updown_times(name: str, hosts: int, link: str, cycles: int) -> dict[str, list[float]]:
     """Seconds from `up --slurm` to every node idle, and for `down`, per cycle."""
-    from ..runner import cluster
-
     out: dict[str, list[float]] = {"up": [], "idle_after_daemons": [], "down": []}
     for _ in range(cycles):
         t0 = time.monotonic()
@@ -277,7 +278,7 @@ def compare_launchers(c: Any, ranks: int, sizes: list[int], reps: int, rounds: i
         for variant in order:
             out = workdir / f"{variant}-{rnd}.json"
             args = ["-x", f"DDL_TOPOLOGY={ranks}x{hosts}", "-v", "--", sys.executable, "-m",
-                    "ddl_core.bench", "cluster", "--worker", "--out", str(out), "--reps",
+                    "ddl_tools.clusterbench", "--worker", "--out", str(out), "--reps",
                     str(reps), "--sizes", *map(str, sizes)]
             argv, env = _launch_argv(c, variant, ranks, args)
             print("$ " + " ".join(argv), file=sys.stderr, flush=True)
@@ -290,7 +291,7 @@ def compare_launchers(c: Any, ranks: int, sizes: list[int], reps: int, rounds: i
             job = json.loads(out.read_text())
             job["wall_s"] = time.monotonic() - t0
             job["command"] = [ln for ln in proc.stderr.splitlines()
-                              if "ddl_core.bench cluster --worker" in ln][-1:]
+                              if "ddl_tools.clusterbench --worker" in ln][-1:]
             runs[variant].append(job)
     rows = []
     for i, size in enumerate(sizes):
@@ -331,7 +332,7 @@ def print_launchers(res: dict[str, Any], file: Any = sys.stdout) -> dict[str, bo
               f"{r['ddl_vs_mpirun']:>9.3f} {r['mpi_s'] * 1e3:>9.1f} {r['mpi_vs_mpirun']:>9.3f}"
               f"  {'x'.join(map(str, r['topology'])):<6} {wall:.1f}", file=file)
     print("# median over every repetition of every job of a launcher; vs mpirun = this "
-          "time / the time under ddlrun --cluster (mpirun over ssh)", file=file)
+          "time / the time under ddlrun's mpirun (over the launch agent)", file=file)
     srun_rows = [r for r in res["launch"]["rows"] if r["launcher"] == "srun"]
     targets = {
         "allreduce through srun within 5% of mpirun": all(
@@ -346,7 +347,7 @@ def print_launchers(res: dict[str, Any], file: Any = sys.stdout) -> dict[str, bo
 
 
 def table(jobs: dict[str, Any], hosts: int, ranks: int, link_bps: float,
-          fabric: model.Fabric) -> list[dict[str, Any]]:
+          fabric: Fabric) -> list[dict[str, Any]]:
     """One row per (size, implementation) with its ratios, prediction and link bound."""
     P = hosts * ranks
     out = []
@@ -359,13 +360,13 @@ def table(jobs: dict[str, Any], hosts: int, ranks: int, link_bps: float,
         }
         same_job = {("ddl-topo", "mpi-ring"): jobs["ring"]["rows"][i],
                     ("ddl-flat-ring", "mpi-ring"): jobs["flat"]["rows"][i]}
-        link_s = model.link_bound(size, hosts, link_bps)
+        link_s = link_bound(size, hosts, link_bps)
         dims = [ranks, hosts] if ranks > 1 else [hosts]
         pred = {
-            "ddl-topo": model.hierarchical(fabric, dims, size)[0],
-            "ddl-flat-ring": model.flat_ring_on(fabric, dims, size),
-            "mpi-default": model.han_like(fabric, dims, size),
-            "mpi-ring": model.flat_ring_on(fabric, dims, size),
+            "ddl-topo": hierarchical(fabric, dims, size)[0],
+            "ddl-flat-ring": flat_ring_on(fabric, dims, size),
+            "mpi-default": han_like(fabric, dims, size),
+            "mpi-ring": flat_ring_on(fabric, dims, size),
         }
         for impl, (sec, job) in t.items():
             ratios = {}
@@ -426,7 +427,7 @@ def print_report(res: dict[str, Any], file: Any = sys.stdout) -> dict[str, bool]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ddl_core.bench cluster", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m ddl_tools.clusterbench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--ranks", type=int, default=2, help="ranks per host")
@@ -448,13 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    from .collectives import parse_size
-
     args.sizes = [parse_size(s) if not s.isdigit() else int(s) for s in args.sizes]
     if args.worker:
         return split_worker(args) if args.split else worker(args)
-    from ..runner import cluster
-
     if args.compare_launchers:
         return _main_launchers(args, argv)
     if args.split:
@@ -463,17 +460,15 @@ def main(argv: list[str] | None = None) -> int:
         bps = cluster.parse_rate(args.link)
         with cluster.running(args.name, args.hosts, args.link) as c, \
                 tempfile.TemporaryDirectory(prefix="ddl-clusterbench-") as tmp:
-            res = measure(c.name, args.hosts, args.ranks, bps, args.sizes, args.reps,
+            res = measure(c, args.hosts, args.ranks, bps, args.sizes, args.reps,
                           Path(tmp), args.timeout)
     except cluster.ClusterError as e:
-        print(f"ddl_core.bench cluster: error: {e}", file=sys.stderr)
+        print(f"ddl_tools.clusterbench: error: {e}", file=sys.stderr)
         return 2
     return _finish(res, print_report(res), args, argv)
 
 
 def _main_launchers(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from ..runner import cluster
-
     try:
         cluster.parse_rate(args.link)
         ud = updown_times(args.name, args.hosts, args.link, args.updown)
@@ -484,7 +479,7 @@ def _main_launchers(args: argparse.Namespace, argv: list[str] | None) -> int:
             version = subprocess.run(["sinfo", "--version"], capture_output=True, text=True,
                                      env=dict(os.environ, **c.job_env())).stdout.split()
     except cluster.ClusterError as e:
-        print(f"ddl_core.bench cluster: error: {e}", file=sys.stderr)
+        print(f"ddl_tools.clusterbench: error: {e}", file=sys.stderr)
         return 2
     res = {"hosts": args.hosts, "ranks_per_host": args.ranks, "link": args.link,
            "rounds": args.rounds, "reps": args.reps, "updown": ud, "launch": launch,
@@ -493,14 +488,12 @@ def _main_launchers(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 
 def _main_split(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from ..runner import cluster
-
     try:
         bps = cluster.parse_rate(args.link)
         with cluster.running(args.name, args.hosts, args.link) as c, \
                 tempfile.TemporaryDirectory(prefix="ddl-clusterbench-") as tmp:
             out = Path(tmp) / "split.json"
-            _ddlrun(c.name, args.ranks, ["-m", "ddl_core.bench", "cluster", "--worker", "--split",
+            _ddlrun(c, args.ranks, ["-m", "ddl_tools.clusterbench", "--worker", "--split",
                                          "--out", str(out), "--ranks", str(args.ranks),
                                          "--reps", str(args.reps),
                                          "--sizes", *map(str, args.sizes)],
@@ -508,7 +501,7 @@ def _main_split(args: argparse.Namespace, argv: list[str] | None) -> int:
             res = dict(json.loads(out.read_text()), hosts=args.hosts,
                        ranks_per_host=args.ranks, link_bps=bps)
     except cluster.ClusterError as e:
-        print(f"ddl_core.bench cluster: error: {e}", file=sys.stderr)
+        print(f"ddl_tools.clusterbench: error: {e}", file=sys.stderr)
         return 2
     return _finish(res, print_split(res), args, argv)
 
@@ -518,7 +511,7 @@ def _finish(res: dict[str, Any], targets: dict[str, bool], args: argparse.Namesp
     """The end of every mode: targets and command into the record, the record into
     --json; the exit status says whether every result was correct."""
     res["targets"] = targets
-    res["command"] = "python -m ddl_core.bench cluster " + " ".join(
+    res["command"] = "python -m ddl_tools.clusterbench " + " ".join(
         sys.argv[1:] if argv is None else argv)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

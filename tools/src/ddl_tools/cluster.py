@@ -1,12 +1,12 @@
 """An emulated multi-host cluster on one machine, from Linux network namespaces.
 
-    python -m ddl_core.runner.cluster up --hosts 3 --link 200mbit [--name demo]
-    ddlrun --cluster demo -n 6 python train.py
-    python -m ddl_core.runner.cluster status
-    python -m ddl_core.runner.cluster down --name demo
-    python -m ddl_core.runner.cluster run --hosts 2 --link 200mbit -- -n 4 python train.py
-    python -m ddl_core.runner.cluster up --name demo --hosts 2 --slurm  # + munge, slurmctld, slurmd
-    python -m ddl_core.runner.cluster run --name demo -- salloc -N 2 -n 4 ddlrun python train.py
+    python -m ddl_tools.cluster up --hosts 3 --link 200mbit [--name demo]
+    python -m ddl_tools.cluster ddlrun --name demo -- -n 6 python train.py
+    python -m ddl_tools.cluster status
+    python -m ddl_tools.cluster down --name demo
+    python -m ddl_tools.cluster run --hosts 2 --link 200mbit -- -n 4 python train.py
+    python -m ddl_tools.cluster up --name demo --hosts 2 --slurm  # + munge, slurmctld, slurmd
+    python -m ddl_tools.cluster run --name demo -- salloc -N 2 -n 4 ddlrun python train.py
 
 Why: DDL's topology-aware allreduce only shows its worth across hosts joined by a link
 slower than shared memory, and one machine has no such link. Each "host" here is a
@@ -18,7 +18,10 @@ node; ranks in different namespaces talk TCP through the shaped links.
 
 Open MPI launches across the namespaces the way it launches across real hosts, over its
 ssh launcher, with an agent script instead of ssh: the agent runs
-`ip netns exec <host> unshare -u sh -c 'hostname <host>; <command>'`. The namespaces
+`ip netns exec <host> unshare -u sh -c 'hostname <host>; <command>'`. ddlrun is given it
+as a site would give its own: `ddlrun --launch-agent <state>/agent --mpi-args "<the
+cluster's MPI options>" -H <its hosts> ...` (Cluster.ddlrun_args; the `ddlrun`
+subcommand here adds them), so the launcher knows nothing of the emulation. The namespaces
 resolve each other's names through /etc/netns/<ns>/hosts, which `ip netns exec`
 bind-mounts over /etc/hosts. The bridge has an address too, so the launcher (prterun, in
 the root namespace) and the daemons it starts in the namespaces reach each other.
@@ -28,7 +31,7 @@ Every resource is named from the cluster's name (namespaces and hostnames
 people working side by side never collide and `down` can find everything (also what a
 crashed `up` left behind) from the name alone. `down` is idempotent.
 
-With --slurm the cluster also runs Slurm (ddl_core.runner.slurmcluster): munged and slurmctld in
+With --slurm the cluster also runs Slurm (ddl_tools.slurmcluster): munged and slurmctld in
 one more namespace, `ddlc-<name>-ctl`, and a slurmd in each host's. `run --name N -- CMD`
 runs CMD on the first host of cluster N (up already) with the cluster's environment
 (SLURM_CONF pointing at its configuration, with --slurm); `run --hosts K [--slurm] -- ...`
@@ -54,8 +57,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ddl_core.runner.child import run_forwarding
+
 from . import slurmcluster
-from .child import run_forwarding
 
 PREFIX = "ddlc"
 STATE_DIR = Path(os.environ.get("DDL_CLUSTER_STATE", "/run/ddl-cluster"))
@@ -106,10 +110,16 @@ class Cluster:
     def agent(self) -> Path:
         return self.state_dir / "agent"
 
+    def ddlrun_args(self) -> list[str]:
+        """ddlrun options that launch on this cluster: its agent, its MPI options and
+        every host (a later -H in the same command line replaces the hosts)."""
+        return ["--launch-agent", str(self.agent), "--mpi-args", shlex.join(self.mpirun_args()),
+                "-H", ",".join(self.hosts)]
+
     def mpirun_args(self) -> list[str]:
-        """Open MPI options that launch on, and talk over, this cluster's network."""
-        return ["--prtemca", "plm_ssh_agent", str(self.agent),
-                "--prtemca", "oob_tcp_if_include", self.subnet,
+        """Open MPI options that talk over this cluster's network (the agent that
+        launches on it is ddlrun's --launch-agent)."""
+        return ["--prtemca", "oob_tcp_if_include", self.subnet,
                 "--mca", "btl_tcp_if_include", self.subnet,
                 # Let Linux size the socket buffers: Open MPI's fixed ones cap the TCP
                 # window, and once both directions of a shaped link are busy (the ACKs
@@ -128,7 +138,7 @@ class Cluster:
 
     def job_env(self) -> dict[str, str]:
         """The environment of a job started on the cluster by something other than
-        ddlrun --cluster (Slurm's srun, salloc, sbatch): the same MPI settings as
+        ddlrun's own mpirun (Slurm's srun, salloc, sbatch): the same MPI settings as
         mpirun_args, as Open MPI / PRRTE environment variables, and SLURM_CONF."""
         env = {"OMPI_MCA_btl_tcp_sndbuf": "0", "OMPI_MCA_btl_tcp_rcvbuf": "0",
                "OMPI_MCA_btl_tcp_flags": "send,inplace,need-ack,need-csum",
@@ -235,7 +245,7 @@ def load(name: str) -> Cluster:
     p = STATE_DIR / f"{name}.json"
     if not p.is_file():
         raise ClusterError(f"no emulated cluster named {name!r} is up: start one with "
-                           f"`python -m ddl_core.runner.cluster up --name {name} --hosts 2`")
+                           f"`python -m ddl_tools.cluster up --name {name} --hosts 2`")
     return Cluster(**json.loads(p.read_text()))
 
 
@@ -273,7 +283,7 @@ def up(name: str = "ddl", hosts: int = 2, link: str | None = None, slurm: bool =
     with _lock():
         if (STATE_DIR / f"{name}.json").exists():
             raise ClusterError(f"cluster {name!r} is already up: `python -m "
-                               f"ddl_core.runner.cluster down --name {name}` first, or use "
+                               f"ddl_tools.cluster down --name {name}` first, or use "
                                "another --name")
         leftovers = _resources(name)
         if any(leftovers.values()):
@@ -336,12 +346,12 @@ def _create(c: Cluster) -> None:
     # hosts are accepted, and the host name is one of ours, so nothing from a host list
     # reaches a shell unchecked.
     c.agent.write_text(f"""#!/bin/sh
-# Open MPI launch agent for the emulated cluster {c.name} (written by ddl_core.runner.cluster)
+# Open MPI launch agent for the emulated cluster {c.name} (written by ddl_tools.cluster)
 while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done
 h="$1"; shift
 case "$h" in
   {names}) ;;
-  *) echo "ddl cluster {c.name}: host '$h' is not in this cluster (hosts: {', '.join(c.hosts)})" >&2
+  *) echo "host '$h' is not in cluster {c.name} (its hosts: {', '.join(c.hosts)})" >&2
      exit 255;;
 esac
 exec ip netns exec "$h" unshare -u sh -c "hostname $h; $*"
@@ -485,9 +495,21 @@ def run_argv(c: Cluster, command: list[str]) -> tuple[list[str], dict[str, str]]
     """argv and environment that run `command` on the cluster's first host, as a user
     logged in there would: its hostname, its network, and (with Slurm) SLURM_CONF."""
     if not command:
-        raise ClusterError("no command given: python -m ddl_core.runner.cluster run --name "
+        raise ClusterError("no command given: python -m ddl_tools.cluster run --name "
                            f"{c.name} -- sinfo")
     return c.exec_argv(c.hosts[0], command), dict(os.environ, **c.job_env())
+
+
+def ddlrun_on(c: Cluster, ddlrun_args: list[str]) -> int:
+    """Run ddlrun here with the cluster's launch options in front of `ddlrun_args`
+    (its hosts unless those name a --hostfile; a -H there replaces them)."""
+    from ddl_core.runner.run import main as ddlrun_main
+
+    rest = ddlrun_args[1:] if ddlrun_args[:1] == ["--"] else ddlrun_args
+    own = c.ddlrun_args()
+    if any(a == "--hostfile" or a.startswith("--hostfile=") for a in rest):
+        own = own[:-2]  # -H and the hosts
+    return ddlrun_main([*own, *rest])
 
 
 def _child(argv: list[str], env: dict[str, str]) -> int:
@@ -505,7 +527,7 @@ def _describe(c: Cluster) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ddl_core.runner.cluster", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m ddl_tools.cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="create a cluster")
@@ -523,6 +545,11 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("ddlrun_args", nargs=argparse.REMAINDER,
                        help="after --: the command (a cluster that is up, or --slurm), "
                        "else ddlrun's options and the program")
+    p_ddlrun = sub.add_parser("ddlrun", help="run ddlrun on a cluster that is up, with its "
+                              "launch agent, MPI options and hosts")
+    p_ddlrun.add_argument("--name", default="ddl")
+    p_ddlrun.add_argument("ddlrun_args", nargs=argparse.REMAINDER,
+                          help="after --: ddlrun's options and the program")
     p_down = sub.add_parser("down", help="remove a cluster (idempotent)")
     p_down.add_argument("--name", default="ddl")
     p_down.add_argument("--all", action="store_true", help="every ddlc-* cluster")
@@ -537,10 +564,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"slurm: {len(c.hosts)} nodes idle {c.slurm_ready_s:.1f} s after the "
                       f"first daemon started; up took {time.monotonic() - t0:.1f} s "
                       f"(controller {c.ctl}, {c.cpus} CPUs per node)")
-                print(f"run on it: python -m ddl_core.runner.cluster run --name {c.name} -- salloc "
+                print(f"run on it: python -m ddl_tools.cluster run --name {c.name} -- salloc "
                       f"-N {len(c.hosts)} ddlrun python train.py")
             else:
-                print(f"run on it: ddlrun --cluster {c.name} -n {len(c.hosts)} python train.py")
+                print(f"run on it: python -m ddl_tools.cluster ddlrun --name {c.name} -- "
+                      f"-n {len(c.hosts)} python train.py")
         elif args.cmd == "down":
             names = [r["name"] for r in status()] if args.all else [args.name]
             for n in names:
@@ -549,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"cluster {n}: " + (f"removed {len(gone)} resources in "
                                           f"{time.monotonic() - t0:.1f} s" if gone
                                           else "nothing to remove"))
+        elif args.cmd == "ddlrun":
+            return ddlrun_on(load(args.name), list(args.ddlrun_args))
         elif args.cmd == "status":
             check_environment()
             rows = status()
@@ -562,10 +592,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             return _run_cmd(args)
     except ClusterError as e:
-        print(f"ddl_core.runner.cluster: error: {e}", file=sys.stderr)
+        print(f"ddl_tools.cluster: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("ddl_core.runner.cluster: interrupted; the cluster was removed", file=sys.stderr)
+        print("ddl_tools.cluster: interrupted; the cluster was removed", file=sys.stderr)
         return 130
     return 0
 
@@ -587,14 +617,12 @@ def _run_cmd(args: argparse.Namespace) -> int:
         raise ClusterError(
             (f"no emulated cluster named {args.name!r} is up: " if args.name else "")
             + "give --hosts K to run on a new cluster removed afterwards, or start one with "
-            "`python -m ddl_core.runner.cluster up --name N --hosts K [--slurm]`")
+            "`python -m ddl_tools.cluster up --name N --hosts K [--slurm]`")
     name = args.name or f"r{os.getpid() % 100000}"
     with running(name, args.hosts, args.link, args.slurm, args.cpus) as c:
         if c.slurm:
             return _child(*run_argv(c, rest))
-        from .run import main as ddlrun_main
-
-        return ddlrun_main(["--cluster", c.name, "--no-exec", *rest])
+        return ddlrun_on(c, rest)
 
 
 if __name__ == "__main__":

@@ -30,10 +30,19 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .cluster import Cluster
+
+class Cluster(Protocol):
+    """What Slurm's set-up needs of an emulated cluster (ddl_tools.cluster.Cluster has
+    it): named here rather than imported, so cluster.py alone imports this module."""
+
+    name: str
+    hosts: list[str]
+    addrs: list[str]
+
+    @property
+    def state_dir(self) -> Path: ...
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sinfo", "srun", "salloc", "sbatch", "scancel", "scontrol", "squeue")
@@ -104,7 +113,7 @@ def slurm_conf(c: Cluster, ctl_addr: str, cpus: int) -> str:
     d = slurm_dir(c)
     nodes = "".join(f"NodeName={h} NodeAddr={a} CPUs={cpus} State=UNKNOWN\n"
                     for h, a in zip(c.hosts, c.addrs, strict=True))
-    return f"""# Slurm for the emulated cluster {c.name} (ddl_core.runner.cluster; down removes it)
+    return f"""# Slurm for the emulated cluster {c.name} (ddl_tools.cluster; down removes it)
 ClusterName=ddl{c.name}
 SlurmctldHost={ctl_name(c.name)}({ctl_addr})
 SlurmctldPort=6817
