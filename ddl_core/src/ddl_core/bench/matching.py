@@ -4,10 +4,11 @@ build, in one run.
     python -m ddl_core.bench matching --baseline SITE [-n 2] [--rounds 7]
 
 SITE is a directory holding another installed ddl_core (e.g. built from `main`, see
-ddl_core/README.md). Each round launches one job per build (ddlrun -n N), in alternating
-order, so noise on a shared machine hits both alike; the table shows medians over the
-rounds of each job's median. A job measures, through the C binding alone (ddl_core._ddl,
-so the two builds' Python layers do not differ), on the same buffers:
+docs/ddl_core.md, "Comparing two builds"). Each round launches one job per build
+(ddlrun -n N), in alternating order, so noise on a shared machine hits both alike;
+the table shows medians over the rounds of each job's median. A job measures, through
+the C binding alone (ddl_core._ddl, so the two builds' Python layers do not differ), on
+the same buffers:
 
   - a blocking allreduce of 8 B and of 1 MiB (the path the mismatch checks sit on);
   - a step of 100 asynchronous allreduces of 4 KiB, submitted then waited for (what DDP
