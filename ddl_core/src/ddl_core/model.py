@@ -7,7 +7,7 @@
 Why: we can measure DDL on a handful of emulated hosts, but its claims are about clusters
 of thousands of GPUs. The same alpha-beta model that picks algorithms inside libddl
 (csrc/model.c; `hierarchical` here is a line-by-line port, and a test checks the two
-agree) is checked against measurement on the emulated cluster (ddl_core.bench.cluster),
+agree) is checked against measurement on the emulated cluster (tools/: ddl_tools.clusterbench),
 then evaluated on a fabric description: levels innermost first, each with ranks per level,
 alpha (seconds per message) and beta (seconds per byte for one flow using the whole link).
 
