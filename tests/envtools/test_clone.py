@@ -338,9 +338,11 @@ def test_clone_is_bit_for_bit_a_fresh_install_at_dest(env, channel, tmp_path):
     compiled = installer_bytecode(dest)
     assert compiled  # (python's relocated module)
     installed = {k: v for k, v in tree_digest(dest).items() if k not in compiled}
-    # the read-only env's PEP 668 marker is the one difference: a clone is pip's to change
-    marker = {k for k in installed if k.endswith("/EXTERNALLY-MANAGED")}
-    assert len(marker) == 1
+    # the read-only env's PEP 668 and CEP 22 markers are the one difference: a clone is
+    # pip's and conda's to change (the link to the PEP 668 file, the files behind both)
+    marker = {k for k in installed if k.endswith("/EXTERNALLY-MANAGED")
+              or k.startswith("pkgs/envtools-site-only/")}
+    assert len(marker) == 4
     assert {k: v for k, v in installed.items() if k not in marker} == cloned
 
 
@@ -352,9 +354,11 @@ def test_untracked_cache_notices_new_files(channel, tmp_path):
     env = tmp_path / "envs" / "p"
     run_envtools("install", "--channel", channel, "--prefix", env, "demo-meta")
     owned = {e["_path"] for r in Prefix.load(env).records for e in r.paths}
-    # no CACHEDIR.TAG (see test_hygiene); the PEP 668 marker is the one untracked file
-    assert [f.rpartition("/")[2] for f in untracked(env, lambda: owned)[0]] == [
-        "EXTERNALLY-MANAGED"]
+    # no CACHEDIR.TAG (see test_hygiene); the PEP 668 marker's link and the files behind
+    # the site markers are the untracked files
+    assert untracked(env, lambda: owned)[0] == [
+        "lib/python3.11/EXTERNALLY-MANAGED", "pkgs/envtools-site-only/EXTERNALLY-MANAGED",
+        "pkgs/envtools-site-only/README", "pkgs/envtools-site-only/frozen"]
     share = env / "share" / "demo"
     os.chmod(share, 0o755)  # an admin adds a file to the read-only env behind our back
     (share / "site-note.txt").write_text(f"see {env}\n")

@@ -180,6 +180,9 @@ def link_added(
         show_progress=os.isatty(2),
     )
     archives.check_linked(target, prepared)
+    from envtools.conda_records import conda_shape
+
+    conda_shape(target, {r.name.normalized for r in sol.new})
     # the installer tags the prefix as a cache (see envtools.cachetag); an env never has
     # the tag before, so one there now is the installer's unless an added package owns it
     if (target / cachetag.NAME).exists():

@@ -44,6 +44,7 @@ from envtools.progress import info, task
 from envtools.readonly import (
     EXTERNALLY_MANAGED,
     is_envtools_marker,
+    is_site_only,
     read_prefix_info,
     refuse_readonly,
     write_prefix_info,
@@ -320,9 +321,11 @@ def clone(
                                                 for f in r.plan_fields()})
         if cachetag.NAME in files and cachetag.is_tag(srcp / cachetag.NAME):
             files = [f for f in files if f != cachetag.NAME]  # (see envtools.cachetag)
-        # the read-only env's PEP 668 marker: the clone is the user's, pip may change it
+        # the read-only env's PEP 668 and CEP 22 markers (and their dangling links in a
+        # copy conda made): the clone is the user's, pip and conda may change it
         files = [f for f in files if not (f.endswith("/" + EXTERNALLY_MANAGED) and
-                                          is_envtools_marker(srcp / f))]
+                                          is_envtools_marker(srcp / f))
+                 and not is_site_only(srcp, f)]
         confine.check_paths(files, f"the untracked files of {srcp}")
         confine.check_paths(empty, f"the empty directories of {srcp}")
         if cache and ctx.links_expected() and ctx.reflink_ok is not True and (

@@ -16,20 +16,19 @@ from pathlib import Path
 
 import rattler
 
-from envtools import aio, archives, bytecode, cachetag, record_index, virtual
+from envtools import aio, archives, bytecode, cachetag, conda_records, record_index, virtual
 from envtools.errors import EnvtoolsError
 from envtools.hashing import STAT_CACHE, stat_key, write_package_parts
 from envtools.prefix_records import Prefix
 from envtools.progress import info
 from envtools.readonly import (
-    EXTERNALLY_MANAGED,
     MARKER,
     default_cache_for,
-    externally_managed_text,
     make_readonly,
     read_marker,
     refuse_readonly,
     write_prefix_info,
+    write_site_markers,
 )
 from envtools.tempdirs import atomic_dir, remove_tree
 from envtools.untracked import write_cache as write_untracked_cache
@@ -245,13 +244,12 @@ def _install_into(records: list, prepared: archives.Prepared, prefix: Path, cach
         # entry too, so that clones can link its directories whole)
         bytecode.compile_installed(tmp, prefix, cache)
         timings["compile"] = time.monotonic() - t0
+        conda_records.conda_shape(tmp)  # (what conda doctor and conda-pack read)
         write_explicit(tmp, records)
         write_prefix_info(tmp, prefix, cache, srcs)
         site = archives.site_packages(records)
-        if site:  # (PEP 668: pip refuses the read-only env, naming envtools clone)
-            (tmp / site).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / site).parent.joinpath(EXTERNALLY_MANAGED).write_text(
-                externally_managed_text(prefix))
+        # (PEP 668 and CEP 22: pip and conda refuse the read-only env, naming clone)
+        write_site_markers(tmp, prefix, str(Path(site).parent) if site else None)
         marker = {
             "readonly": True,
             "created_by": "envtools install",
@@ -266,6 +264,7 @@ def _install_into(records: list, prepared: archives.Prepared, prefix: Path, cach
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         _drop_cache_locks(cache)
         cachetag.tag_cache(cache)
+        conda_records.write_cache_records(cache, records)  # (conda can use the cache)
         make_readonly(cache)
         records = Prefix.load(tmp).records
         index = record_index.write(tmp, records)

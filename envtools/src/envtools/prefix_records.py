@@ -90,10 +90,17 @@ class Record:
 
     @property
     def paths(self) -> list[dict]:
+        """The record's file entries, each ``_path`` relative to the prefix (conda writes a
+        noarch: python package's own files package-relative: see
+        :func:`envtools.conda_records.prefix_paths`)."""
         pd = self.data.get("paths_data") or {}
         entries = pd.get("paths")
         if entries is None:  # very old records list only ``files``
             entries = [{"_path": f, "path_type": "hardlink"} for f in self.data.get("files", [])]
+        elif self.noarch_python:
+            from envtools.conda_records import prefix_paths
+
+            entries = prefix_paths(entries, self.data.get("files"))
         return entries
 
     def spec(self) -> str:

@@ -137,6 +137,64 @@ def externally_managed_text(prefix: Path) -> str:
     )
 
 
+#: CEP 22: conda refuses to change an env holding this (even as root), printing the
+#: JSON's "message"
+FROZEN = Path("conda-meta") / "frozen"
+#: Where the site env's two markers really live. Both standard paths are relative links
+#: to these files. The directory is one that neither ``conda create --clone`` (conda's
+#: walk_prefix skips a top-level ``pkgs``) nor conda-pack (load_files skips it too)
+#: copies, and that envtools clone leaves out: in a copy made by any of them the links
+#: dangle (or are gone), so pip and conda see an env that is the user's to change, while
+#: the site env itself stays closed to both. See envtools/README.md, "The site env's
+#: markers".
+SITE_ONLY = Path("pkgs") / "envtools-site-only"
+
+
+def frozen_text(prefix: Path) -> str:
+    """conda-meta/frozen's JSON (CEP 22): the message conda prints when it refuses."""
+    return json.dumps({"message": (
+        f"{prefix} is a shared, read-only environment managed by envtools: conda may not "
+        "change it. Clone it and change the clone:\n"
+        f"  conda create -p ~/envs/mine --clone {prefix}   (or: envtools clone {prefix} "
+        "~/envs/mine)\n  conda install -p ~/envs/mine PACKAGE")}, indent=2) + "\n"
+
+
+def write_site_markers(env: Path, prefix: Path, stdlib: str | None) -> None:
+    """Close ``env`` (being built; installed at ``prefix``) to pip (PEP 668, in the
+    stdlib directory ``stdlib``, e.g. lib/python3.11) and to conda (CEP 22), through
+    links into :data:`SITE_ONLY` (see there why)."""
+    d = env / SITE_ONLY
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "README").write_text(
+        "The real files behind this shared environment's PEP 668 and CEP 22 markers\n"
+        f"({FROZEN} and <stdlib>/{EXTERNALLY_MANAGED} link here). Copies of the\n"
+        "environment (conda create --clone, conda-pack, envtools clone) leave this\n"
+        "directory out, so their links dangle and pip and conda may change the copy.\n")
+    (d / "frozen").write_text(frozen_text(prefix))
+    os.symlink(os.path.relpath(d / "frozen", (env / FROZEN).parent), env / FROZEN)
+    if stdlib:
+        (d / EXTERNALLY_MANAGED).write_text(externally_managed_text(prefix))
+        (env / stdlib).mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath(d / EXTERNALLY_MANAGED, env / stdlib),
+                   env / stdlib / EXTERNALLY_MANAGED)
+
+
+def is_site_only(root: Path, rel: str) -> bool:
+    """Is ``rel`` (an untracked path of the env ``root``) one of the site markers' files
+    or a link to one (dangling, in a copy made by conda)? A clone leaves them out."""
+    site = SITE_ONLY.as_posix()
+    if rel == site or rel.startswith(site + "/"):
+        return True
+    try:
+        target = os.readlink(root / rel)
+    except OSError:
+        return False
+    if os.path.isabs(target):
+        return False
+    resolved = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+    return resolved.startswith(site + "/")
+
+
 def is_envtools_marker(path: Path) -> bool:
     """Is ``path`` the EXTERNALLY-MANAGED marker envtools wrote (clones leave it out)?"""
     try:
