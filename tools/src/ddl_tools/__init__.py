@@ -3,7 +3,8 @@
     cluster.py       an emulated multi-host cluster: network namespaces, shaped links, and
                      the launch agent ddlrun reaches them with (python -m ddl_tools.cluster)
     slurmcluster.py  Slurm's daemons on that cluster (munged, slurmctld, a slurmd per host)
-    clusterbench.py  DDL's allreduce against MPI's on that cluster (python -m ddl_tools.clusterbench)
+    clusterbench.py  DDL's allreduce against MPI's on that cluster
+                     (python -m ddl_tools.clusterbench)
 
 It stands on ddl_core (ddlrun, the cost model, the benchmarks' shared helpers) and
 ddl_core never imports it: the launcher takes the cluster the way it takes a site's
