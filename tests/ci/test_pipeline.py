@@ -406,6 +406,80 @@ def test_one_libddl_counts_files_not_links(tmp_path):
     assert msg.startswith("FAILED: 2 copies") and "site-packages/ddl_core/libddl.so.2.0.0" in msg
 
 
+def test_install_stage_is_envtools_and_a_rerun_keeps_the_env(good_channel, upstream, tmp_path):
+    """The install stage installs with envtools (its read-only env, its marker), leaves an
+    env that holds exactly the solution alone on a rerun, and checks it with envtools:
+    the curated imports come from validate's smoke test, the modulefiles from module."""
+    from ci.install import check_env, install_powerai, installed_set
+
+    from envtools import api
+
+    chan, _ = good_channel
+    prefix = tmp_path / "envs" / "bundle"
+    res = install_powerai([str(chan), str(upstream)], prefix, spec="bundle")
+    assert not res.skipped and res.packages == len(installed_set(prefix)) >= 5
+    assert api.made_by_envtools(prefix)
+    assert (prefix / "conda-meta" / "envtools" / "explicit.txt").is_file()
+    assert os.stat(prefix).st_mode & 0o222 == 0  # read-only, as envtools makes it
+    again = install_powerai([str(chan), str(upstream)], prefix, spec="bundle")
+    assert again.skipped and again.packages == res.packages
+    mods = tmp_path / "modulefiles"
+    checks = check_env(prefix, "bundle/1.0", mods, ["purepkg", "nosuchmod"], [["fooapp"]])
+    assert checks["import purepkg"] == "ok", checks
+    assert checks["import nosuchmod"].startswith("FAILED: no installed package provides it")
+    assert checks["fooapp"] == "ok" and checks["envtools module"] == "ok", checks
+    assert (mods / "bundle" / "1.0.lua").is_file() and (mods / "bundle" / "1.0").is_file()
+    doc = json.loads((prefix.parent / "bundle-validate.json").read_text())
+    assert doc["schema"] == "envtools-validate/1" and doc["checked"]["imports"] >= 1
+    assert checks["envtools validate"] == "ok" or checks["envtools validate"].startswith(
+        "findings:"), checks
+
+
+def test_a_failed_envtools_install_fails_the_stage_with_its_error(good_channel, upstream,
+                                                                  tmp_path):
+    """What envtools refuses or cannot do ends the install stage with envtools' own
+    message and hint (a CiError, exit 1); nothing is installed any other way and nothing
+    at the prefix is removed."""
+    from ci.errors import CiError
+    from ci.install import install_powerai
+
+    from envtools import api
+
+    chan, _ = good_channel
+    chans = [str(chan), str(upstream)]
+    taken = tmp_path / "taken"  # not an env: envtools refuses to install over it
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    with pytest.raises(api.EnvtoolsError) as direct:
+        api.install(chans, taken, ["bundle"])
+    with pytest.raises(CiError) as err:
+        install_powerai(chans, taken, spec="bundle")
+    assert err.value.code == 1
+    assert err.value.msg == f"envtools install of bundle into {taken} failed: " \
+        f"{direct.value.message}"
+    assert err.value.hint == direct.value.hint and "choose a new --prefix" in err.value.hint
+    assert [p.name for p in taken.iterdir()] == ["keep.txt"]
+    with pytest.raises(CiError) as err:  # a spec that does not solve
+        install_powerai(chans, tmp_path / "env", spec="bundle >=9")
+    assert err.value.msg.startswith("envtools solve failed: cannot solve bundle >=9 from")
+    assert "check the package name and version" in err.value.hint
+    assert not (tmp_path / "env").exists()
+
+
+def test_solve_is_envtools_for_the_platform_asked(good_channel, upstream):
+    """ci's solve (vendoring, the cross tests, the report) is envtools' for the platform
+    given: the linux-64 python of the upstream serves linux-64 only."""
+    from ci.errors import CiError
+    from ci.install import solve
+
+    chan, _ = good_channel
+    records, _ = solve([str(chan), str(upstream)], ["purepkg"], "linux-64")
+    assert {r.name.normalized for r in records} == {"purepkg", "python"}
+    with pytest.raises(CiError) as err:
+        solve([str(chan), str(upstream)], ["purepkg"], "linux-aarch64")
+    assert "cannot solve purepkg for linux-aarch64" in err.value.msg
+
+
 def test_ci_error_is_printed_once_with_its_hint(tmp_path, upstream):
     """A CiError from any stage: one `error:` line, one `hint:` line, its exit code, no
     traceback (the command line catches it in one place)."""
@@ -430,7 +504,7 @@ def _standins() -> Path:
 def test_env_with_libddl_and_ddl_holds_one_libddl(tmp_path):
     """The real libddl and ddl recipes (openmpi, python 3.11) built by ci, installed into
     a fresh env: one libddl file in it (lib/), and the one `import ddl_core` maps."""
-    from ci.install import install_with_rattler, libddl_copies
+    from ci.install import install_powerai, libddl_copies
 
     cbc = yaml.safe_load((ROOT / "conda_build_config.yaml").read_text())
     cbc.update(mpi=["openmpi"], python=["3.11"], target_platforms=["linux-64"])
@@ -442,7 +516,7 @@ def test_env_with_libddl_and_ddl_holds_one_libddl(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert set(repodata(chan)) == {"libddl", "ddl"}
     prefix = tmp_path / "env"
-    install_with_rattler([str(chan), str(_standins())], "ddl", prefix, "linux-64")
+    install_powerai([str(chan), str(_standins())], prefix, spec="ddl")
     version = yaml.safe_load((ROOT / "recipes" / "libddl" / "recipe.yaml").read_text())[
         "context"]["version"]
     assert libddl_copies(prefix) == [Path(f"lib/libddl.so.{version}")]

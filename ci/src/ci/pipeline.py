@@ -29,7 +29,7 @@ from ci.errors import CiError
 
 console = Console(stderr=True)
 
-#: imports checked in the installed powerai (one interpreter imports them all)
+#: modules that must import in the installed powerai (envtools validate imports them)
 POWERAI_IMPORTS = [
     "ddl_core", "numpy", "mpi4py", "torch", "tensorflow", "keras", "sklearn", "h5py",
     "xgboost", "horovod",
@@ -399,9 +399,10 @@ def _show_cross_standins(res: PipelineResult, up: RunResult) -> None:
 
 def install(s: Settings, res: PipelineResult, prefix: Path) -> dict[str, str]:
     """Make the channel self-contained, publish the stand-ins (offline), install powerai
-    into the read-only ``prefix`` and check it: imports, CLIs, one libddl, envtools
-    module + validate. Returns the facts and checks shown in the report."""
-    from ci.install import envtools_post, install_powerai, one_libddl, smoke_check
+    into the read-only ``prefix`` with envtools and check it: imports, CLIs, one libddl,
+    envtools module + validate. Returns the facts and checks shown in the report; a
+    failed envtools install raises its error (CiError)."""
+    from ci.install import check_env, install_powerai, one_libddl
     from ci.vendor import publish_upstream, vendor_closure
 
     here = host_subdir()
@@ -421,11 +422,11 @@ def install(s: Settings, res: PipelineResult, prefix: Path) -> dict[str, str]:
         console.print(f"[bold]channel-upstream[/]: {pub} ({n} packages added or replaced)")
         upstream_chans = [str(pub.resolve())]
     with _Timer(res.stages, "install powerai"):
-        inst = install_powerai([str(s.channel_dir.resolve()), *upstream_chans], prefix, here)
+        inst = install_powerai([str(s.channel_dir.resolve()), *upstream_chans], prefix)
     with _Timer(res.stages, "check powerai"):
-        checks = smoke_check(prefix, POWERAI_IMPORTS, POWERAI_COMMANDS)
+        checks = check_env(prefix, f"powerai/{version}", s.root / "modulefiles",
+                           POWERAI_IMPORTS, POWERAI_COMMANDS)
         checks["one libddl"] = one_libddl(prefix)
-        checks.update(envtools_post(prefix, f"powerai/{version}", s.root / "modulefiles"))
     cuda_builds = [o for o in res.run.outcomes
                    if o.node.name == "powerai" and o.node.variant.get("build_type") == "cuda"]
     if cuda_builds and os.environ.get("DDLCE_CUDA_ENV", "1") != "0":
@@ -436,13 +437,12 @@ def install(s: Settings, res: PipelineResult, prefix: Path) -> dict[str, str]:
         cprefix = prefix.with_name(prefix.name + "-cuda")
         with _Timer(res.stages, "install powerai (CUDA build)"):
             cinst = install_powerai([str(s.channel_dir.resolve()), *upstream_chans], cprefix,
-                                    here, cuda=cuda)
+                                    cuda=cuda)
         with _Timer(res.stages, "check powerai (CUDA build)"):
-            cchecks = smoke_check(cprefix, ["ddl_core", "torch", "tensorflow", "horovod"],
-                                  [["ddlrun", "--help"]])
+            cchecks = check_env(cprefix, f"powerai/{version}-cuda", s.root / "modulefiles",
+                                ["ddl_core", "torch", "tensorflow", "horovod"],
+                                [["ddlrun", "--help"]])
             cchecks["one libddl"] = one_libddl(cprefix)
-            cchecks.update(envtools_post(cprefix, f"powerai/{version}-cuda",
-                                         s.root / "modulefiles"))
         checks.update({f"cuda: {k}": v for k, v in cchecks.items()})
         checks["cuda: prefix"] = (
             f"{cprefix} ({cinst.packages} packages, --virtual __cuda={cuda}, "
@@ -450,12 +450,11 @@ def install(s: Settings, res: PipelineResult, prefix: Path) -> dict[str, str]:
             + ")")
     return {
         "prefix": str(prefix),
-        "installed with": inst.tool,
+        "installed with": "envtools",
         "packages": str(inst.packages),
         "solve (s)": f"{inst.solve_seconds:.2f}",
         "install (s)": "up to date" if inst.skipped else f"{inst.install_seconds:.1f}",
         **checks,
-        **{f"note {i}": n for i, n in enumerate(inst.notes)},
     }
 
 
@@ -518,6 +517,13 @@ def channel(s: Settings, prefix: Path, *, continue_on_failure: bool = False) -> 
     res = run(s, Options(continue_on_failure=continue_on_failure))
     cross_build(s, res, continue_on_failure=continue_on_failure)
     if res.run.ok:
-        res.install = install(s, res, prefix if prefix.is_absolute() else s.root / prefix)
+        try:
+            res.install = install(s, res, prefix if prefix.is_absolute() else s.root / prefix)
+        except CiError as exc:
+            # the report says why there is no env; then the error ends the run, as any
+            # stage's does
+            res.install = {"install": f"FAILED: {exc}"}
+            write_report(s, res)
+            raise
     write_report(s, res)
     return res

@@ -81,7 +81,9 @@ def variant_sizes(channel: Path, recs: dict[str, dict],
     """Each ``meta`` build's solved closure from the (self-contained) channel: build,
     subdir, what it needs of the machine, package count, MB of archives. A CUDA build is
     solved as on a node with its driver. Builds that do not solve are left out."""
-    from ci.install import cuda_need, solve
+    from envtools.api import cuda_need
+
+    from ci.install import solve
 
     out = []
     for key, rec in sorted(recs.items()):

@@ -15,8 +15,10 @@ import shutil
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from envtools.api import cuda_need
+
 from ci.index import index_channel
-from ci.install import cuda_need, solve
+from ci.install import solve
 from ci.state import load_state, save_state
 
 
