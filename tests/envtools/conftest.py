@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import otheruid  # noqa: E402
+from envtools.errors import EnvtoolsError  # noqa: E402
 from fixtures import build_channel  # noqa: E402
 
 ENVTOOLS = [sys.executable, "-m", "envtools"]
@@ -25,33 +28,61 @@ def run_envtools(*args: str, check: bool = True, **kw) -> subprocess.CompletedPr
     return p
 
 
-def other_user(home: Path, **kw):
-    """A uid without an account to run envtools as (asuser.unprivileged), or a skip that
-    says why there is none: no python that uid can run (e.g. the checkout and its .venv
-    sit under a private home directory)."""
-    from envtools import asuser, errors
+_OTHER_UID: dict[str, object] = {}
 
+
+def other_uid_python() -> Path | None:
+    """This session's python that every uid can run envtools with (otheruid.build: a
+    copy in a directory all can read, made at first use, removed when the session
+    ends), or None, with the reason kept, when it could not be made."""
+    if "python" not in _OTHER_UID:
+        try:
+            _OTHER_UID["top"], _OTHER_UID["python"] = otheruid.build()
+        except (EnvtoolsError, OSError, subprocess.CalledProcessError) as e:
+            _OTHER_UID["python"] = None
+            _OTHER_UID["why"] = getattr(e, "message", None) or str(e)
+    return _OTHER_UID["python"]  # type: ignore[return-value]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_other_uid_python():
+    yield
+    if _OTHER_UID.get("top"):
+        shutil.rmtree(_OTHER_UID["top"], ignore_errors=True)
+
+
+def other_user(home: Path, **kw):
+    """A uid without an account to run envtools as (asuser.unprivileged), running the
+    session's readable copy of python and envtools (the checkout and its .venv may sit
+    under a private home directory), or a skip that says why there is none."""
+    from envtools import asuser
+
+    python = other_uid_python() if os.geteuid() == 0 else None
     try:
-        return asuser.unprivileged(home, **kw)
-    except errors.EnvtoolsError as e:
-        pytest.skip(f"needs another uid that can run envtools: {e.message} ({e.hint})")
+        return asuser.unprivileged(home, python=python, **kw)
+    except EnvtoolsError as e:
+        why = f" (no copy of python: {_OTHER_UID['why']})" if "why" in _OTHER_UID else ""
+        pytest.skip(f"needs another uid that can run envtools: {e.message} ({e.hint}){why}")
 
 
 _RUNS_AS: dict[int, str] = {}
 
 
-def skip_unless_envtools_runs_as(uid: int) -> None:
-    """Skip, saying why, when this interpreter cannot import envtools as ``uid`` (setpriv,
-    this environment): the checkout, its .venv or the interpreter sit where that uid cannot
-    read (a private home or a 0700 temporary directory). Probed once per uid."""
+def envtools_as(uid: int) -> list[str]:
+    """The command line that runs the envtools CLI as ``uid`` (setpriv, the session's
+    readable python: other_uid_python), or a skip saying why that uid cannot import
+    envtools with it. Probed once per uid."""
+    python = other_uid_python() or Path(sys.executable)
+    cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", str(python)]
     if uid not in _RUNS_AS:
-        p = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                            sys.executable, "-c", "import envtools.cli"],
-                           capture_output=True, text=True)
+        p = subprocess.run([*cmd, "-c", "import envtools.cli"], capture_output=True,
+                           text=True, cwd="/")
         _RUNS_AS[uid] = "" if p.returncode == 0 else (p.stderr.strip().splitlines() or [
             f"exit status {p.returncode}"])[-1]
     if _RUNS_AS[uid]:
-        pytest.skip(f"needs uid {uid} to run envtools from {sys.executable}: {_RUNS_AS[uid]}")
+        why = f" (no copy of python: {_OTHER_UID['why']})" if "why" in _OTHER_UID else ""
+        pytest.skip(f"needs uid {uid} to run envtools from {python}: {_RUNS_AS[uid]}{why}")
+    return [*cmd, "-m", "envtools"]
 
 
 @pytest.fixture(scope="session")

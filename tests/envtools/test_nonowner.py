@@ -376,11 +376,11 @@ def test_nothing_the_user_does_in_the_clone_reaches_the_site_env(shared):
 
 def pip_as(shared):
     """The pip command for a clone: the clone's python running pip, seeing no other
-    distribution than the clone's."""
+    distribution than the clone's. A copy of pip, not a link to ours: the user may not
+    reach our .venv (a checkout under a private home)."""
     pip_only = shared.root / "pip-only"
     if not pip_only.exists():
-        pip_only.mkdir()
-        (pip_only / "pip").symlink_to(Path(pip_module.__file__).parent)
+        shutil.copytree(Path(pip_module.__file__).parent, pip_only / "pip")
 
     def cmd(prefix: Path) -> list:
         return ["env", f"PYTHONPATH={pip_only}", prefix / "bin" / "python", "-m", "pip",
@@ -460,8 +460,7 @@ def test_another_users_cache_is_copied_unless_trusted(shared):
         os.chmod(dirpath, 0o755)
         for f in files:
             os.chmod(os.path.join(dirpath, f), 0o644)
-    colleague = asuser.unprivileged(shared.root / "colleague",
-                                    asuser.free_uid(shared.user.uid + 1))
+    colleague = other_user(shared.root / "colleague", uid=asuser.free_uid(shared.user.uid + 1))
     theirs = colleague.home / "envs" / "theirs"
     p = colleague.run(colleague.envtools("install", "--channel", channel, "--prefix", theirs,
                                          "demo-meta"))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import hostile
 import pytest
-from conftest import ENVTOOLS, run_envtools, skip_unless_envtools_runs_as
+from conftest import ENVTOOLS, envtools_as, run_envtools
 from hostile import Entry, Package
 
 NOBODY = 65534
@@ -145,9 +145,7 @@ def as_who(who: str, world: World, *args, timeout: int = 120) -> subprocess.Comp
         if os.geteuid() == 0:
             if not shutil.which("setpriv"):
                 pytest.skip("needs setpriv (util-linux) to run as another user")
-            skip_unless_envtools_runs_as(NOBODY)
-            cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                   "--", *cmd]
+            cmd = [*envtools_as(NOBODY), *map(str, args)]
             env.update(HOME=str(world.user), XDG_CACHE_HOME=str(world.user / "cache"))
     elif who == "owner":
         if os.geteuid() != 0 or not shutil.which("unshare"):

@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import run_envtools, skip_unless_envtools_runs_as
+from conftest import envtools_as, run_envtools
 from test_clone import pip_install
 from test_validate import findings, validate
 
@@ -198,11 +198,10 @@ def test_corrupt_record_names_the_file(broken):
                     reason="needs setpriv and root (to become another user)")
 def test_unreadable_prefix(broken):
     """As a user who cannot read the env (root reads everything, so drop to nobody)."""
-    skip_unless_envtools_runs_as(65534)
+    cmd = envtools_as(65534)
     os.chmod(broken / "conda-meta", 0o700)
     os.chmod(broken, 0o711)
-    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                        sys.executable, "-m", "envtools", "validate", str(broken)],
+    p = subprocess.run([*cmd, "validate", str(broken)],
                        capture_output=True, text=True, env={**os.environ, "HOME": "/tmp"})
     assert p.returncode == 2, p.stderr
     assert "cannot read" in p.stderr and "Traceback" not in p.stderr

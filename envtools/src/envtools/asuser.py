@@ -8,7 +8,9 @@ root's files, which is the other case. As root we switch to a uid nobody uses
 
 The interpreter running envtools may not be reachable by that uid (a venv made from a
 python under /root): then the same minor version of python from the system runs it,
-with envtools and the current interpreter's site-packages on PYTHONPATH.
+with envtools and the current interpreter's site-packages on PYTHONPATH; or the caller
+names the interpreter (the tests make a copy every user can read: a checkout under a
+private home leaves that uid nothing else).
 """
 
 from __future__ import annotations
@@ -66,11 +68,15 @@ class User:
         return path
 
 
-def unprivileged(home: Path, uid: int | None = None) -> User:
+def unprivileged(home: Path, uid: int | None = None,
+                 python: str | os.PathLike[str] | None = None) -> User:
     """The user to run as: a uid without an account when we are root, else ourselves.
 
-    ``home`` becomes theirs (HOME for the commands). Raises EnvtoolsError when root
-    cannot switch users (no setpriv) or no python can run envtools as that user.
+    ``home`` becomes theirs (HOME for the commands). ``python``, when given, is the one
+    interpreter to run envtools with, as is (one that has envtools in its own
+    site-packages, where that user can read it: the tests' copy when the checkout is
+    private). Raises EnvtoolsError when root cannot switch users (no setpriv) or no
+    python can run envtools as that user.
     """
     if os.geteuid() == 0:
         if not shutil.which("setpriv"):
@@ -89,10 +95,14 @@ def unprivileged(home: Path, uid: int | None = None) -> User:
     base.update(HOME=str(home), PYTHONNOUSERSITE="1", PYTHONDONTWRITEBYTECODE="1")
     minor = f"python{sys.version_info[0]}.{sys.version_info[1]}"
     tried = []
-    for py in dict.fromkeys(filter(None, [sys.executable, os.path.realpath(sys.executable),
-                                          f"/usr/bin/{minor}", shutil.which(minor)])):
-        for env in ({**base, "PYTHONPATH": pkg_root}, {**base, "PYTHONPATH": os.pathsep.join(
-                dict.fromkeys(paths))}):
+    pythons = [os.fspath(python)] if python is not None else [
+        sys.executable, os.path.realpath(sys.executable), f"/usr/bin/{minor}",
+        shutil.which(minor)]
+    envs = [base] if python is not None else [
+        {**base, "PYTHONPATH": pkg_root},
+        {**base, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}]
+    for py in dict.fromkeys(filter(None, pythons)):
+        for env in envs:
             p = subprocess.run([*user.prefix, py, "-c", "import envtools.cli, rattler"],
                                env=env, capture_output=True, text=True)
             if p.returncode == 0:
