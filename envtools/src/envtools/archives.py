@@ -470,7 +470,9 @@ def _same_entry(old: Path, new: Path) -> bool:
     fresh = _tree(new)
     # (the bytecode an earlier install compiled into the entry: bytecode.compile_installed;
     # this install compiles it again, over it, and a clone links only what a record lists)
-    tree = {rel: kind for rel, kind in tree.items() if rel in fresh or not _compiled(rel, kind)}
+    # and conda's repodata_record.json, which install writes into every entry (again)
+    tree = {rel: kind for rel, kind in tree.items() if rel in fresh or not (
+        _compiled(rel, kind) or rel == "info/repodata_record.json")}
     if tree != fresh:
         return False
     files = [rel for rel, kind in tree.items() if kind == "f"]
