@@ -485,15 +485,20 @@ def test_build_skip_conditions_are_evaluated_per_platform_and_variant():
     with pytest.raises(RecipeError, match="power9"):
         skip_reason(["power9"], "linux-64", {})
     root = Path(__file__).resolve().parents[2]
-    variants = {"python": ["3.11"]}
-    for platform, built in (("linux-64", {"python"}),
-                            ("linux-ppc64le", {"python", "numpy", "mpi4py"})):
+    # the MPI mutex (mpi) is noarch, one build per flavour but `external` (conda-forge has none)
+    variants = {"python": ["3.11"], "mpi": ["openmpi", "mpich", "external"]}
+    for platform, built in (("linux-64", {"python", "mpi"}),
+                            ("linux-ppc64le", {"python", "numpy", "mpi4py", "mpi"})):
         skipped: list[str] = []
         nodes = render_all(find_recipes(root / "recipes", upstream=True), variants, [platform],
                            skipped)
         assert {n.name for n in nodes} == built
-        assert len(skipped) == 3 - len(built), skipped
-        assert all("build.skip not ppc64le" in x for x in skipped)
+        assert sorted(n.build_string for n in nodes if n.name == "mpi") == ["mpich", "openmpi"]
+        mutex = [x for x in skipped if x.startswith("mpi for")]
+        assert len(mutex) == 1 and 'build.skip mpi == "external"' in mutex[0], skipped
+        rest = [x for x in skipped if x not in mutex]
+        assert len(rest) == 4 - len(built), skipped
+        assert all("build.skip not ppc64le" in x for x in rest)
 
 
 def test_pypi_source_urls_are_fetched_by_pip_and_checked(tmp_path, monkeypatch):

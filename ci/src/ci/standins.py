@@ -31,7 +31,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ci.config import Settings, host_subdir
 from ci.index import index_channel, packages_in
-from ci.wheel2conda import CONVERTER_VERSION, SUBDIR_MACHINE, WheelError, convert_wheel
+from ci.wheel2conda import (
+    CONVERTER_VERSION,
+    SUBDIR_MACHINE,
+    WheelError,
+    convert_wheel,
+    mutex_dep,
+)
 
 if TYPE_CHECKING:
     from ci.build import ForeignTest, RunResult
@@ -212,6 +218,8 @@ def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str,
             w.name in state
             and state[w.name]["key"] in have
             and state[w.name].get("converter") == CONVERTER_VERSION
+            # an MPI package converted before it depended on the MPI mutex
+            and (mutex_dep(state[w.name]["name"]) or "") in [*state[w.name]["depends"], ""]
         )
     ]
     # packages of the previous converter only lack link.json and a timestamp: patched in

@@ -99,6 +99,16 @@ class ConvertedPackage:
     license: str = ""
 
 
+#: The MPI packages and the build of the MPI mutex (recipes/upstream/mpi) each depends on, as
+#: conda-forge's openmpi and mpich do: one MPI per env, so mpich cannot join an openmpi env.
+MPI_MUTEX: dict[str, str] = {"openmpi": "mpi 1.0.* openmpi", "mpich": "mpi 1.0.* mpich"}
+
+
+def mutex_dep(name: str) -> str | None:
+    """The MPI mutex dependency of conda package ``name`` (None for a non-MPI package)."""
+    return MPI_MUTEX.get(name)
+
+
 def conda_name(dist: str) -> str:
     """The conda package name for a PyPI distribution name."""
     canon = canonicalize_name(dist)
@@ -425,6 +435,8 @@ def convert_wheel(
                 and dep.split()[0] != name
             ):
                 depends.append(dep)
+        if mutex_dep(name):
+            depends.append(str(mutex_dep(name)))
         if pure:
             req_py = _pep440_to_conda(meta.get("Requires-Python") or "")
             depends.insert(
