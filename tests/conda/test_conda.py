@@ -1,0 +1,179 @@
+"""The seeds' commands with the real conda against the channel and the site env.
+
+A user types `conda create powerai`, `conda install mpich`, `conda create --clone`: each
+test here runs that command with conda itself (classic solver, offline, local channels
+only) and checks what the user then has.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+from condahelp import MODULEFILES, final_names, mpirun_allreduce
+
+IMPORTS = "import ddl_core, torch, tensorflow, horovod.torch; print(torch.__version__)"
+
+
+def _python(prefix, code: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONDA_")}
+    env.pop("PYTHONPATH", None)
+    return subprocess.run([str(prefix / "bin" / "python"), "-c", code], capture_output=True,
+                          text=True, env=env, timeout=600, cwd="/")
+
+
+def _mpi_packages(names) -> set[str]:
+    return {n for n in names if n in ("openmpi", "mpich")}
+
+
+@pytest.mark.parametrize("which", ["default_env", "cuda_env"])
+def test_plain_create_gives_openmpi_env_that_imports_and_runs(conda, which, request):
+    """`conda create powerai` (with and without a CUDA driver): the openmpi build, whose
+    frameworks import and whose mpirun runs a 2-rank allreduce."""
+    prefix = request.getfixturevalue(which)
+    have = conda.installed(prefix)
+    assert have["powerai"]["build_string"].startswith("openmpi_"), have["powerai"]
+    assert have["mpi"]["build_string"] == "openmpi", have.get("mpi")
+    assert _mpi_packages(have) == {"openmpi"}
+    want_cuda = which == "cuda_env"
+    assert ("_cuda_" in have["powerai"]["build_string"]) == want_cuda, have["powerai"]
+    p = _python(prefix, IMPORTS)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = mpirun_allreduce(prefix)
+    assert r.returncode == 0 and r.stdout.count("allreduce ok") == 2, r.stdout + r.stderr[-3000:]
+
+
+def test_external_build_when_asked(conda, tmp_path):
+    """`powerai=*=*external*` still gives the external build, with no MPI package."""
+    out = conda.json("create", "--dry-run", "-p", str(tmp_path / "e"), "--offline",
+                     *conda.channel_args, "powerai=*=*external*")
+    link = {r["name"]: r for r in out["actions"]["LINK"]}
+    assert link["powerai"]["build_string"].startswith("external_"), link["powerai"]
+    assert not _mpi_packages(link) and "mpi" not in link, sorted(link)
+
+
+@pytest.mark.parametrize("flavour", ["mpich", "external"])
+def test_each_flavour_named_is_what_the_solver_gives(conda, tmp_path, flavour):
+    out = conda.json("create", "--dry-run", "-p", str(tmp_path / "e"), "--offline",
+                     *conda.channel_args, f"powerai=*=*{flavour}*")
+    link = {r["name"]: r for r in out["actions"]["LINK"]}
+    assert link["powerai"]["build_string"].startswith(f"{flavour}_")
+    assert link["ddl"]["build_string"].split("_")[1] == flavour, link["ddl"]
+
+
+def test_mpich_into_openmpi_env_switches_or_is_refused(conda, default_env):
+    """The mpi mutex: mpich joins an openmpi env only by replacing openmpi (and the
+    openmpi builds of what needs an MPI), or the solver refuses; never both MPIs."""
+    have = conda.installed(default_env)
+    out = conda.json("install", "--dry-run", "-p", str(default_env), "--offline",
+                     *conda.channel_args, "mpich", check=False)
+    if out.get("success") and "actions" in out:
+        final = final_names(have, out["actions"])
+        assert _mpi_packages(final) == {"mpich"}, sorted(_mpi_packages(final))
+        link = {r["name"]: r for r in out["actions"]["LINK"]}
+        assert link["mpi"]["build_string"] == "mpich", link.get("mpi")
+    else:
+        refused = ("UnsatisfiableError", "SpecsConfigurationConflictError")
+        assert out.get("exception_name") in refused, out
+
+
+def test_search_shows_the_six_powerai_builds_without_warnings(conda):
+    p = conda.run("search", "--offline", *conda.channel_args, "powerai", "--json")
+    assert "warn" not in p.stderr.lower(), p.stderr
+    import json
+
+    recs = json.loads(p.stdout)["powerai"]
+    here = {(r["build"].split("_")[0], r["build"].split("_")[1]) for r in recs
+            if r["subdir"] != "noarch"}
+    assert here == {(m, t) for m in ("openmpi", "mpich", "external") for t in ("cpu", "cuda")}
+
+
+def test_cuda_virtual_package_picks_the_cuda_build(conda, tmp_path):
+    for override, kind in (("", "cpu"), ("13.0", "cuda")):
+        out = conda.json("create", "--dry-run", "-p", str(tmp_path / "e"), "--offline",
+                         *conda.channel_args, "powerai",
+                         extra_env={"CONDA_OVERRIDE_CUDA": override} if override else None)
+        link = {r["name"]: r for r in out["actions"]["LINK"]}
+        assert link["powerai"]["build_string"].startswith(f"openmpi_{kind}_"), link["powerai"]
+
+
+def _small_package(conda, prefix) -> str:
+    """A package of the upstream channel the env does not hold and that needs little."""
+    have = conda.installed(prefix)
+    for name in ("cmake", "ninja", "wheel", "cython"):
+        if name not in have:
+            return name
+    pytest.skip("every candidate package is already in the env")
+
+
+def test_clone_as_root_then_install_and_remove(conda, site_env, tmp_path):
+    clone = tmp_path / "clone"
+    conda.run("create", "-y", "-p", str(clone), "--clone", str(site_env), "--offline",
+              *conda.channel_args)
+    assert set(conda.installed(clone)) == set(conda.installed(site_env))
+    pkg = _small_package(conda, clone)
+    conda.run("install", "-y", "-p", str(clone), "--offline", *conda.channel_args, pkg)
+    assert pkg in conda.installed(clone)
+    conda.run("remove", "-y", "-p", str(clone), "--offline", pkg)
+    assert pkg not in conda.installed(clone)
+    assert _python(clone, "import ddl_core").returncode == 0
+
+
+def test_clone_as_another_uid_then_install(conda, site_env, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run conda as another uid")
+    uid = 47311
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chown(home, uid, uid)
+    tmp_path.chmod(0o755)
+    probe = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                            "--", conda.exe, "--version"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"uid {uid} cannot run {conda.exe}: {probe.stderr.strip()[-300:]}")
+    clone = home / "clone"
+    conda.run("create", "-y", "-p", str(clone), "--clone", str(site_env), "--offline",
+              *conda.channel_args, uid=uid, home=home)
+    assert clone.stat().st_uid == uid
+    pkg = _small_package(conda, clone)
+    conda.run("install", "-y", "-p", str(clone), "--offline", *conda.channel_args, pkg,
+              uid=uid, home=home)
+    conda.run("remove", "-y", "-p", str(clone), "--offline", pkg, uid=uid, home=home)
+    assert pkg not in conda.installed(clone)
+
+
+def test_activate_sets_nothing_the_modulefile_lacks(conda, site_env):
+    """Every variable `conda activate` sets for the site env is in its modulefile, so
+    `module load powerai` gives what conda users get."""
+    p = conda.run("shell.posix", "activate", str(site_env))
+    names = set(re.findall(r"^export (\w+)=", p.stdout, re.M))
+    names -= {"PS1", "CONDA_SHLVL", "CONDA_PROMPT_MODIFIER", "CONDA_EXE", "_CE_M", "_CE_CONDA",
+              "CONDA_PYTHON_EXE"}
+    files = [f for f in (MODULEFILES / "powerai").rglob("*") if f.is_file()]
+    if not files:
+        pytest.skip("needs modulefiles/powerai from `make channel`")
+    text = "\n".join(f.read_text() for f in files)
+    assert names, p.stdout
+    missing = sorted(n for n in names if n not in text)
+    assert not missing, (missing, p.stdout)
+
+
+def test_list_explicit_recreates_the_env(conda, site_env, tmp_path):
+    spec = tmp_path / "spec.txt"
+    spec.write_text(conda.run("list", "--explicit", "--md5", "-p", str(site_env)).stdout)
+    again = tmp_path / "again"
+    conda.run("create", "-y", "-p", str(again), "--offline", "--file", str(spec))
+    a, b = conda.installed(site_env), conda.installed(again)
+    assert {(n, r["version"], r["build_string"]) for n, r in a.items()} == \
+           {(n, r["version"], r["build_string"]) for n, r in b.items()}
+
+
+def test_env_export_and_create(conda, site_env, tmp_path):
+    yml = tmp_path / "env.yml"
+    yml.write_text(conda.run("env", "export", "-p", str(site_env)).stdout)
+    again = tmp_path / "again"
+    conda.run("env", "create", "-y", "-p", str(again), "-f", str(yml))
+    a, b = conda.installed(site_env), conda.installed(again)
+    assert {(n, r["version"]) for n, r in a.items()} == {(n, r["version"]) for n, r in b.items()}
