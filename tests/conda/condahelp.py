@@ -22,7 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CHANNEL = ROOT / "channel"
-UPSTREAM = ROOT / "channel-upstream"
+#: the stand-in channel (DDLCE_UPSTREAM_CHANNEL: another copy of it, e.g. ci's cache)
+UPSTREAM = Path(os.environ.get("DDLCE_UPSTREAM_CHANNEL") or ROOT / "channel-upstream")
 SITE_ENV = ROOT / "envs" / "powerai"
 MODULEFILES = ROOT / "modulefiles"
 

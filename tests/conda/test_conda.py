@@ -155,7 +155,8 @@ def test_activate_sets_nothing_the_modulefile_lacks(conda, site_env):
     if not files:
         pytest.skip("needs modulefiles/powerai from `make channel`")
     assert {"PATH", "CONDA_PREFIX", "CONDA_SHLVL"} <= names, p.stdout
-    sets = re.compile(r"^\s*(?:setenv|pushenv|prepend[-_]path|append[-_]path)\s*\(?\s*\"?(\w+)", re.M)
+    sets = re.compile(r"^\s*(?:setenv|pushenv|prepend[-_]path|append[-_]path)"
+                      r"\s*\(?\s*\"?(\w+)", re.M)
     for f in files:
         missing = sorted(names - set(sets.findall(f.read_text())))
         assert not missing, (f.name, missing, p.stdout)

@@ -9,6 +9,7 @@ upstream's files, unchanged; ``.ci-state.json`` marks them ``origin: upstream``.
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import shutil
@@ -44,7 +45,7 @@ def vendor_closure(channel: Path, upstream: list[str], platform: str, meta: str 
         if r["name"] == meta
     ]
     state = load_state(channel)
-    added = 0
+    added = replaced = 0
     chan = str(channel.resolve())
     used: set[str] = set()
     for spec, cuda in builds:
@@ -58,8 +59,11 @@ def vendor_closure(channel: Path, upstream: list[str], platform: str, meta: str 
             if src is None or str(src).startswith(chan) or not src.exists():
                 continue
             dest = channel / rec.subdir / src.name
-            if dest.exists():
+            # a stand-in converted again keeps its file name (the MPI mutex dependency
+            # added to openmpi): the copy here must follow it, not shadow it
+            if dest.exists() and filecmp.cmp(dest, src, shallow=False):
                 continue
+            replaced += dest.exists()
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(dest.name + ".part")
             try:
@@ -78,7 +82,7 @@ def vendor_closure(channel: Path, upstream: list[str], platform: str, meta: str 
             (channel / platform / name).unlink(missing_ok=True)  # (a state key is data)
         del state[key]
     if added or stale:
-        index_channel(channel, [platform], force=bool(stale))
+        index_channel(channel, [platform], force=bool(stale) or bool(replaced))
         save_state(channel, state)
     return added
 
