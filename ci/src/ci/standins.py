@@ -211,6 +211,11 @@ def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str,
     state_path = channel / WHEEL_STATE
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
     have = packages_in(channel)
+    def lacks_mutex(w: Path) -> bool:
+        """An MPI package converted before it depended on the MPI mutex: its depends
+        change, so it is converted again (patching the info part cannot add them)."""
+        return (mutex_dep(state[w.name]["name"]) or "") not in [*state[w.name]["depends"], ""]
+
     todo = [
         w
         for w in wheels
@@ -218,8 +223,7 @@ def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str,
             w.name in state
             and state[w.name]["key"] in have
             and state[w.name].get("converter") == CONVERTER_VERSION
-            # an MPI package converted before it depended on the MPI mutex
-            and (mutex_dep(state[w.name]["name"]) or "") in [*state[w.name]["depends"], ""]
+            and not lacks_mutex(w)
         )
     ]
     # packages of the previous converter only lack link.json and a timestamp: patched in
@@ -227,7 +231,7 @@ def convert_all(wheels: list[Path], subdir: str, channel: Path, python: str,
     from ci.wheel2conda import PATCHABLE_CONVERTER, upgrade_converted
 
     patch = [w for w in todo if w.name in state and state[w.name]["key"] in have
-             and state[w.name].get("converter") == PATCHABLE_CONVERTER]
+             and state[w.name].get("converter") == PATCHABLE_CONVERTER and not lacks_mutex(w)]
     for w in patch:
         upgrade_converted(have[state[w.name]["key"]], w)
         state[w.name]["converter"] = CONVERTER_VERSION
