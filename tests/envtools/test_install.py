@@ -50,6 +50,16 @@ def test_install_refuses_existing_readonly_and_bad_input(env, channel, tmp_path)
     assert p.returncode == 2 and "read-only environment" in p.stderr
 
 
+def test_install_onto_a_plain_file_says_it_is_a_file(channel, tmp_path):
+    f = tmp_path / "env"
+    f.write_text("a user's file\n")
+    p = run_envtools("install", "--channel", channel, "--prefix", f, "demo-meta", check=False)
+    assert p.returncode == 2 and "is a file, not a directory" in p.stderr
+    assert "already an envtools" not in p.stderr
+    assert f.read_text() == "a user's file\n"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["env"]
+
+
 def test_remove(channel, tmp_path):
     prefix = tmp_path / "envs" / "x"
     run_envtools("install", "--channel", channel, "--prefix", prefix, "libdemo")

@@ -172,12 +172,20 @@ def install(
     prefix = Path(os.path.abspath(prefix))
     refuse_readonly(prefix.parent, "install into")
     if prefix.exists():
+        if not prefix.is_dir():
+            # (checked first: asked for its marker, a plain file was called "already an
+            # envtools read-only environment")
+            raise EnvtoolsError(
+                f"{prefix} is a file, not a directory: --prefix names the environment's "
+                "directory",
+                "choose a --prefix that does not exist yet (or an empty directory)",
+            )
         if read_marker(prefix) is not None:
             raise EnvtoolsError(
                 f"{prefix} is already an envtools read-only environment",
                 f"remove it first with: envtools remove {prefix}",
             )
-        if not prefix.is_dir() or any(prefix.iterdir()):
+        if any(prefix.iterdir()):
             raise EnvtoolsError(
                 f"{prefix} exists and is not empty",
                 "choose a new --prefix, or remove the directory first",
