@@ -348,3 +348,41 @@ def test_cache_tag_is_on_the_package_cache_not_on_envs(channel, tmp_path):
     added = tmp_path / "added"
     run_envtools("clone", env, added, "--add", "demo-extra")  # rattler's installer runs
     assert not (added / tag).exists()
+
+
+# A reclaim SIGKILLed after it removed the owner record but before the rest: the tree is
+# removed in no particular order, so this is what a kill mid-removal can leave. The
+# subprocess runs envtools' own remove_leftover; only its remove_tree is replaced, by one
+# that deletes the owner record (as the real one may, first) and then dies.
+_KILLED_RECLAIM = """
+import os, signal, sys
+from pathlib import Path
+from envtools import tempdirs
+
+def dies_half_way(path, settle=False):
+    os.unlink(Path(path) / tempdirs.OWNER)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+tempdirs.remove_tree = dies_half_way
+tempdirs.remove_leftover(Path(sys.argv[1]))
+"""
+
+
+def test_a_reclaim_killed_half_way_leaves_what_gc_removes(channel, tmp_path, blocked_clones):
+    src, _ = fifo_env(channel, tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = blocked_clones(src, out / "c", workers=1)
+    (tmp_dir,) = leftovers(out)
+    proc.kill()
+    proc.wait()
+    killed = subprocess.run([ENVTOOLS[0], "-c", _KILLED_RECLAIM,
+                             str(out / tmp_dir)], capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    (left,) = [x for x in out.iterdir() if x.name.startswith(".")]
+    assert ".envtools-trash-" in left.name and left.name.startswith(".c.")
+    assert not (left / "conda-meta/envtools/tmp-owner.json").exists()
+    assert any(left.rglob("*")), "the killed reclaim left files behind (the case under test)"
+    p = run_envtools("gc", out)
+    assert f"removed {left}" in p.stdout, p.stdout
+    assert list(out.iterdir()) == []

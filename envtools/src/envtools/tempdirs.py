@@ -12,7 +12,9 @@ holds an ``flock`` on it for as long as it lives (its forked workers share that 
 A leftover is removed only when both say its owner is gone: the lock is free, and on
 this host that pid no longer runs with that start time (or the machine has rebooted).
 Every :func:`atomic_dir` first reclaims such leftovers in its parent directory, and
-``envtools gc`` lists and removes them anywhere. A directory without an owner record
+``envtools gc`` lists and removes them anywhere. A removal first renames the leftover to
+``.<dest name>.envtools-trash-*`` (see :data:`TRASH_TAG`), so one killed half-way leaves a
+name that the next run or gc finishes removing. A directory without an owner record
 is never removed, unless it holds no file at all (a run killed between creating it and
 writing the record) and is over a minute old.
 """
@@ -47,8 +49,19 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
+#: what a leftover is renamed to before its removal starts: removing a tree deletes the
+#: owner record with the rest, so a removal killed half-way would otherwise leave files
+#: without their record, which every later run must keep. A trash name says "claimed for
+#: removal" by itself: whoever finds one finishes the removal.
+TRASH_TAG = ".envtools-trash-"
+
+
 def is_tmp_name(name: str) -> bool:
-    return name.startswith(".") and TMP_TAG in name
+    return name.startswith(".") and (TMP_TAG in name or TRASH_TAG in name)
+
+
+def is_trash_name(name: str) -> bool:
+    return name.startswith(".") and TRASH_TAG in name
 
 
 @contextmanager
@@ -272,6 +285,9 @@ def inspect(path: Path, lock: bool = False) -> tuple[Leftover, int]:
         return Leftover(path, False, "not a directory"), -1
     if st.st_uid != os.geteuid() and os.geteuid() != 0:
         return Leftover(path, False, f"belongs to uid {st.st_uid}, not to you"), -1
+    if is_trash_name(path.name):
+        return Leftover(path, True, "claimed for removal by an earlier run, which did not "
+                        "finish it"), -1
     fd = _open_owner(path)
     if fd < 0:
         if not _has_files(path) and time.time() - st.st_mtime > UNOWNED_GRACE_S:
@@ -351,6 +367,7 @@ def remove_leftover(path: Path) -> Leftover:
     verdict, fd = inspect(path, lock=True)
     if verdict.removable:
         try:
+            path = _claim_for_removal(path)
             remove_tree(path)
         finally:
             if fd >= 0:
@@ -360,6 +377,22 @@ def remove_leftover(path: Path) -> Leftover:
             verdict.why += "; it could not be removed completely (a mount inside, or "\
                 "permissions)"
     return verdict
+
+
+def _claim_for_removal(path: Path) -> Path:
+    """Rename ``path`` to a trash name beside it (atomic, same directory) while its owner
+    lock is held; returns the name to remove. Already a trash name: kept. A rename that
+    fails (another run claimed it first) leaves the path as it is; removal then goes on
+    by the old name, which is gone or being removed."""
+    if is_trash_name(path.name):
+        return path
+    base = path.name[1:].split(TMP_TAG, 1)[0]
+    trash = path.with_name(f".{base}{TRASH_TAG}{os.urandom(4).hex()}")
+    try:
+        os.rename(path, trash)
+    except OSError:
+        return path
+    return trash
 
 
 def reclaim(parent: Path) -> list[Leftover]:
