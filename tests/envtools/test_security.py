@@ -720,3 +720,25 @@ def test_remove_never_deletes_outside_the_prefix(world, case):
     assert env.is_dir()
     run_envtools("remove", env)
     assert not env.exists() and (keep / "precious").read_text() == "x"
+
+
+def test_a_failed_install_leaves_a_shared_cache_read_only(world, case):
+    """A shared --cache that another env uses: an install that fails on a tampered archive
+    (after the cache was opened for writing) leaves no writable entry in it."""
+    cache = case / "cache"
+    run_envtools("install", "--channel", world.base, "--prefix", case / "a", "--cache",
+                 cache, "libdemo")
+
+    def writable() -> list[str]:
+        return sorted(str(p.relative_to(cache)) for p in [cache, *cache.rglob("*")]
+                      if not p.is_symlink() and p.stat().st_mode & 0o222)
+
+    assert writable() == []
+    ch = _tampered_channel(world, case, "flipped")
+    p = run_envtools("install", "--channel", ch, "--prefix", case / "b", "--cache", cache,
+                     "demo-extra", check=False)
+    refused(p, "demo-extra", "sha256")
+    assert not (case / "b").exists()
+    assert writable() == []
+    doc = json.loads(run_envtools("validate", case / "a", "--json").stdout)
+    assert doc["exit_status"] == 0, doc

@@ -217,9 +217,13 @@ def install(
         _install_into(records, prepared, prefix, cache, srcs, specs, timings, t0)
     except BaseException:
         # a cache this run made goes with it, unless another run's env at the prefix
-        # (which won a race to it) uses it now
+        # (which won a race to it) uses it now; one that was there (shared with other
+        # envs) is read-only again, as they left it
         if not cache_existed and read_marker(prefix) is None:
             remove_tree(cache, settle=True)
+        elif cache.exists():
+            _drop_cache_locks(cache)
+            make_readonly(cache)
         raise
     os.chmod(prefix, 0o555)
     timings["total"] = time.monotonic() - t0
