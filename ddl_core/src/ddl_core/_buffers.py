@@ -130,3 +130,67 @@ def empty_like(x: Any, buf: Any, shape: tuple[int, ...] | None = None) -> tuple[
     arr = np.asarray(buf)
     out = np.empty(shape if shape is not None else arr.shape, dtype=arr.dtype)
     return out, out
+
+
+# ---- the checks every collective makes, once: what it sends, where the result goes ------
+
+
+def count(buf: Any) -> int:
+    """Elements of a buffer (its bytes over the element size)."""
+    if type(buf) is np.ndarray:
+        return buf.size  # (a memoryview costs 0.3 us, a small allreduce's third)
+    mv = memoryview(buf)
+    return mv.nbytes // mv.itemsize
+
+
+def check_out(out: Any, code: int, need: int | None, fn: str) -> Any:
+    """out's buffer, once its dtype is `code` and it holds `need` elements (None: the C
+    call checks the size itself)."""
+    rbuf, rcode = as_buffer(out)
+    if rcode != code:
+        raise TypeError(f"{fn}: out has dtype {DTYPES[rcode]} but the input {DTYPES[code]}")
+    if need is not None and count(rbuf) != need:
+        raise ValueError(f"{fn}: out must hold {need} elements, not {count(rbuf)}")
+    return rbuf
+
+
+def result(x: Any, buf: Any, code: int, out: Any, fn: str, need: int | None = None,
+           shape: tuple[int, ...] | None = None) -> tuple[Any, Any]:
+    """(result object, its buffer) of a collective on x (already resolved to buf, code):
+    `out` itself (checked), x for out=x (in place), else a new array of x's kind shaped
+    `shape` (default: like x). `need`: the elements out must hold, where the C call does
+    not check it (None: it does)."""
+    if out is None:
+        return empty_like(x, buf, shape)
+    if out is x and (need is None or need == count(buf)):
+        return x, buf
+    if need is None:  # (check_out's dtype check inline: the async calls' latency)
+        rbuf, rcode = as_buffer(out)
+        if rcode == code:
+            return out, rbuf
+    return out, check_out(out, code, need, fn)
+
+
+def gather_shape(x: Any, n: int) -> tuple[int, ...]:
+    """The shape of n ranks' x concatenated along the first axis (flat x: n x its length)."""
+    shape = tuple(getattr(x, "shape", ()) or ())
+    return (n * shape[0], *shape[1:]) if shape else (n,)
+
+
+def scatter_shape(x: Any, total: int, n: int, fn: str) -> tuple[int, ...]:
+    """The shape of one of n equal blocks of x (total elements): x's first axis split when
+    it divides, else flat."""
+    if total % n:
+        raise ValueError(f"{fn}: {total} elements do not split over {n} ranks")
+    shape = tuple(getattr(x, "shape", ()) or ())
+    if shape and shape[0] % n == 0:
+        return (shape[0] // n, *shape[1:])
+    return (total // n,)
+
+
+def rank_counts(counts: Any, n: int, fn: str) -> np.ndarray:
+    """n per-rank element counts as the uint64 array libddl takes, or ValueError."""
+    arr = np.asarray(counts)
+    if arr.shape != (n,) or arr.dtype.kind not in "iu" or (arr < 0).any():
+        raise ValueError(f"{fn}: give {n} non-negative integer counts, one per rank")
+    return np.ascontiguousarray(arr, dtype=np.uint64)

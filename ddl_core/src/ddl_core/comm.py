@@ -1,38 +1,95 @@
-"""Communicators and the collectives of libddl 2, in mpi4py's spirit.
+"""Communicators and their collectives, in mpi4py's spirit: the world is one of them.
 
     world = ddl.comm_world()
     half = world.split(world.rank % 2)          # a Comm, or None for color=None
-    y = ddl.allreduce(x, comm=half)
-    blocks = ddl.alltoall(x, comm=half)         # block i of flat x goes to rank i
+    y = half.allreduce(x)                       # = ddl.allreduce(x, comm=half)
+    blocks = half.alltoall(x)                   # block i of x goes to rank i
 
-Every collective is collective over its communicator only: its members must call it, the
-others need not. A count, dtype, op or root that differs between members raises
-MismatchError on every member (and nowhere else) before data moves; a member that never
-arrives raises DDLTimeoutError after the communicator's timeout (set_timeout). Using a
-freed communicator is InvalidArgumentError before anything moves. Host buffers (numpy,
-torch CPU tensors, buffer-protocol objects) only for the calls added in libddl 2.
+Every collective is a method of Comm, written here once; ddl_core's module-level calls
+(ddl.allreduce, ...) are calls on comm_world(). A collective is collective over its
+communicator only: its members must call it, the others need not. A count, dtype, op or
+root that differs between members raises MismatchError on every member (and nowhere else)
+before data moves; a member that never arrives raises DDLTimeoutError after the
+communicator's timeout (set_timeout). Using a freed communicator is InvalidArgumentError
+before anything moves.
+
+Buffers: numpy arrays (bfloat16 through ml_dtypes), torch CPU tensors, buffer-protocol
+objects. GPU arrays take libddl's device path in allreduce, broadcast, allgather and
+reduce_scatter (and their *_async) on the world; elsewhere they are refused with what to
+pass instead.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any
 
 import numpy as np
 
 from . import _cuda, _ddl
-from ._buffers import _NP_CODE, BF16_CODE, DTYPES, as_buffer, empty_like, op_code
+from ._buffers import (
+    _NP_CODE,
+    BF16_CODE,
+    DTYPE_CODE,
+    OP_CODE,
+    as_buffer,
+    check_out,
+    count,
+    empty_like,
+    gather_shape,
+    op_code,
+    rank_counts,
+    result,
+    scatter_shape,
+)
 from ._ddl import InvalidArgumentError
+from .requests import DONE, Gathered, Handle, P2PHandle, matching, traced
 
 # The kinds py_comm_op (pymodule.c) dispatches on.
 (K_ALLREDUCE, K_BROADCAST, K_ALLGATHER, K_REDUCE_SCATTER, K_BARRIER, K_ALLTOALL, K_ALLTOALLV,
  K_ALLGATHERV, K_GATHER, K_SCATTER, K_REDUCE, K_SEND, K_RECV) = range(13)
+INT64 = DTYPE_CODE["int64"]
+_count = count  # (Comm.scatter's count= keyword shadows the helper there)
+
+
+def _host(x: Any, fn: str) -> tuple[Any, int]:
+    """as_buffer for a call without a device path: a GPU array is refused with what to
+    pass instead."""
+    if _cuda.device_array(x) is not None:
+        raise InvalidArgumentError(
+            f"{fn}: GPU buffers are not supported by this call yet; pass host memory "
+            "(e.g. x.cpu() or a numpy array)")
+    return as_buffer(x)
+
+
+def _dev_result(x: Any, d: _cuda.DeviceArray, out: Any,
+                shape: tuple[int, ...] | None = None) -> tuple[Any, _cuda.DeviceArray]:
+    """The result object and its DeviceArray for a GPU input: `out` (on the GPU, same
+    dtype), x itself for out=x, or a new array like x (shaped `shape`)."""
+    if out is x:
+        return x, d
+    if out is None:
+        out = _cuda.empty_like(x, d, shape)
+    r = _cuda.device_array(out)
+    if r is None:
+        raise TypeError("the input is in GPU memory but out is not: pass a GPU array as out")
+    if r.code != d.code:
+        raise TypeError(f"out has dtype {r.dtype} but the input {d.dtype}")
+    return out, r
+
+
+def _rank(r: Any, size: int, what: str, fn: str) -> int:
+    """A root or peer, checked to be a rank of a communicator of `size` members."""
+    if not isinstance(r, (int, np.integer)) or not 0 <= int(r) < size:
+        raise InvalidArgumentError(f"{fn}: {what} {r!r} is not a rank of the communicator "
+                                   f"(0..{size - 1})")
+    return int(r)
 
 
 class Comm:
     """A group of ranks (libddl's ddl_comm_t). `rank` and `size` are this rank's place in
     it and its member count; `members` the world ranks of its members, in order."""
+
+    __slots__ = ("_h", "_world", "rank", "size", "members")
 
     def __init__(self, handle: int, world: bool = False) -> None:
         self._h: int | None = handle
@@ -60,6 +117,8 @@ class Comm:
         to its members (what its algorithm choice and cost model work on)."""
         return _ddl.comm_topology(self.handle)
 
+    # ---- making and releasing communicators ----------------------------------------
+
     def split(self, color: int | None, key: int = 0) -> Comm | None:
         """Collective over this communicator: ranks with the same color form one new
         communicator ordered by (key, rank); color None takes no part and gets None."""
@@ -85,9 +144,388 @@ class Comm:
         _ddl.comm_free(self.handle)
         self._h = None
 
-    def barrier(self) -> None:
-        _ddl.comm_op(K_BARRIER, self.handle, None, None, 0, 0, 0, 0, 0, None, None)
+    # ---- what every collective checks ----------------------------------------------
 
+    def _device(self, x: Any, fn: str) -> _cuda.DeviceArray | None:
+        """x's DeviceArray when it lives in GPU memory (None: host memory); the device
+        path is the world's, so a communicator's call refuses GPU arrays."""
+        d = _cuda.device_array(x)
+        if d is not None and not self._world:
+            raise InvalidArgumentError(
+                f"{fn}: GPU arrays run on the world communicator only (libddl 2.1); give "
+                "host memory on a communicator")
+        return d
+
+    def _queue(self, on_gpu: bool, name: str | None, shape: Any) -> dict[str, Any]:
+        """The submit keywords of a request: its matching (name=, shape=) and its queue
+        (a communicator's own; the world's is the default)."""
+        kw = {} if name is None and shape is None else matching(on_gpu, name, shape)
+        if not self._world:
+            kw["comm"] = self.handle
+        return kw
+
+    # ---- blocking collectives ------------------------------------------------------
+
+    def allreduce(self, x: Any, op: str = "sum", out: Any = None) -> Any:
+        """Reduce x over the members; the result goes to `out` (a new array if None;
+        `out=x` works in place) and is returned. op: sum, avg, min, max, prod, and band,
+        bor, bxor on integers (16-bit floats are reduced in float32)."""
+        o = OP_CODE.get(op)
+        if o is None:
+            o = op_code(op)
+        # Fast path, numpy in and out: the C binding checks contiguity and sizes itself.
+        if self._world and type(x) is np.ndarray and (out is None or type(out) is np.ndarray):
+            code = _NP_CODE.get(x.dtype)
+            if code is not None and code != BF16_CODE:
+                if out is None:
+                    out = np.empty_like(x)
+                elif out.dtype != x.dtype:
+                    raise TypeError(f"out has dtype {out.dtype} but the input {x.dtype}")
+                _ddl.allreduce(None if out is x else x, out, code, o)
+                return out
+        d = self._device(x, "allreduce")
+        if d is not None:
+            res, r = _dev_result(x, d, out)
+            if r.count != d.count:
+                raise ValueError(f"input has {d.count} elements but output {r.count}")
+            _ddl.dev_allreduce(0 if r.ptr == d.ptr else d.ptr, r.ptr, d.count, d.code, o,
+                               d.stream)
+            return res
+        buf, code = as_buffer(x)
+        res, rbuf = result(x, buf, code, out, "allreduce", None if self._world else count(buf))
+        send = None if res is x else buf
+        if self._world:
+            _ddl.allreduce(send, rbuf, code, o)
+        else:
+            _ddl.comm_op(K_ALLREDUCE, self.handle, send, rbuf, count(buf), code, o, 0, 0, None,
+                         None)
+        return res
+
+    def broadcast(self, x: Any, root: int = 0) -> Any:
+        """Overwrite x on every member with root's x (in place); returns x."""
+        d = self._device(x, "broadcast")
+        if d is not None:
+            _ddl.dev_broadcast(d.ptr, d.count, d.code, root, d.stream)
+            return x
+        buf, code = as_buffer(x)
+        if self._world:
+            _ddl.broadcast(buf, code, root)
+        else:
+            _ddl.comm_op(K_BROADCAST, self.handle, None, buf, count(buf), code, 0, root, 0, None,
+                         None)
+        return x
+
+    def allgather(self, x: Any, out: Any = None) -> Any:
+        """Every member's x (the same count everywhere) concatenated along the first axis,
+        in rank order."""
+        n = self.size
+        d = self._device(x, "allgather")
+        if d is not None:
+            res, r = _dev_result(x, d, out, gather_shape(x, n) if out is None else None)
+            if r.count != d.count * n:
+                raise ValueError(f"allgather: out must hold size ({n}) x {d.count} elements, "
+                                 f"not {r.count}")
+            _ddl.dev_allgather(d.ptr, r.ptr, d.count, d.code, d.stream)
+            return res
+        buf, code = as_buffer(x)
+        k = count(buf)
+        res, rbuf = result(x, buf, code, out, "allgather", None if self._world else k * n,
+                           gather_shape(x, n))
+        if self._world:
+            _ddl.allgather(buf, rbuf, code)
+        else:
+            _ddl.comm_op(K_ALLGATHER, self.handle, buf, rbuf, k, code, 0, 0, 0, None, None)
+        return res
+
+    def reduce_scatter(self, x: Any, op: str = "sum", out: Any = None) -> Any:
+        """Reduce x over the members and give rank i the i-th of `size` equal blocks."""
+        o = op_code(op)
+        n = self.size
+        d = self._device(x, "reduce_scatter")
+        if d is not None:
+            res, r = _dev_result(x, d, out, scatter_shape(x, d.count, n, "reduce_scatter")
+                                 if out is None else None)
+            if r.count * n != d.count:
+                raise ValueError(f"reduce_scatter: the input must hold size ({n}) x "
+                                 f"{r.count} elements, not {d.count}")
+            _ddl.dev_reduce_scatter(d.ptr, r.ptr, r.count, d.code, o, d.stream)
+            return res
+        buf, code = as_buffer(x)
+        k = count(buf)
+        shape = scatter_shape(x, k, n, "reduce_scatter")
+        res, rbuf = result(x, buf, code, out, "reduce_scatter",
+                           None if self._world else k // n, shape)
+        if self._world:
+            _ddl.reduce_scatter(buf, rbuf, code, o)
+        else:
+            _ddl.comm_op(K_REDUCE_SCATTER, self.handle, buf, rbuf, k // n, code, o, 0, 0, None,
+                         None)
+        return res
+
+    def barrier(self) -> None:
+        """Wait until every member has called barrier."""
+        if self._world:
+            _ddl.barrier()
+        else:
+            _ddl.comm_op(K_BARRIER, self.handle, None, None, 0, 0, 0, 0, 0, None, None)
+
+    def alltoall(self, x: Any, out: Any = None) -> Any:
+        """Block i of x (`size` equal blocks of flat x) goes to rank i; returns the blocks
+        that arrived, block j from rank j, shaped like x (or into `out`; out=x in place)."""
+        buf, code = _host(x, "alltoall")
+        k, n = count(buf), self.size
+        if k % n:
+            raise ValueError(f"alltoall: x holds {k} elements, not a multiple of the {n} ranks "
+                             "(one equal block each)")
+        res, rbuf = result(x, buf, code, out, "alltoall", None if self._world else k)
+        if self._world:
+            _ddl.alltoall(buf, rbuf, code)
+        else:
+            _ddl.comm_op(K_ALLTOALL, self.handle, buf, rbuf, k // n, code, 0, 0, 0, None, None)
+        return res
+
+    def alltoall_counts(self, send_counts: Any) -> tuple[int, ...]:
+        """What each member will send here in an alltoallv where this rank sends
+        send_counts."""
+        sc = rank_counts(send_counts, self.size, "alltoall_counts")
+        if self._world:
+            return _ddl.alltoall_counts(sc.tolist())
+        rc = np.empty(self.size, dtype=np.int64)
+        _ddl.comm_op(K_ALLTOALL, self.handle, sc.view(np.int64), rc, 1, INT64, 0, 0, 0, None,
+                     None)
+        return tuple(int(c) for c in rc)
+
+    def alltoallv(self, x: Any, send_counts: Any, recv_counts: Any = None,
+                  out: Any = None) -> Any:
+        """send_counts[i] consecutive elements of flat x go to rank i; returns, flat, what
+        arrived from every member, in rank order (its counts: alltoall_counts, which runs
+        first unless recv_counts gives them). recv_counts that disagree with the senders'
+        raise MismatchError on every member. out: where to receive (flat, at least
+        sum(recv_counts) elements), else a new array."""
+        buf, code = _host(x, "alltoallv")
+        if out is not None and out is x:
+            raise ValueError("alltoallv cannot run in place: give another out, or none")
+        sc = rank_counts(send_counts, self.size, "alltoallv")
+        if int(sc.sum()) != count(buf):
+            raise ValueError(f"alltoallv: the send counts add up to {int(sc.sum())} but x holds "
+                             f"{count(buf)} elements")
+        rc = rank_counts(self.alltoall_counts(sc) if recv_counts is None else recv_counts,
+                         self.size, "alltoallv")
+        total = int(rc.sum())
+        if out is None:
+            res, rbuf = empty_like(x, buf, (total,))
+        else:
+            res, rbuf = out, check_out(out, code, None, "alltoallv")
+            if count(rbuf) < total:
+                raise ValueError(f"alltoallv: out must hold at least {total} elements, not "
+                                 f"{count(rbuf)}")
+        if self._world:
+            _ddl.alltoallv(buf, sc.tolist(), rbuf, rc.tolist(), code)
+        else:
+            _ddl.comm_op(K_ALLTOALLV, self.handle, buf, rbuf, 0, code, 0, 0, 0, sc, rc)
+        return res
+
+    def allgatherv(self, x: Any, counts: Any = None, out: Any = None) -> Any:
+        """Every member's x (any number of elements each), flat, in rank order. `counts`
+        (every member's element count, the same list everywhere) saves the exchange that
+        learns them, and then `out` may receive the result; wrong counts raise
+        MismatchError everywhere."""
+        buf, code = _host(x, "allgatherv")
+        k = count(buf)
+        if counts is None:
+            counts = np.empty(self.size, dtype=np.int64)
+            _ddl.comm_op(K_ALLGATHER, self.handle, np.array([k], dtype=np.int64), counts, 1,
+                         INT64, 0, 0, 0, None, None)
+        rc = rank_counts(counts, self.size, "allgatherv")
+        total = int(rc.sum())
+        res, rbuf = result(x, buf, code, out, "allgatherv", total, (total,))
+        _ddl.comm_op(K_ALLGATHERV, self.handle, buf, rbuf, k, code, 0, 0, 0, None, rc)
+        return res
+
+    def gather(self, x: Any, root: int = 0, out: Any = None) -> Any:
+        """Every member's x (same count) concatenated in rank order on `root` (into `out`
+        if given there); None elsewhere."""
+        r = _rank(root, self.size, "root", "gather")
+        buf, code = _host(x, "gather")
+        k = count(buf)
+        res = rbuf = None
+        if self.rank == r:
+            res, rbuf = result(x, buf, code, out, "gather", k * self.size, (k * self.size,))
+        _ddl.comm_op(K_GATHER, self.handle, buf, rbuf, k, code, 0, r, 0, None, None)
+        return res
+
+    def scatter(self, x: Any, root: int = 0, out: Any = None, *,
+                count: int | None = None) -> Any:
+        """Rank i receives block i (`count` elements) of root's flat x. count defaults to
+        x's elements / size on every member, so non-roots pass an array shaped like root's
+        (its contents are ignored) or give count; counts that differ raise MismatchError."""
+        r = _rank(root, self.size, "root", "scatter")
+        buf, code = _host(x, "scatter")
+        k = _count(buf)
+        if count is None:
+            if k % self.size:
+                raise ValueError(f"scatter: {k} elements do not split into {self.size} blocks")
+            count = k // self.size
+        if self.rank == r and k != count * self.size:
+            raise ValueError(f"scatter: root's x must hold size ({self.size}) x {count} "
+                             f"elements, not {k}")
+        m = int(count)
+        res, rbuf = result(x, buf, code, out, "scatter", m, (m,))
+        _ddl.comm_op(K_SCATTER, self.handle, buf if self.rank == r else None, rbuf, m, code, 0,
+                     r, 0, None, None)
+        return res
+
+    def reduce(self, x: Any, op: str = "sum", root: int = 0, out: Any = None) -> Any:
+        """The reduction of every member's x on `root` (into `out` if given there); None
+        elsewhere. Same rules as allreduce."""
+        o = op_code(op)
+        r = _rank(root, self.size, "root", "reduce")
+        buf, code = _host(x, "reduce")
+        res = rbuf = None
+        if self.rank == r:
+            res, rbuf = result(x, buf, code, out, "reduce", count(buf))
+        _ddl.comm_op(K_REDUCE, self.handle, buf, rbuf, count(buf), code, o, r, 0, None, None)
+        return res
+
+    # ---- point to point ------------------------------------------------------------
+
+    def _np_fast(self, x: Any, peer: Any, tag: Any) -> int:
+        """x's dtype code when x is a contiguous numpy array of a dtype the buffer protocol
+        carries and peer/tag are plain in-range ints, else -1 (the general path, which
+        checks each and names what is wrong). Point-to-point latency is mostly this layer."""
+        if (type(x) is np.ndarray and type(peer) is int and type(tag) is int
+                and 0 <= peer < self.size and x.flags.c_contiguous):
+            code = _NP_CODE.get(x.dtype, -1)
+            return -1 if code == BF16_CODE else code  # bfloat16: as_buffer's uint16 view
+        return -1
+
+    def send(self, x: Any, dest: int, tag: int = 0) -> None:
+        """Send x to `dest`; returns once x may be reused."""
+        if _ddl.p2p_fast(K_SEND, self.handle, x, dest, tag):  # (a plain case, checked in C)
+            return
+        d = _rank(dest, self.size, "peer", "send")
+        buf, code = _host(x, "send")
+        _ddl.comm_op(K_SEND, self.handle, buf, None, count(buf), code, 0, d, int(tag), None,
+                     None)
+
+    def recv(self, out: Any, source: int, tag: int = 0) -> Any:
+        """Receive into `out` from `source`: the message must have exactly out's size (else
+        MismatchError naming both sizes; the message is consumed). Returns out."""
+        if _ddl.p2p_fast(K_RECV, self.handle, out, source, tag):
+            return out
+        s = _rank(source, self.size, "peer", "recv")
+        buf, code = _host(out, "recv")
+        _ddl.comm_op(K_RECV, self.handle, None, buf, count(buf), code, 0, s, int(tag), None,
+                     None)
+        return out
+
+    def isend(self, x: Any, dest: int, tag: int = 0) -> P2PHandle:
+        """send() without blocking (x must stay untouched until wait())."""
+        code = self._np_fast(x, dest, tag)
+        if code >= 0:
+            return P2PHandle(_ddl.p2p(True, self.handle, x, code, dest, tag), None)
+        d = _rank(dest, self.size, "peer", "isend")
+        buf, code = _host(x, "isend")
+        return P2PHandle(_ddl.p2p(True, self.handle, buf, code, d, int(tag)), None)
+
+    def irecv(self, out: Any, source: int, tag: int = 0) -> P2PHandle:
+        """recv() without blocking; wait() returns out."""
+        code = self._np_fast(out, source, tag)
+        if code >= 0:
+            return P2PHandle(_ddl.p2p(False, self.handle, out, code, source, tag), out)
+        s = _rank(source, self.size, "peer", "irecv")
+        buf, code = _host(out, "irecv")
+        return P2PHandle(_ddl.p2p(False, self.handle, buf, code, s, int(tag)), out)
+
+    # ---- asynchronous collectives (the communicator's queue) -----------------------
+
+    def allreduce_async(self, x: Any, op: str = "sum", out: Any = None, *,
+                        name: str | None = None, shape: Any = None) -> Handle:
+        """Queue an allreduce for the progress thread; small ones are fused (set_fusion).
+
+        Unnamed requests are matched across members by submission order. With `name=`,
+        the request is matched by name instead, whatever order the members submit it in
+        (as Horovod does); a name may be in flight once per rank. `shape=` (e.g. x.shape)
+        is compared across members as well as the count. A mismatch raises MismatchError
+        from wait() on every member. GPU arrays (the world's) run at once, ordered on
+        their stream; the handle is then done. A communicator's requests are matched and
+        fused among its members only.
+        """
+        o = op_code(op)
+        on_gpu = self._device(x, "allreduce_async") is not None  # (resolved once: ~0.3 us)
+        kw = self._queue(on_gpu, name, shape)
+        if on_gpu:
+            return Handle(DONE, self.allreduce(x, op, out), None)
+        buf, code = as_buffer(x)
+        res, rbuf = result(x, buf, code, out, "allreduce_async")
+        send = None if res is x else buf
+        return traced(Handle(_ddl.submit(0, send, rbuf, code, o, 0, **kw), res, (x, res)),
+                      "allreduce", name, buf)
+
+    def broadcast_async(self, x: Any, root: int = 0, *, name: str | None = None,
+                        shape: Any = None) -> Handle:
+        """Queue a broadcast of root's x into x; name= and shape= as for allreduce_async."""
+        on_gpu = self._device(x, "broadcast_async") is not None
+        kw = self._queue(on_gpu, name, shape)
+        if on_gpu:
+            return Handle(DONE, self.broadcast(x, root), None)
+        buf, code = as_buffer(x)
+        return traced(Handle(_ddl.submit(1, None, buf, code, 0, root, **kw), x, x),
+                      "broadcast", name, buf)
+
+    def allgather_async(self, x: Any, out: Any = None, *, name: str | None = None,
+                        shape: Any = None) -> Handle:
+        """Queue an allgather (every member's x has the same count); name= and shape= as
+        for allreduce_async (shapes: all dimensions but the first must agree)."""
+        on_gpu = self._device(x, "allgather_async") is not None
+        kw = self._queue(on_gpu, name, shape)
+        if on_gpu:
+            return Handle(DONE, self.allgather(x, out), None)
+        buf, code = as_buffer(x)
+        res, rbuf = result(x, buf, code, out, "allgather_async", None,
+                           gather_shape(x, self.size) if out is None else None)
+        return traced(Handle(_ddl.submit(2, buf, rbuf, code, 0, 0, **kw), res, (x, res)),
+                      "allgather", name, buf)
+
+    def reduce_scatter_async(self, x: Any, op: str = "sum", out: Any = None, *,
+                             name: str | None = None, shape: Any = None) -> Handle:
+        """Queue a reduce_scatter; name= and shape= (of x) as for allreduce_async."""
+        o = op_code(op)
+        on_gpu = self._device(x, "reduce_scatter_async") is not None
+        kw = self._queue(on_gpu, name, shape)
+        if on_gpu:
+            return Handle(DONE, self.reduce_scatter(x, op, out), None)
+        buf, code = as_buffer(x)
+        shape = (scatter_shape(x, count(buf), self.size, "reduce_scatter_async")
+                 if out is None else None)
+        res, rbuf = result(x, buf, code, out, "reduce_scatter_async", None, shape)
+        return traced(Handle(_ddl.submit(3, buf, rbuf, code, o, 0, **kw), res, (x, res)),
+                      "reduce_scatter", name, buf)
+
+    def allgatherv_async(self, x: Any, *, name: str | None = None,
+                         shape: Any = None) -> Handle:
+        """Queue an allgather whose first dimension may differ between members (Horovod's
+        allgather): wait() returns every member's x concatenated along the first axis, in
+        rank order (numpy for numpy and buffers, torch for torch). name= and shape= as for
+        allreduce_async; with shape=, all dimensions but the first must agree."""
+        on_gpu = _cuda.device_array(x) is not None
+        kw = self._queue(on_gpu, name, shape)
+        if on_gpu:
+            raise ValueError("allgatherv_async takes host memory")
+        buf, code = as_buffer(x)
+        dims = tuple(getattr(x, "shape", ()) or ())
+        if len(dims) > 1 and 0 in dims[1:]:
+            # Rows of no elements: one byte per row travels, so every rank learns how many
+            # rows each had (the result's first dimension). Ranks still disagree on the
+            # dtype or on rows that hold elements as a MismatchError; trailing dimensions
+            # that are all empty are not compared.
+            buf = np.zeros(dims[0], np.uint8)
+            if kw.get("shape") is not None:
+                kw["shape"] = (dims[0], 1)
+            return traced(Gathered(_ddl.submit(4, buf, None, DTYPE_CODE["uint8"], 0, 0, **kw),
+                                   x, rows_only=True), "allgather", name, buf)
+        return traced(Gathered(_ddl.submit(4, buf, None, code, 0, 0, **kw), x), "allgather",
+                      name, buf)
 
 _world: Comm | None = None
 
@@ -100,346 +538,16 @@ def comm_world() -> Comm:
     return _world
 
 
+def on(comm: Comm | None) -> Comm:
+    """The communicator a module-level call runs on: `comm`, else the world."""
+    if comm is None:
+        return _world if _world is not None else comm_world()
+    if not isinstance(comm, Comm):
+        raise TypeError(f"comm must be a ddl_core.Comm or None, not {type(comm).__name__}")
+    return comm
+
+
 def _reset() -> None:
     """finalize() drops the cached world communicator."""
     global _world
     _world = None
-
-
-def resolve(comm: Comm | None) -> Comm:
-    return comm_world() if comm is None else comm
-
-
-def _host(x: Any, fn: str) -> tuple[Any, int]:
-    if _cuda.device_array(x) is not None:
-        raise InvalidArgumentError(
-            f"{fn}: GPU buffers are not supported by this call yet; pass host memory "
-            "(e.g. x.cpu() or a numpy array)")
-    return as_buffer(x)
-
-
-def _n(x: Any) -> int:
-    """Elements of x (its buffer's bytes over the element size)."""
-    mv = memoryview(x)
-    return mv.nbytes // mv.itemsize
-
-
-def _check_out(out: Any, code: int, need: int, fn: str) -> Any:
-    rbuf, rcode = _host(out, fn)
-    if rcode != code:
-        raise TypeError(f"{fn}: out has dtype {DTYPES[rcode]} but the input {DTYPES[code]}")
-    if _n(rbuf) != need:
-        raise ValueError(f"{fn}: out must hold {need} elements, not {_n(rbuf)}")
-    return rbuf
-
-
-def _flat_like(x: Any, buf: Any, n: int) -> tuple[Any, Any]:
-    return empty_like(x, buf, (n,))
-
-
-def comm_allreduce(c: Comm, x: Any, op: str, out: Any) -> Any:
-    o = op_code(op)
-    buf, code = _host(x, "allreduce")
-    if out is None:
-        res, rbuf = empty_like(x, buf)
-    elif out is x:
-        res, rbuf = x, buf
-    else:
-        res, rbuf = out, _check_out(out, code, _n(buf), "allreduce")
-    _ddl.comm_op(K_ALLREDUCE, c.handle, None if res is x else buf, rbuf, _n(buf), code, o, 0, 0,
-                 None, None)
-    return res
-
-
-def comm_broadcast(c: Comm, x: Any, root: int) -> Any:
-    buf, code = _host(x, "broadcast")
-    _ddl.comm_op(K_BROADCAST, c.handle, None, buf, _n(buf), code, 0, root, 0, None, None)
-    return x
-
-
-def comm_allgather(c: Comm, x: Any, out: Any) -> Any:
-    buf, code = _host(x, "allgather")
-    n = _n(buf)
-    if out is None:
-        shape = tuple(getattr(x, "shape", ()) or ())
-        res, rbuf = empty_like(x, buf, (c.size * shape[0], *shape[1:]) if shape else (c.size,))
-    else:
-        res, rbuf = out, _check_out(out, code, n * c.size, "allgather")
-    _ddl.comm_op(K_ALLGATHER, c.handle, buf, rbuf, n, code, 0, 0, 0, None, None)
-    return res
-
-
-def comm_reduce_scatter(c: Comm, x: Any, op: str, out: Any) -> Any:
-    o = op_code(op)
-    buf, code = _host(x, "reduce_scatter")
-    n = _n(buf)
-    if n % c.size:
-        raise ValueError(f"reduce_scatter: {n} elements do not split over {c.size} ranks")
-    if out is None:
-        shape = tuple(getattr(x, "shape", ()) or ())
-        sh = (shape[0] // c.size, *shape[1:]) if shape and shape[0] % c.size == 0 else (
-            n // c.size,)
-        res, rbuf = empty_like(x, buf, sh)
-    else:
-        res, rbuf = out, _check_out(out, code, n // c.size, "reduce_scatter")
-    _ddl.comm_op(K_REDUCE_SCATTER, c.handle, buf, rbuf, n // c.size, code, o, 0, 0, None, None)
-    return res
-
-
-def alltoall(x: Any, out: Any = None, *, comm: Comm | None = None) -> Any:
-    """Block i of flat x (size() equal blocks) goes to rank i; returns the blocks that
-    arrived, block j from rank j, flat (or into `out`)."""
-    c = resolve(comm)
-    buf, code = _host(x, "alltoall")
-    n = _n(buf)
-    if n % c.size:
-        raise ValueError(f"alltoall: {n} elements do not split into {c.size} equal blocks")
-    if out is None:
-        res, rbuf = _flat_like(x, buf, n)
-    else:
-        res, rbuf = out, _check_out(out, code, n, "alltoall")
-    _ddl.comm_op(K_ALLTOALL, c.handle, buf, rbuf, n // c.size, code, 0, 0, 0, None, None)
-    return res
-
-
-def _counts(counts: Any, c: Comm, fn: str) -> np.ndarray:
-    arr = np.asarray(counts)
-    if arr.shape != (c.size,) or arr.dtype.kind not in "iu" or (arr < 0).any():
-        raise ValueError(f"{fn}: give {c.size} non-negative integer counts, one per rank")
-    return np.ascontiguousarray(arr, dtype=np.uint64)
-
-
-def alltoallv(x: Any, send_counts: Any, *, comm: Comm | None = None) -> Any:
-    """send_counts[i] consecutive elements of flat x go to rank i; returns what arrived
-    from every rank, in rank order, flat."""
-    c = resolve(comm)
-    buf, code = _host(x, "alltoallv")
-    sc = _counts(send_counts, c, "alltoallv")
-    if int(sc.sum()) != _n(buf):
-        raise ValueError(f"alltoallv: the send counts add up to {int(sc.sum())} but x holds "
-                         f"{_n(buf)} elements")
-    rc = np.empty(c.size, dtype=np.int64)
-    _ddl.comm_op(K_ALLTOALL, c.handle, sc.view(np.int64), rc, 1, DTYPES.index("int64"), 0, 0, 0,
-                 None, None)
-    rc = rc.astype(np.uint64)
-    res, rbuf = _flat_like(x, buf, int(rc.sum()))
-    _ddl.comm_op(K_ALLTOALLV, c.handle, buf, rbuf, 0, code, 0, 0, 0, sc, rc)
-    return res
-
-
-def allgatherv(x: Any, counts: Any = None, out: Any = None, *,
-               comm: Comm | None = None) -> Any:
-    """Every rank's x (any number of elements each), flat, in rank order. `counts` (every
-    rank's element count, the same list everywhere) saves the exchange that learns them,
-    and then `out` may receive the result; wrong counts raise MismatchError everywhere."""
-    c = resolve(comm)
-    buf, code = _host(x, "allgatherv")
-    n = _n(buf)
-    if counts is None:
-        got = np.empty(c.size, dtype=np.int64)
-        _ddl.comm_op(K_ALLGATHER, c.handle, np.array([n], dtype=np.int64), got, 1,
-                     DTYPES.index("int64"), 0, 0, 0, None, None)
-        counts = got
-    rc = _counts(counts, c, "allgatherv")
-    total = int(rc.sum())
-    res, rbuf = (_flat_like(x, buf, total) if out is None
-                 else (out, _check_out(out, code, total, "allgatherv")))
-    _ddl.comm_op(K_ALLGATHERV, c.handle, buf, rbuf, n, code, 0, 0, 0, None, rc)
-    return res
-
-
-def _root(root: int, c: Comm, fn: str) -> int:
-    if not isinstance(root, (int, np.integer)) or not 0 <= int(root) < c.size:
-        raise InvalidArgumentError(f"{fn}: root {root!r} is not a rank of the communicator "
-                                   f"(0..{c.size - 1})")
-    return int(root)
-
-
-def gather(x: Any, root: int = 0, out: Any = None, *, comm: Comm | None = None) -> Any:
-    """Every rank's x (same count) concatenated in rank order on `root` (into `out` if
-    given there); None elsewhere."""
-    c = resolve(comm)
-    r = _root(root, c, "gather")
-    buf, code = _host(x, "gather")
-    n = _n(buf)
-    res = rbuf = None
-    if c.rank == r:
-        res, rbuf = (_flat_like(x, buf, n * c.size) if out is None
-                     else (out, _check_out(out, code, n * c.size, "gather")))
-    _ddl.comm_op(K_GATHER, c.handle, buf, rbuf, n, code, 0, r, 0, None, None)
-    return res
-
-
-def scatter(x: Any, root: int = 0, out: Any = None, *, count: int | None = None,
-            comm: Comm | None = None) -> Any:
-    """Rank i receives block i (`count` elements) of root's flat x. count defaults to
-    x's elements / size() on every rank, so non-roots pass an array shaped like root's
-    (its contents are ignored) or give count; counts that differ raise MismatchError."""
-    c = resolve(comm)
-    r = _root(root, c, "scatter")
-    buf, code = _host(x, "scatter")
-    n = _n(buf)
-    if count is None:
-        if n % c.size:
-            raise ValueError(f"scatter: {n} elements do not split into {c.size} blocks")
-        count = n // c.size
-    if c.rank == r and n != count * c.size:
-        raise ValueError(f"scatter: root's x must hold size ({c.size}) x {count} elements, "
-                         f"not {n}")
-    res, rbuf = (_flat_like(x, buf, int(count)) if out is None
-                 else (out, _check_out(out, code, int(count), "scatter")))
-    _ddl.comm_op(K_SCATTER, c.handle, buf if c.rank == r else None, rbuf, int(count), code, 0,
-                 r, 0, None, None)
-    return res
-
-
-def reduce(x: Any, op: str = "sum", root: int = 0, out: Any = None, *,
-           comm: Comm | None = None) -> Any:
-    """The reduction of every rank's x on `root` (into `out` if given there); None
-    elsewhere. Same rules as allreduce (16-bit floats reduced in float32, avg, bitwise
-    ops on integers)."""
-    c = resolve(comm)
-    o = op_code(op)
-    r = _root(root, c, "reduce")
-    buf, code = _host(x, "reduce")
-    res = rbuf = None
-    if c.rank == r:
-        res, rbuf = (empty_like(x, buf) if out is None
-                     else (out, _check_out(out, code, _n(buf), "reduce")))
-    _ddl.comm_op(K_REDUCE, c.handle, buf, rbuf, _n(buf), code, o, r, 0, None, None)
-    return res
-
-
-def _peer(peer: int, c: Comm, fn: str) -> int:
-    if not isinstance(peer, (int, np.integer)) or not 0 <= int(peer) < c.size:
-        raise InvalidArgumentError(f"{fn}: peer {peer!r} is not a rank of the communicator "
-                                   f"(0..{c.size - 1})")
-    return int(peer)
-
-
-def _np_fast(x: Any, peer: Any, tag: Any, c: Comm) -> int:
-    """x's dtype code when x is a contiguous numpy array of a dtype the buffer protocol
-    carries and peer/tag are plain in-range ints, else -1 (the general path, which checks
-    each and names what is wrong). Point-to-point latency is mostly this layer."""
-    if (type(x) is np.ndarray and type(peer) is int and type(tag) is int
-            and 0 <= peer < c.size and x.flags.c_contiguous):
-        code = _NP_CODE.get(x.dtype, -1)
-        return -1 if code == BF16_CODE else code  # bfloat16 goes through as_buffer's uint16 view
-    return -1
-
-
-def send(x: Any, dest: int, tag: int = 0, *, comm: Comm | None = None) -> None:
-    """Send x to `dest`; returns once x may be reused."""
-    c = _world if comm is None and _world is not None else resolve(comm)
-    if _ddl.p2p_fast(K_SEND, c.handle, x, dest, tag):  # (a plain case, checked in C)
-        return
-    d = _peer(dest, c, "send")
-    buf, code = _host(x, "send")
-    _ddl.comm_op(K_SEND, c.handle, buf, None, _n(buf), code, 0, d, int(tag), None, None)
-
-
-def recv(out: Any, source: int, tag: int = 0, *, comm: Comm | None = None) -> Any:
-    """Receive into `out` from `source`: the message must have exactly out's size (else
-    MismatchError naming both sizes; the message is consumed). Returns out."""
-    c = _world if comm is None and _world is not None else resolve(comm)
-    if _ddl.p2p_fast(K_RECV, c.handle, out, source, tag):
-        return out
-    s = _peer(source, c, "recv")
-    buf, code = _host(out, "recv")
-    _ddl.comm_op(K_RECV, c.handle, None, buf, _n(buf), code, 0, s, int(tag), None, None)
-    return out
-
-
-class P2PHandle:
-    """An isend/irecv in flight (libddl's request): wait() returns its result (recv: out)
-    or raises its error; test() says whether it finished (and makes its progress)."""
-
-    __slots__ = ("_req", "_result")
-
-    def __init__(self, req: Any, result: Any) -> None:
-        self._req = req  # keeps the buffer alive until the transfer is done
-        self._result = result
-
-    def test(self) -> bool:
-        return self._req.test()
-
-    def wait(self) -> Any:
-        self._req.wait()
-        return self._result
-
-    def add_done_callback(self, fn: Any) -> None:
-        """Call fn(self) once the transfer has finished, from the one thread that then
-        makes its progress (_WATCHER): how torch futures complete with nobody waiting.
-        After this, only fn's wait() may touch the handle (a request has one waiter)."""
-        _WATCHER.add(self, fn)
-
-
-class _Watcher:
-    """A daemon thread that makes the progress of the point-to-point requests whose owners
-    asked to be told when they finish (libddl's isend/irecv have no thread of their own),
-    testing each in turn and pausing when none moved (20 us, doubling to 1 ms)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._items: list[tuple[P2PHandle, Any]] = []
-        self._thread: threading.Thread | None = None
-
-    def add(self, h: P2PHandle, fn: Any) -> None:
-        with self._cond:
-            self._items.append((h, fn))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ddl-p2p-watcher",
-                                                daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def _run(self) -> None:
-        pause = 20e-6
-        while True:
-            with self._cond:
-                while not self._items:
-                    self._cond.wait()
-                items = list(self._items)
-            finished = []
-            for h, fn in items:
-                try:
-                    done = h.test()
-                except Exception:  # noqa: BLE001 - failed: fn's wait() raises it again
-                    done = True
-                if done:
-                    finished.append((h, fn))
-            if finished:
-                with self._cond:
-                    for item in finished:
-                        self._items.remove(item)
-                for h, fn in finished:
-                    fn(h)
-                pause = 20e-6
-            else:
-                time.sleep(pause)
-                pause = min(pause * 2, 1e-3)
-
-
-_WATCHER = _Watcher()
-
-
-def isend(x: Any, dest: int, tag: int = 0, *, comm: Comm | None = None) -> P2PHandle:
-    """send() without blocking (x must stay untouched until wait())."""
-    c = _world if comm is None and _world is not None else resolve(comm)
-    code = _np_fast(x, dest, tag, c)
-    if code >= 0:
-        return P2PHandle(_ddl.p2p(True, c.handle, x, code, dest, tag), None)
-    d = _peer(dest, c, "isend")
-    buf, code = _host(x, "isend")
-    return P2PHandle(_ddl.p2p(True, c.handle, buf, code, d, int(tag)), None)
-
-
-def irecv(out: Any, source: int, tag: int = 0, *, comm: Comm | None = None) -> P2PHandle:
-    """recv() without blocking; wait() returns out."""
-    c = _world if comm is None and _world is not None else resolve(comm)
-    code = _np_fast(out, source, tag, c)
-    if code >= 0:
-        return P2PHandle(_ddl.p2p(False, c.handle, out, code, source, tag), out)
-    s = _peer(source, c, "irecv")
-    buf, code = _host(out, "irecv")
-    return P2PHandle(_ddl.p2p(False, c.handle, buf, code, s, int(tag)), out)
