@@ -421,21 +421,22 @@ class Comm:
 
     def isend(self, x: Any, dest: int, tag: int = 0) -> P2PHandle:
         """send() without blocking (x must stay untouched until wait())."""
-        code = self._np_fast(x, dest, tag)
-        if code >= 0:
-            return P2PHandle(_ddl.p2p(True, self.handle, x, code, dest, tag), None)
-        d = _rank(dest, self.size, "peer", "isend")
-        buf, code = _host(x, "isend")
-        return P2PHandle(_ddl.p2p(True, self.handle, buf, code, d, int(tag)), None)
+        return self._start(True, x, dest, tag, "isend", None)
 
     def irecv(self, out: Any, source: int, tag: int = 0) -> P2PHandle:
         """recv() without blocking; wait() returns out."""
-        code = self._np_fast(out, source, tag)
+        return self._start(False, out, source, tag, "irecv", out)
+
+    def _start(self, sending: bool, x: Any, peer: Any, tag: Any, fn: str,
+               result: Any) -> P2PHandle:
+        """One isend/irecv: the plain numpy case straight to C, else every argument checked
+        and named in its error first."""
+        code = self._np_fast(x, peer, tag)
         if code >= 0:
-            return P2PHandle(_ddl.p2p(False, self.handle, out, code, source, tag), out)
-        s = _rank(source, self.size, "peer", "irecv")
-        buf, code = _host(out, "irecv")
-        return P2PHandle(_ddl.p2p(False, self.handle, buf, code, s, int(tag)), out)
+            return P2PHandle(_ddl.p2p(sending, self.handle, x, code, peer, tag), result)
+        p = _rank(peer, self.size, "peer", fn)
+        buf, code = _host(x, fn)
+        return P2PHandle(_ddl.p2p(sending, self.handle, buf, code, p, int(tag)), result)
 
     # ---- asynchronous collectives (the communicator's queue) -----------------------
 
