@@ -86,7 +86,7 @@ venv: deps
 
 # import-linter's contracts (.importlinter): which way imports may go, checked first
 imports: $(STAMPS)/venv
-	@PYTHONPATH=$(ROOT)/ddl_core/src:$(ROOT)/ci/src:$(ROOT)/tools/src $(VENV)/bin/lint-imports --no-cache --no-logo --config .importlinter
+	@PYTHONPATH=$(ROOT)/ddl_core/src:$(ROOT)/ci/src:$(ROOT)/tools/src:$(ROOT)/envtools/src $(VENV)/bin/lint-imports --no-cache --no-logo --config .importlinter
 
 test: deps imports
 	@$(PY) -m pytest -q -rs $(PYTEST_ARGS)

@@ -55,7 +55,7 @@ def other_user(home: Path, **kw):
     """A uid without an account to run envtools as (asuser.unprivileged), running the
     session's readable copy of python and envtools (the checkout and its .venv may sit
     under a private home directory), or a skip that says why there is none."""
-    from envtools import asuser
+    from envtools.bench import asuser
 
     python = other_uid_python() if os.geteuid() == 0 else None
     try:

@@ -7,8 +7,9 @@ import os
 
 import pytest
 from conftest import run_envtools
+from envtools.solve import virtual
 
-from envtools import api, virtual
+from envtools import api
 
 
 def test_solve_for_this_machine_and_another_platform(channel):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ENVTOOLS, run_envtools
-from envtools.hashing import STAT_CACHE, load_stat_cache
+from envtools.prefix.hashing import STAT_CACHE, load_stat_cache
 
 
 def tree_digest(root: Path, skip=("conda-meta",)) -> dict[str, str]:
@@ -36,7 +36,7 @@ def tree_digest(root: Path, skip=("conda-meta",)) -> dict[str, str]:
 
 
 def installer_bytecode(prefix: Path) -> set[str]:
-    """The pycs install compiled into ``prefix`` (envtools.bytecode), which a clone leaves
+    """The pycs install compiled into ``prefix`` (envtools.place.bytecode), which a clone leaves
     out: its python compiles its own."""
     return {e["_path"] for fp in (prefix / "conda-meta").glob("*.json")
             for e in json.loads(fp.read_text())["paths_data"]["paths"]
@@ -348,8 +348,8 @@ def test_clone_is_bit_for_bit_a_fresh_install_at_dest(env, channel, tmp_path):
 
 def test_untracked_cache_notices_new_files(channel, tmp_path):
     """The recorded list of untracked files is only trusted while no directory changed."""
-    from envtools.prefix_records import Prefix
-    from envtools.untracked import untracked
+    from envtools.prefix.records import Prefix
+    from envtools.prefix.untracked import untracked
 
     env = tmp_path / "envs" / "p"
     run_envtools("install", "--channel", channel, "--prefix", env, "demo-meta")
@@ -407,7 +407,7 @@ def test_sharded_placement_equals_serial(env, tmp_path):
 def test_filesystem_kind_picks_the_process_count(tmp_path, monkeypatch):
     """Network filesystems get 8 placement processes, local ones one per core (at most 4);
     the longest mount prefix decides."""
-    from envtools import placement
+    from envtools.place import placement
 
     mounts = tmp_path / "mounts"
     mounts.write_text(

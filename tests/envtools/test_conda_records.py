@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_envtools
-from envtools.readonly import FROZEN, SITE_ONLY, is_site_only
+from envtools.prefix.readonly import FROZEN, SITE_ONLY, is_site_only
 from test_validate import findings, validate
 
 
@@ -89,7 +89,7 @@ def test_validate_reads_condas_noarch_records(noarch_env, tmp_path):
     errors = [f for f in doc["findings"] if f["severity"] == "error"]
     assert not errors, json.dumps(errors, indent=1)
     assert not findings(doc, "pip-duplicate")
-    from envtools.prefix_records import Prefix
+    from envtools.prefix.records import Prefix
 
     rec = next(r for r in Prefix.load(env).records if r.name == "demo-noarch")
     assert all((env / e["_path"]).exists() for e in rec.paths)  # prefix paths again

@@ -357,7 +357,7 @@ def test_cache_tag_is_on_the_package_cache_not_on_envs(channel, tmp_path):
 _KILLED_RECLAIM = """
 import os, signal, sys
 from pathlib import Path
-from envtools import tempdirs
+from envtools.prefix import tempdirs
 
 def dies_half_way(path, settle=False):
     os.unlink(Path(path) / tempdirs.OWNER)

@@ -1,4 +1,4 @@
-"""envtools.loader: each rule of the ld.so model against a small fixture of real ELF files
+"""envtools.validate.loader: each rule of the ld.so model against a small fixture of real ELF files
 built with gcc (see the rules in envtools/README.md, "How validate models the loader")."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from envtools import elf, loader
+from envtools.base import elf
+from envtools.validate import loader
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 SITE = "lib/python3.11/site-packages"
@@ -159,7 +159,7 @@ def test_wheel_libraries_only_dlopened_are_plugins(env, tmp_path):
     """validate's rule for wheels' plugins (NVSHMEM's transports, triton's MLIR plugins):
     a library under site-packages that nothing but such libraries links, and that is not
     an extension module, is dlopened by its host; a linked one, or an extension, is not."""
-    from envtools.validate import _dlopened_libraries
+    from envtools.validate.binaries import dlopened_libraries
 
     verbs = lib(tmp_path / "sys", "libibverbs.so.1")
     nv = env / SITE / "nvidia" / "shm" / "lib"
@@ -180,7 +180,7 @@ def test_wheel_libraries_only_dlopened_are_plugins(env, tmp_path):
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(real_ext), str(ext_src)], check=True)
     elves = {str(p): elf.read_elf(str(p)) for p in
              (transport, core, host_ext, dialect, testlib, real_ext)}
-    dlopened = _dlopened_libraries(elves, lambda fp: os.path.relpath(fp, env))
+    dlopened = dlopened_libraries(elves, lambda fp: os.path.relpath(fp, env))
     assert dlopened(str(transport)) and dlopened(str(testlib))
     assert dlopened(str(dialect))  # linked only by a dlopened test library
     assert not dlopened(str(core))  # linked by an extension module

@@ -217,7 +217,7 @@ def test_values_the_module_systems_cannot_set_are_refused(where, value, named, e
 
 
 def test_lua_long_bracket_level_is_chosen_by_content():
-    from envtools.module import lua_long, lua_str, tcl_str
+    from envtools.commands.module import lua_long, lua_str, tcl_str
 
     assert lua_long("a]]b]=]c]==]") == "[===[\na]]b]=]c]==]\n]===]"
     assert lua_long("plain") == "[[\nplain\n]]"

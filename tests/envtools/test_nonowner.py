@@ -16,9 +16,10 @@ from types import SimpleNamespace
 import pip as pip_module
 import pytest
 from conftest import make_wheel, other_user, run_envtools
+from envtools.bench import asuser
+from envtools.cache import find
+from envtools.place import cachelinks, plan
 from test_clone import installer_bytecode, tree_digest
-
-from envtools import asuser, cachelinks
 
 
 def _rmtree(p: Path) -> None:
@@ -259,7 +260,7 @@ def test_nonowner_clone_has_the_bytes_of_an_install_at_dest(shared, mode):
                  "demo-noarch")
     try:
         # (but for the bytecode install compiles, which a clone leaves out:
-        # envtools.bytecode; with --link-mode dirs, only the one that holds the prefix:
+        # envtools.place.bytecode; with --link-mode dirs, only the one that holds the prefix:
         # the noarch: python package's is the same in every prefix, and comes along)
         compiled = installer_bytecode(dest)
         assert compiled
@@ -566,8 +567,8 @@ def test_a_records_link_type_is_changed_in_place():
 def test_which_directories_become_links():
     """Only a directory one package owns wholly, that needs no file of the clone's own,
     whose every .py has its .pyc, and that nobody commonly adds to."""
-    from envtools.clone import _IN_ARCHIVE
-    from envtools.layers import plan
+    from envtools.place.layers import plan
+    from envtools.place.plan import IN_ARCHIVE
 
     sp = "lib/python3.11/site-packages"
 
@@ -587,7 +588,7 @@ def test_which_directories_become_links():
         (7, items("share/untrusted/a")),
     ]
     chosen = plan(groups, linkable=range(7), untracked=["share/pinned/user-file"],
-                  in_archive=_IN_ARCHIVE)
+                  in_archive=IN_ARCHIVE)
     assert chosen == {f"{sp}/good": 0, f"{sp}/good-1.0.dist-info": 0,
                       f"{sp}/ns/part": 2,  # (the namespace package ns itself: not a link)
                       "share/tool": 3, "include/lib6": 6}
@@ -597,19 +598,20 @@ def test_install_plans_the_directory_links_a_clone_would(shared):
     """install stores the plan of directory links for its own records (planning walks
     every path, before a clone can place anything): the same plan a clone makes, used
     only for the record index it was made for, with no untracked files in SRC."""
-    from envtools.placement import Ctx
-
-    from envtools import clone, layers, record_index
+    from envtools.place import layers
+    from envtools.place.placement import Ctx
+    from envtools.prefix import record_index
+    from envtools.prefix.noarch import cache_rel
 
     prefix = record_index.load_prefix(shared.env)
     assert prefix.index_key is not None
     stored = layers.read_plan(shared.env, prefix.index_key)
     assert stored is not None and stored.dirs
     records = prefix.records
-    cache = clone._find_cache(shared.env, records)
+    cache = find.find_cache(shared.env, records)
     kept: set[int] = set()
-    groups = clone._plan(records, cache, shared.env, str(shared.env), kept)
-    planned = layers.plan(groups, range(len(records)), [], clone._IN_ARCHIVE)
+    groups = plan.plan_files(records, cache, shared.env, str(shared.env), kept)
+    planned = layers.plan(groups, range(len(records)), [], plan.IN_ARCHIVE)
     assert (stored.dirs, stored.kept) == ({d: records[k].dist for d, k in planned.items()},
                                           {records[k].dist for k in kept})
     # (the programs placed alone that must be real files: bin/demo, whose package
@@ -619,7 +621,8 @@ def test_install_plans_the_directory_links_a_clone_would(shared):
     # and the cache directory it listed
     assert set(stored.listings) == set(planned) == set(stored.targets)
     for d, k in planned.items():
-        assert stored.targets[d] == f"{cache[records[k].name]}/{clone._cache_rel(records[k], d)}"
+        in_cache = cache_rel(records[k].noarch_python, d)
+        assert stored.targets[d] == f"{cache[records[k].name]}/{in_cache}"
     for d, listing in stored.listings.items():
         assert listing.startswith(b"\0d ")
         names = set(listing.split(b"\0")[::3])
@@ -629,11 +632,11 @@ def test_install_plans_the_directory_links_a_clone_would(shared):
               src_root=str(shared.env), euid=shared.user.uid, link_mode="dirs",
               symlink_roots={k: str(cache[r.name]) for k, r in enumerate(records)},
               index_key=prefix.index_key)
-    assert clone._planned_at_install(ctx, records, kept, []) == planned
-    assert clone._planned_at_install(ctx, records, kept, ["share/x"]) is None  # untracked
-    assert clone._planned_at_install(ctx, records, set(), []) is None  # no bytecode then
+    assert plan._planned_at_install(ctx, records, kept, []) == planned
+    assert plan._planned_at_install(ctx, records, kept, ["share/x"]) is None  # untracked
+    assert plan._planned_at_install(ctx, records, set(), []) is None  # no bytecode then
     ctx.index_key = (0, 0, 0)  # (records that are not the index's: planned anew)
-    assert clone._planned_at_install(ctx, records, kept, []) is None
+    assert plan._planned_at_install(ctx, records, kept, []) is None
     assert layers.read_plan(shared.env, (0, 0, 0)) is None
 
 
@@ -641,18 +644,17 @@ def _site_of_its_own(shared, name: str) -> SimpleNamespace:
     """root's install of demo-meta at a prefix of its own (other tests change the shared
     cache), with what a user's clone reads of it, and a user's placement context for it
     (``ctx()``: a new one each call, nothing listed yet)."""
-    from envtools.placement import Ctx
-
-    from envtools import clone, record_index
+    from envtools.place.placement import Ctx
+    from envtools.prefix import record_index
 
     env = shared.root / name / "env"
     env.parent.mkdir(mode=0o755)
     run_envtools("install", "--channel", shared.channel, "--prefix", env, "demo-meta")
     prefix = record_index.load_prefix(env)
     records = prefix.records
-    cache = clone._find_cache(env, records)
+    cache = find.find_cache(env, records)
     kept: set[int] = set()
-    groups = clone._plan(records, cache, env, str(env), kept)
+    groups = plan.plan_files(records, cache, env, str(env), kept)
 
     def ctx() -> Ctx:
         return Ctx(dest_tmp=Path("/nonexistent"), new_prefix="/x", old_prefix=str(env),
@@ -669,24 +671,23 @@ def test_installs_listings_stand_for_the_checks_only_while_they_hold(shared):
     skips layers.verify for each one whose listing is the one root's install stored.
     Only a plan root wrote counts, and a directory changed since (a mode, here) is
     checked again."""
-    from envtools.placement import Ctx, finish_prechecks, start_prechecks
-
-    from envtools import clone, layers
+    from envtools.place import layers
+    from envtools.place.placement import Ctx, finish_prechecks, start_prechecks
 
     site = _site_of_its_own(shared, "listed")
     env, records, cache, kept, groups = site.env, site.records, site.cache, site.kept, site.groups
 
     def ctx_now() -> Ctx:
         ctx = site.ctx()
-        clone._list_planned_early(ctx, records, cache)
+        plan.list_planned_early(ctx, records, cache)
         return ctx
 
     ctx = ctx_now()
-    layered = clone._plan_layers(ctx, records, cache, groups, [], kept)
+    layered = plan.plan_layers(ctx, records, cache, groups, [], kept)
     planned = {it[0]: it[1] for _k, items in layered for it in items
                if it[2] == layers.LAYER}
     assert planned and ctx.listings is not None and set(ctx.listings) == set(planned)
-    finish_prechecks(ctx)  # (_list_planned_early started them)
+    finish_prechecks(ctx)  # (list_planned_early started them)
     assert ctx.prechecked == frozenset(planned)
     d, target = sorted(planned.items())[0]
     victim = next(p for p in Path(target).rglob("*") if p.is_file() and not p.is_symlink())
@@ -701,7 +702,7 @@ def test_installs_listings_stand_for_the_checks_only_while_they_hold(shared):
         os.chown(plan_file, shared.user.uid, -1)  # (not root's word any more)
         other = ctx_now()
         assert other.plan is not None and other.listings is None
-        assert clone._plan_layers(other, records, cache, groups, [], kept) == layered
+        assert plan.plan_layers(other, records, cache, groups, [], kept) == layered
         finish_prechecks(other)
         assert other.prechecked == frozenset()
     finally:
@@ -713,20 +714,19 @@ def test_listings_start_before_the_records_and_count_only_for_the_same_directori
     """A clone as a user starts find on the cache directories root's plan names before
     it reads the env's records, and uses what it listed only if the records lead to
     exactly those directories; otherwise it lists the ones they lead to."""
-    from envtools.placement import finish_prechecks
-
-    from envtools import clone, layers, placement
+    from envtools.place import layers, placement
+    from envtools.place.placement import finish_prechecks
 
     site = _site_of_its_own(shared, "listed-first")
     env, records, cache, kept, groups = site.env, site.records, site.cache, site.kept, site.groups
     ctx_now = site.ctx
 
-    early = clone._list_plan_first(env)
+    early = plan.list_plan_first(env)
     assert early is not None and early.dirs == frozenset(early.plan.listings)
     ctx = ctx_now()
-    clone._list_planned_early(ctx, records, cache, early)
+    plan.list_planned_early(ctx, records, cache, early)
     assert ctx._listing_jobs is early.jobs  # (the same directories: adopted)
-    layered = clone._plan_layers(ctx, records, cache, groups, [], kept)
+    layered = plan.plan_layers(ctx, records, cache, groups, [], kept)
     planned = {it[0] for _k, items in layered for it in items if it[2] == layers.LAYER}
     finish_prechecks(ctx)
     assert ctx.prechecked == frozenset(planned) == early.dirs
@@ -737,9 +737,9 @@ def test_listings_start_before_the_records_and_count_only_for_the_same_directori
     alias = shared.root / "listed-first" / "alias"
     alias.symlink_to(cache[name])
     elsewhere = {**cache, name: alias}
-    early = clone._list_plan_first(env)
+    early = plan.list_plan_first(env)
     ctx = ctx_now()
-    clone._list_planned_early(ctx, records, elsewhere, early)
+    plan.list_planned_early(ctx, records, elsewhere, early)
     assert ctx._listing_jobs is not early.jobs
     assert all(job is None or job.proc.poll() is not None for job, _d in early.jobs)
     listed = [d for _job, dirs in ctx._listing_jobs for d in dirs]
@@ -750,7 +750,7 @@ def test_listings_start_before_the_records_and_count_only_for_the_same_directori
     plan_file = env / layers.PLAN
     os.chown(plan_file, shared.user.uid, -1)
     try:
-        assert clone._list_plan_first(env) is None
+        assert plan.list_plan_first(env) is None
     finally:
         os.chown(plan_file, 0, -1)
 
@@ -762,7 +762,7 @@ def test_a_library_that_climbs_out_of_its_directory_is_not_behind_a_link(tmp_pat
     (a wheel's bundled `$ORIGIN/../pkg.libs`)."""
     if shutil.which("gcc") is None:
         pytest.skip("needs gcc")
-    from envtools.layers import verify
+    from envtools.place.layers import verify
 
     pkg, env = tmp_path / "cache" / "pkg", tmp_path / "env"
     layer = pkg / "lib" / "sub"
@@ -796,9 +796,8 @@ def test_a_source_python_cannot_compile_needs_no_bytecode(tmp_path):
     py3.12-only test module): then it writes no bytecode for it either."""
     import sys
 
-    from envtools.clone import _IN_ARCHIVE
-
-    from envtools import bytecode, layers
+    from envtools.place import bytecode, layers
+    from envtools.place.plan import IN_ARCHIVE
 
     good, bad = tmp_path / "good.py", tmp_path / "bad.py"
     good.write_text("x = 1\n")
@@ -808,8 +807,8 @@ def test_a_source_python_cannot_compile_needs_no_bytecode(tmp_path):
     groups = [(0, [(f"share/t/{n}", str(tmp_path / n), "hardlink", None, None, True, None, 1)
                    for n in ("bad.py", "data.bin")])]
     assert layers.without_bytecode(groups) == {"share/t/bad.py": str(bad)}
-    assert layers.plan(groups, [0], [], _IN_ARCHIVE) == {}
-    assert layers.plan(groups, [0], [], _IN_ARCHIVE,
+    assert layers.plan(groups, [0], [], IN_ARCHIVE) == {}
+    assert layers.plan(groups, [0], [], IN_ARCHIVE,
                        no_bytecode=frozenset({"share/t/bad.py"})) == {"share/t": 0}
 
 
@@ -818,7 +817,7 @@ def test_a_listing_stands_for_its_directory_only_while_it_is_the_same(tmp_path):
     owners, sizes, mtimes, inodes, link targets), and a walk along several directories'
     listings stops at the first that differs, including one with an entry added at the
     end of its listing."""
-    from envtools import layers
+    from envtools.place import layers
 
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a / "sub", b):

@@ -9,8 +9,7 @@ import os
 
 import pytest
 from envtools.errors import EnvtoolsError
-from envtools.hashing import stat_key
-from envtools.placement import (
+from envtools.place.placement import (
     BYTES_PER_COST,
     DIR_COST,
     RELOCATED,
@@ -19,7 +18,8 @@ from envtools.placement import (
     place,
     split_units,
 )
-from envtools.relocate import binary_pieces, relocate_pieces
+from envtools.place.relocate import binary_pieces, relocate_pieces
+from envtools.prefix.hashing import stat_key
 
 OLD = b"/opt/build_placehold_placehold_placehold"
 NEW = b"/home/u/env"

@@ -9,11 +9,10 @@ import shutil
 import subprocess
 
 from conftest import run_envtools
-from envtools.hashing import load_stat_cache
-from envtools.prefix_records import Prefix
+from envtools.prefix import record_index
+from envtools.prefix.hashing import load_stat_cache
+from envtools.prefix.records import Prefix
 from test_clone import tree_digest
-
-from envtools import record_index
 
 
 def _writable_copy(env, tmp_path):

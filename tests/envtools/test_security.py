@@ -352,7 +352,7 @@ def _file_entry(path: str, data: bytes = b"x", **extra) -> dict:
 
 def _forge_untracked(src: Path, files: list[str]) -> None:
     """Rewrite untracked.json so that clone trusts it (every directory mtime current)."""
-    from envtools.untracked import UNTRACKED_CACHE, scan
+    from envtools.prefix.untracked import UNTRACKED_CACHE, scan
 
     _files, empty, mtimes = scan(src, set())
     (src / UNTRACKED_CACHE).write_text(json.dumps(
@@ -415,8 +415,8 @@ def test_clone_refuses_a_forged_source(world, case, who, cache, how):
 def test_clone_refuses_a_forged_record_index(world, case, who):
     """The record index (records.marshal) is data too: a path in it is checked although
     the JSON records are clean."""
-    from envtools.hashing import stat_key
-    from envtools.record_index import INDEX
+    from envtools.prefix.hashing import stat_key
+    from envtools.prefix.record_index import INDEX
 
     src = case / "copy"
     shutil.copytree(world.site, src, symlinks=True)
@@ -673,7 +673,7 @@ def test_validate_reports_a_clone_of_a_tampered_cache(world, case):
     for what it copied from a tampered cache: plain validate ignores such parts now and
     reports the file. Reproduced here: a clone's file changed, and an old-style part
     vouching for it with its package's hash, as that code wrote it."""
-    from envtools.hashing import STAT_CACHE, stat_key
+    from envtools.prefix.hashing import STAT_CACHE, stat_key
 
     src = _writable_clone(world, case)
     h = src / "include" / "demo.h"

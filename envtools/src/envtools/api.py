@@ -43,11 +43,12 @@ def solve(channels: Iterable[str], specs: Iterable[str], *, platform: str | None
           virtual_overrides: list[str] | None = None) -> list[rattler.RepoDataRecord]:
     """The packages ``envtools install`` would install for ``specs`` from ``channels``
     (local channel directories or URLs), on a machine of ``platform`` (None: this one;
-    another is described by :func:`envtools.virtual.for_platform`), with
+    another is described by :func:`envtools.solve.virtual.for_platform`), with
     ``virtual_overrides`` as ``--virtual`` gives them (``["__cuda=12.4"]``)."""
-    from envtools import aio, virtual
-    from envtools.install import channel_source
-    from envtools.install import solve as _solve
+    from envtools.base import aio
+    from envtools.solve import virtual
+    from envtools.solve.solver import channel_source
+    from envtools.solve.solver import solve as _solve
 
     srcs = [channel_source(c) for c in channels]
     return aio.run(_solve(srcs, list(specs), virtual.for_platform(platform, virtual_overrides),
@@ -60,7 +61,7 @@ def install(channels: Iterable[str], prefix: str | os.PathLike[str], specs: Iter
     """``envtools install``: a new read-only env at ``prefix`` (which must not exist, or
     be empty) with its package cache at ``cache`` (default ``<prefix>.pkgs``); returns
     the prefix. A failure leaves nothing at ``prefix``."""
-    from envtools.install import install as _install
+    from envtools.commands.install import install as _install
 
     with _errors(prefix):
         return _install(list(channels), Path(prefix), list(specs), virtual_overrides,
@@ -69,7 +70,7 @@ def install(channels: Iterable[str], prefix: str | os.PathLike[str], specs: Iter
 
 def remove(prefix: str | os.PathLike[str]) -> None:
     """``envtools remove``: delete an env (read-only ones too) and the cache beside it."""
-    from envtools.install import remove as _remove
+    from envtools.commands.install import remove as _remove
 
     with _errors(prefix):
         _remove(Path(prefix))
@@ -77,7 +78,7 @@ def remove(prefix: str | os.PathLike[str]) -> None:
 
 def made_by_envtools(prefix: str | os.PathLike[str]) -> bool:
     """Whether ``prefix`` is a read-only env that ``envtools install`` made (its marker)."""
-    from envtools.readonly import read_marker
+    from envtools.prefix.readonly import read_marker
 
     marker = read_marker(Path(prefix))
     return bool(marker) and marker.get("created_by") == "envtools install"
@@ -88,7 +89,7 @@ def write_modulefiles(prefix: str | os.PathLike[str], name: str | None,
     """``envtools module``: modulefiles for ``prefix`` under ``out`` (``fmt``: lmod, tcl
     or both); ``name`` None picks ``powerai/1.0`` (``-cuda`` for a CUDA env). Returns
     the files written."""
-    from envtools.module import write_modulefiles as _write
+    from envtools.commands.module import write_modulefiles as _write
 
     with _errors(out):
         return _write(Path(prefix), name, Path(out), fmt)
@@ -114,8 +115,8 @@ def validate(prefix: str | os.PathLike[str], *, virtual_overrides: list[str] | N
              full: bool = False) -> Validation:
     """``envtools validate --json``, every check including the import smoke test (unless
     ``imports`` is False); raises EnvtoolsError when ``prefix`` cannot be read."""
-    from envtools.validate import to_json
-    from envtools.validate import validate as _validate
+    from envtools.validate.run import to_json
+    from envtools.validate.run import validate as _validate
 
     with _errors(prefix):
         ctx, _ = _validate(prefix, full, virtual_overrides, imports, import_timeout)
@@ -131,6 +132,6 @@ def cuda_need(depends: Iterable[str]) -> str | None:
     """The CUDA a package's ``depends`` ask of the driver (``__cuda >=13.0``: "13.0"), or
     None for a package that needs none: what to solve a CUDA build with
     (``virtual_overrides=["__cuda=13.0"]``) on a machine without a GPU."""
-    from envtools.cudaenv import need_of
+    from envtools.solve.cudaenv import need_of
 
     return need_of(depends)

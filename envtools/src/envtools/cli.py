@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from envtools.base.progress import info
 from envtools.errors import EnvtoolsError, os_error
-from envtools.progress import info
 
 DESCRIPTION = "Install, publish as modules, clone and validate read-only conda environments."
 
@@ -49,7 +49,7 @@ def _cmd_install(a: argparse.Namespace) -> int:
     The prefix gets conda-meta/envtools/readonly.json; every envtools command refuses to
     write inside it. The explicit package set is in conda-meta/envtools/explicit.txt.
     """
-    from envtools.install import install
+    from envtools.commands.install import install
 
     with _writing(a.prefix):
         install(a.channel, a.prefix, a.spec, a.virtual, a.cache)
@@ -58,7 +58,7 @@ def _cmd_install(a: argparse.Namespace) -> int:
 
 def _cmd_remove(a: argparse.Namespace) -> int:
     """Delete an environment made by envtools (read-only ones too) and its <prefix>.pkgs."""
-    from envtools.install import remove
+    from envtools.commands.install import remove
 
     remove(a.prefix)
     return 0
@@ -74,7 +74,7 @@ def _cmd_clone(a: argparse.Namespace) -> int:
     pip-installed files are carried over. Built beside DEST and renamed
     into place: on failure or Ctrl-C nothing is left at DEST.
     """
-    from envtools.clone import clone
+    from envtools.commands.clone import clone
 
     with _writing(a.dest):
         report = clone(
@@ -96,7 +96,7 @@ def _cmd_add(a: argparse.Namespace) -> int:
     Ctrl-C, a kill or a full disk leaves the env as it was (after a kill -9 the next add
     or drop says "rolled back"). A read-only env is refused: clone it first.
     """
-    from envtools.changes import add
+    from envtools.commands.changes import add
 
     with _writing(a.prefix):
         report = add(a.prefix, a.spec, channels=a.channel or [], update_deps=a.update_deps,
@@ -111,7 +111,7 @@ def _cmd_drop(a: argparse.Namespace) -> int:
     Refused while another installed package depends on one of them (the message says
     which, and what it needs) unless --force. A read-only env is refused: clone it first.
     """
-    from envtools.changes import drop
+    from envtools.commands.changes import drop
 
     with _writing(a.prefix):
         report = drop(a.prefix, a.name, force=a.force)
@@ -142,7 +142,7 @@ def _cmd_detach(a: argparse.Namespace) -> int:
     nothing is copied, and the site env is not changed. `envtools validate` lists the
     linked packages (check linked-directories).
     """
-    from envtools.layers import detach
+    from envtools.commands.detach import detach
 
     done = detach(a.prefix, a.package or [])
     pkgs = sorted({p for p, _d in done})
@@ -159,7 +159,7 @@ def _cmd_module(a: argparse.Namespace) -> int:
     and conda-meta/state env_vars, a python family conflict, whatis/help, and an
     extensions() list for `module spider`. `module unload` restores the environment.
     """
-    from envtools.module import write_modulefiles
+    from envtools.commands.module import write_modulefiles
 
     for p in write_modulefiles(a.prefix, a.name, a.out, a.format):
         info("wrote ", str(p))
@@ -177,29 +177,9 @@ def _cmd_gc(a: argparse.Namespace) -> int:
     hosts' directories, and anything without envtools' owner record. Every envtools
     install or clone also does this for the directory it writes into.
     """
-    from envtools.tempdirs import find_leftovers, inspect, remove_leftover, tree_bytes
+    from envtools.commands.gc import collect
 
-    removed = kept = freed = 0
-    for d in a.dirs:
-        if not d.is_dir():
-            raise EnvtoolsError(f"{d} is not a directory",
-                                "give the directories that hold envs, e.g. envtools gc ~/envs")
-        for path in find_leftovers(d):
-            verdict = inspect(path)[0] if a.dry_run else None
-            size = tree_bytes(path) if (verdict is None or verdict.removable) else 0
-            if verdict is None:
-                verdict = remove_leftover(path)
-            if verdict.removable:
-                removed += 1
-                freed += size
-                print(f"{'would remove' if a.dry_run else 'removed'} {path} "
-                      f"({size / 2**20:.1f} MiB): {verdict.why}")
-            else:
-                kept += 1
-                print(f"kept {path}: {verdict.why}")
-    verb = "would free" if a.dry_run else "freed"
-    info(f"gc: {removed} {'to remove' if a.dry_run else 'removed'}, {kept} kept; "
-         f"{verb} {freed / 2**20:.1f} MiB")
+    collect(a.dirs, a.dry_run)
     return 0
 
 
@@ -209,7 +189,7 @@ def _cmd_validate(a: argparse.Namespace) -> int:
     Exit status: 0 no error-severity findings, 1 errors found, 2 cannot read PREFIX.
     The --json schema is in envtools/README.md.
     """
-    from envtools.validate import run_validate
+    from envtools.commands.validate import run_validate
 
     return run_validate(a.prefix, json_out=a.json, full=a.full, virtual_overrides=a.virtual,
                         imports=not a.no_imports, import_timeout=a.import_timeout)

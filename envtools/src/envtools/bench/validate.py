@@ -1,0 +1,344 @@
+"""``python -m envtools.bench --validate --prefix P``: validate's figures, and what
+validate, ``pip check`` and an lddtree-style check each find on the same planted breaks.
+
+Timings (median of ``--repeat`` rounds, every command a fresh process, page cache warm):
+``envtools validate --no-imports`` (target <= 1.5 s on powerai) and ``envtools
+validate`` with the import smoke test (target <= 10 s), beside what a user would run
+otherwise, measured in the same rounds: ``pip check`` (pip's ``--python`` pointed at
+the env) and ``ldd`` over every ELF file of the env (what auditwheel's lddtree-style
+checks amount to: every DT_NEEDED resolved by the system loader, one file at a time).
+
+``--breaks`` then clones P once per break (as root: a copy, so nothing is shared with
+P's package cache), plants one break, and runs the three tools on it. A tool *finds* a
+break when it reports something it did not report on the pristine clone (for ldd: a
+``not found`` line that was not there before; pip check: exit status or output). P is
+only read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+from envtools.base import elf
+from envtools.base.progress import get_console
+from envtools.bench.measure import rm_tree, time_cmd
+from envtools.validate.binaries import elf_candidates
+
+ENVTOOLS = [sys.executable, "-m", "envtools"]
+
+
+def _elf_files(root: Path) -> list[str]:
+
+    return [p for p in elf_candidates(root, set(), {}) if not os.path.islink(p) and elf.is_elf(p)]
+
+
+def ldd_missing(root: Path) -> tuple[set[str], int]:
+    """lddtree-style: ``ldd`` every ELF file; (``file: lib`` not found, files ldd refused).
+    ldd stops at a file its loader crashes on, so the rest of a batch is run again."""
+    files = _elf_files(root)
+    missing: set[str] = set()
+    refused = 0
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    i = 0
+    while i < len(files):
+        chunk = files[i:i + 200]
+        p = subprocess.run(["ldd", *chunk], capture_output=True, text=True, env=env)
+        # (ldd names each file only when it is given more than one)
+        current = os.path.relpath(chunk[0], root) if len(chunk) == 1 else None
+        seen = 0
+        for line in (p.stdout + "\n" + p.stderr).splitlines():
+            if line.endswith(":") and not line.startswith("\t") and line[:-1] in chunk:
+                current = os.path.relpath(line[:-1], root)
+                seen = chunk.index(line[:-1]) + 1
+            elif "not found" in line and current:
+                missing.add(f"{current}: {line.split('=>')[0].strip()}")
+            elif any(w in line for w in ("not a dynamic executable", "error while loading",
+                                         "file too short", "unknown exit code")):
+                refused += 1
+        i += seen if 0 < seen < len(chunk) else len(chunk)
+    return missing, refused
+
+
+def pip_check(root: Path, env: dict | None = None) -> tuple[int, str]:
+    p = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check",
+                        "--python", str(root / "bin" / "python"), "check"],
+                       capture_output=True, text=True, env=env)
+    return p.returncode, (p.stdout + p.stderr).strip()
+
+
+def validate_doc(root: Path, *extra: str, env: dict | None = None) -> dict:
+    p = subprocess.run([*ENVTOOLS, "validate", str(root), "--json", *extra],
+                       capture_output=True, text=True, env=env)
+    try:
+        return json.loads(p.stdout)
+    except ValueError:
+        return {"exit_status": p.returncode, "findings": [], "error": p.stderr[-500:]}
+
+
+def _wheel(dest: Path, name: str, version: str, files: dict[str, str],
+           requires: tuple[str, ...] = ()) -> Path:
+    """A minimal pure-Python wheel, as a user would pip install one."""
+    dist = name.replace("-", "_")
+    di = f"{dist}-{version}.dist-info"
+    files = dict(files)
+    files[f"{di}/METADATA"] = "".join(
+        [f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+         *(f"Requires-Dist: {r}\n" for r in requires)])
+    files[f"{di}/WHEEL"] = "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    rec = []
+    for path, text in files.items():
+        h = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        rec.append(f"{path},sha256={h.decode()},{len(text.encode())}")
+    files[f"{di}/RECORD"] = "\n".join([*rec, f"{di}/RECORD,,"]) + "\n"
+    whl = dest / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return whl
+
+
+def _pip_install(env: Path, whl: Path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
+                    "--disable-pip-version-check", "--prefix", str(env), str(whl)],
+                   check=True, capture_output=True, env={**os.environ, "PYTHONNOUSERSITE": "1"})
+
+
+def _record_of(env: Path, name: str) -> tuple[Path, dict]:
+    rec = next((env / "conda-meta").glob(f"{name}-[0-9]*.json"))
+    return rec, json.loads(rec.read_text())
+
+
+def _site(env: Path) -> Path:
+    return next(env.glob("lib/python*/site-packages"))
+
+
+def _replace(fp: Path, data: bytes) -> None:
+    """Write a new file in place of ``fp`` (never through a possible hardlink)."""
+    fp.unlink()
+    fp.write_bytes(data)
+
+
+# ---------------------------------------------------------------- the planted breaks
+# each takes (env, scratch dir) and returns extra environment variables for the tools
+def b_missing_file(env: Path, tmp: Path) -> dict:
+    (_site(env) / "requests" / "api.py").unlink()
+    return {}
+
+
+def b_altered_file(env: Path, tmp: Path) -> dict:
+    fp = _site(env) / "requests" / "api.py"
+    _replace(fp, fp.read_bytes().replace(b"def get(", b"def get_(", 1))
+    return {}
+
+
+def b_foreign_arch(env: Path, tmp: Path) -> dict:
+    data = bytearray((env / "lib" / "libmpi.so.40").resolve().read_bytes())
+    data[18:20] = (21).to_bytes(2, "little")  # e_machine: EM_PPC64
+    (env / "lib" / "libforeign.so").write_bytes(bytes(data))
+    return {}
+
+
+def b_python_abi(env: Path, tmp: Path) -> dict:
+    ext = next((_site(env) / "markupsafe").glob("_speedups.cpython-*.so"))
+    shutil.copy(ext, ext.parent / "_speedups.cpython-39-x86_64-linux-gnu.so")
+    ext.unlink()
+    return {}
+
+
+def b_pip_shadowing(env: Path, tmp: Path) -> dict:
+    _pip_install(env, _wheel(tmp, "idna", "0.1", {"idna/__init__.py": "VERSION = 'pip'\n"}))
+    return {}
+
+
+def b_pip_requires(env: Path, tmp: Path) -> dict:
+    _pip_install(env, _wheel(tmp, "needy", "1.0", {"needy.py": ""},
+                             ("not-there>=1", "numpy<2")))
+    return {}
+
+
+def b_removed_package(env: Path, tmp: Path) -> dict:
+    rec, data = _record_of(env, "idna")  # requests depends on it
+    for e in data["paths_data"]["paths"]:
+        (env / e["_path"]).unlink(missing_ok=True)
+    rec.unlink()
+    return {}
+
+
+def b_shadowed_import(env: Path, tmp: Path) -> dict:
+    (tmp / "shadow" / "requests").mkdir(parents=True)
+    (tmp / "shadow" / "requests" / "__init__.py").write_text("VERSION = 'shadow'\n")
+    return {"PYTHONPATH": str(tmp / "shadow")}
+
+
+def b_truncated_library(env: Path, tmp: Path) -> dict:
+    fp = env / "lib" / "libddl.so.1"
+    data = fp.resolve().read_bytes()
+    _replace(fp.resolve(), data[: len(data) // 2])
+    return {}
+
+
+def b_missing_libmpi(env: Path, tmp: Path) -> dict:
+    (env / "lib" / "libmpi.so.40").resolve().unlink()
+    return {}
+
+
+BREAKS: list[tuple[str, Callable[[Path, Path], dict]]] = [
+    ("missing file", b_missing_file),
+    ("altered file", b_altered_file),
+    ("foreign-arch library", b_foreign_arch),
+    ("wrong python ABI", b_python_abi),
+    ("pip shadowing (pip over a conda package)", b_pip_shadowing),
+    ("unmet pip requirement", b_pip_requires),
+    ("package removed behind conda's back", b_removed_package),
+    ("shadowed import (PYTHONPATH)", b_shadowed_import),
+    ("truncated library", b_truncated_library),
+    ("missing libmpi", b_missing_libmpi),
+]
+
+
+def run_breaks(src: Path, work: Path) -> list[dict]:
+    """Plant each break in a fresh clone; what each tool reports beyond the pristine clone."""
+
+    rows = []
+    base = work / "pristine"
+    subprocess.run([*ENVTOOLS, "clone", str(src), str(base)], check=True, capture_output=True)
+    v0 = validate_doc(base)
+    ldd0, refused0 = ldd_missing(base)
+    pip0 = pip_check(base)
+    rows.append({"break": "(pristine clone)", "validate": v0.get("exit_status"),
+                 "validate_checks": sorted({f["check"] for f in v0["findings"]
+                                            if f["severity"] == "error"}),
+                 "pip_check": pip0[0], "ldd_not_found": len(ldd0), "ldd_refused": refused0})
+    rm_tree(base)
+    for label, plant in BREAKS:
+        case = work / "case"
+        tmp = work / "scratch"
+        tmp.mkdir()
+        subprocess.run([*ENVTOOLS, "clone", str(src), str(case)], check=True,
+                       capture_output=True)
+        extra = plant(case, tmp)
+        env = {**os.environ, **extra}
+        doc = validate_doc(case, env=env)
+        errs = [f for f in doc["findings"] if f["severity"] == "error"]
+        rc, out = pip_check(case, env)
+        missing, refused = ldd_missing(case)
+        new = sorted(missing - {m.replace(str(base), str(case)) for m in ldd0})
+        rows.append({
+            "break": label, "validate": doc.get("exit_status"),
+            "validate_checks": sorted({f["check"] for f in errs}),
+            "validate_packages": sorted({p for f in errs for p in f["packages"]}),
+            "pip_check": rc, "pip_check_output": out[:300],
+            "ldd_new_not_found": len(new), "ldd_examples": new[:3],
+            "ldd_new_refused": max(0, refused - refused0)})
+        rm_tree(case)
+        rm_tree(tmp)
+    return rows
+
+
+def breaks_table(rows: list[dict]) -> list[str]:
+    """The README's comparison table (markdown)."""
+    pristine = rows[0]
+    refused0 = f", {pristine['ldd_refused']} files refused" if pristine["ldd_refused"] else ""
+    out = ["| planted break | envtools validate | pip check | ldd over every ELF file |",
+           "| --- | --- | --- | --- |",
+           f"| (pristine env: false alarms) | exit {pristine['validate']}"
+           f"{', ' + ', '.join(pristine['validate_checks']) if pristine['validate_checks'] else ''}"
+           f" | exit {pristine['pip_check']} | {pristine['ldd_not_found']} `not found`"
+           f"{refused0} |"]
+    for r in rows[1:]:
+        v = (f"**found** (exit {r['validate']}: {', '.join(r['validate_checks'])}; "
+             f"names {', '.join(r['validate_packages'])})" if r["validate"] == 1
+             else f"missed (exit {r['validate']})")
+        pc = "**found**" if r["pip_check"] != 0 else "missed"
+        what = [f"{r['ldd_new_not_found']} new `not found`" if r["ldd_new_not_found"] else "",
+                f"{r['ldd_new_refused']} more files refused" if r["ldd_new_refused"] else ""]
+        what = [w for w in what if w]
+        ld = f"**found** ({', '.join(what)})" if what else "missed"
+        out.append(f"| {r['break']} | {v} | {pc} | {ld} |")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m envtools.bench --validate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prefix", type=Path, required=True, help="the env to measure (read only)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--breaks", action="store_true",
+                    help="also plant each break in a clone and compare the tools")
+    ap.add_argument("--workdir", type=Path, help="where the clones go [default: /tmp]")
+    ap.add_argument("--json", type=Path, help="also write the figures to this file")
+    a = ap.parse_args(argv)
+
+    src = a.prefix.absolute()
+    results: dict[str, list[float]] = {}
+    py = str(src / "bin" / "python")
+    cmds = {
+        "envtools validate --no-imports": [*ENVTOOLS, "validate", "--no-imports", str(src)],
+        "envtools validate (with the import smoke test)": [*ENVTOOLS, "validate", str(src)],
+        "pip check (--python the env's)": [sys.executable, "-m", "pip",
+                                           "--disable-pip-version-check", "--python", py,
+                                           "check"],
+    }
+    load_start = os.getloadavg()
+    for i in range(a.repeat):
+        get_console().print(f"round {i + 1}/{a.repeat}")
+        for name, cmd in cmds.items():
+            results.setdefault(name, []).append(time_cmd(cmd))
+        t = time.perf_counter()
+        ldd_missing(src)
+        results.setdefault("ldd over every ELF file (lddtree-style)", []).append(
+            time.perf_counter() - t)
+    med = {k: statistics.median(v) for k, v in results.items()}
+    doc = validate_doc(src)
+    from rich.table import Table
+
+    t = Table(title=f"envtools validate bench: {src}, median of {a.repeat}, {os.cpu_count()} "
+              f"CPUs, load average {load_start[0]:.1f} -> {os.getloadavg()[0]:.1f}")
+    t.add_column("what")
+    t.add_column("median s", justify="right")
+    t.add_column("runs s")
+    for k, v in results.items():
+        t.add_row(k, f"{med[k]:.3f}", " ".join(f"{x:.3f}" for x in v))
+    out = get_console().__class__(width=120)
+    out.print(t)
+    s = doc.get("summary", {})
+    lines = [
+        f"validate --no-imports: {med['envtools validate --no-imports']:.2f} s (target <= "
+        f"1.5 s); with the import smoke test ({doc.get('checked', {}).get('imports', 0)} "
+        f"modules): {med['envtools validate (with the import smoke test)']:.2f} s (target <= "
+        f"10 s); exit {doc.get('exit_status')}: {s.get('error')} errors, {s.get('warning')} "
+        f"warnings, {s.get('info')} notes",
+    ]
+    for line in lines:
+        out.print(line)
+    rows = []
+    if a.breaks:
+        work = Path(tempfile.mkdtemp(prefix="envtools-breaks-", dir=a.workdir or "/tmp"))
+        try:
+            rows = run_breaks(src, work)
+        finally:
+
+            rm_tree(work)
+        for line in breaks_table(rows):
+            out.print(line, soft_wrap=True)
+    if a.json:
+        a.json.write_text(json.dumps({"runs": results, "median": med, "summary": lines,
+                                      "breaks": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
