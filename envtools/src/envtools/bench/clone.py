@@ -75,7 +75,7 @@ from pathlib import Path
 from envtools.base.progress import get_console
 from envtools.bench import add as bench_add
 from envtools.bench import asuser
-from envtools.bench.measure import rm_tree, time_cmd
+from envtools.bench.measure import print_medians, rm_tree, time_cmd
 from envtools.bench.validate import main as validate_main
 from envtools.errors import EnvtoolsError
 from envtools.prefix.readonly import make_readonly, make_writable, read_marker, read_prefix_info
@@ -226,7 +226,7 @@ def _non_owner(work: Path, src: Path, cache: str | None) -> tuple[asuser.User | 
     return user, ""
 
 
-RATTLER_FRESH = r'''
+RATTLER_INSTALL = r'''
 import asyncio, glob, sys, time, rattler
 src, dest, cache = sys.argv[1:4]
 recs = [rattler.PrefixRecord.from_path(p) for p in sorted(glob.glob(src + "/conda-meta/*.json"))]
@@ -249,16 +249,6 @@ def _time_install(cmd: list[str]) -> tuple[float, float]:
     if p.returncode != 0 or not m:
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
     return dt, float(m.group(1))
-
-
-RATTLER_INSTALL = r'''
-import asyncio, glob, sys, time, rattler
-src, dest, cache = sys.argv[1:4]
-recs = [rattler.PrefixRecord.from_path(p) for p in sorted(glob.glob(src + "/conda-meta/*.json"))]
-t = time.perf_counter()
-asyncio.run(rattler.install(recs, target_prefix=dest, cache_dir=cache, show_progress=False))
-print(time.perf_counter() - t)
-'''
 
 
 NON_OWNER_CLONE = "envtools clone (cache, non-owner: a symlink per file)"
@@ -320,7 +310,6 @@ def main(argv: list[str] | None = None) -> int:
                     "--validate --help)")
     args = sys.argv[1:] if argv is None else list(argv)
     if "--validate" in args:
-
         return validate_main([x for x in args if x != "--validate"])
     a = ap.parse_args(args)
     envtools = [sys.executable, "-m", "envtools"]
@@ -352,7 +341,6 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([*envtools, "install", "--channel", str(channel), "--prefix", str(src),
                         "bench-env"], check=True)
     if a.add:
-
         work = Path(tempfile.mkdtemp(prefix="add-", dir=a.workdir or src.parent))
         try:
             get_console().print(f"env: {src} ({_count_files(src)[0]} files); "
@@ -498,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         set_aside(work / "rc")
 
     fresh = work / "rattler_fresh.py"
-    fresh.write_text(RATTLER_FRESH)
+    fresh.write_text(RATTLER_INSTALL)
     if a.no_install or a.only != "all":
         install_from = None
     # rounds interleave every command, so load from other users hits them all alike
@@ -532,18 +520,9 @@ def main(argv: list[str] | None = None) -> int:
 
     load_end = os.getloadavg()
     med = {k: statistics.median(v) for k, v in results.items()}
-    from rich.table import Table
-
-    t = Table(title=f"envtools bench: {nfiles} files, {nbytes / 2**20:.0f} MiB, "
+    out = print_medians(f"envtools bench: {nfiles} files, {nbytes / 2**20:.0f} MiB, "
               f"median of {a.repeat}, {os.cpu_count()} CPUs, load average "
-              f"{load_start[0]:.1f} -> {load_end[0]:.1f}")
-    t.add_column("what")
-    t.add_column("median s", justify="right")
-    t.add_column("runs s")
-    for k, v in results.items():
-        t.add_row(k, f"{med[k]:.3f}", " ".join(f"{x:.3f}" for x in v))
-    out = get_console().__class__(width=120)  # stdout
-    out.print(t)
+              f"{load_start[0]:.1f} -> {load_end[0]:.1f}", results, med)
     cpa = med.get("cp -a", 0.0)
     lines = []
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from envtools.base import elf
 from envtools.base.progress import get_console
-from envtools.bench.measure import rm_tree, time_cmd
+from envtools.bench.measure import print_medians, rm_tree, time_cmd
 from envtools.validate.binaries import elf_candidates
 
 ENVTOOLS = [sys.executable, "-m", "envtools"]
@@ -303,17 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             time.perf_counter() - t)
     med = {k: statistics.median(v) for k, v in results.items()}
     doc = validate_doc(src)
-    from rich.table import Table
-
-    t = Table(title=f"envtools validate bench: {src}, median of {a.repeat}, {os.cpu_count()} "
-              f"CPUs, load average {load_start[0]:.1f} -> {os.getloadavg()[0]:.1f}")
-    t.add_column("what")
-    t.add_column("median s", justify="right")
-    t.add_column("runs s")
-    for k, v in results.items():
-        t.add_row(k, f"{med[k]:.3f}", " ".join(f"{x:.3f}" for x in v))
-    out = get_console().__class__(width=120)
-    out.print(t)
+    out = print_medians(f"envtools validate bench: {src}, median of {a.repeat}, {os.cpu_count()} "
+              f"CPUs, load average {load_start[0]:.1f} -> {os.getloadavg()[0]:.1f}", results, med)
     s = doc.get("summary", {})
     lines = [
         f"validate --no-imports: {med['envtools validate --no-imports']:.2f} s (target <= "
@@ -330,7 +321,6 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rows = run_breaks(src, work)
         finally:
-
             rm_tree(work)
         for line in breaks_table(rows):
             out.print(line, soft_wrap=True)

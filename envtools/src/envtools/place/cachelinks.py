@@ -51,6 +51,7 @@ import stat
 from pathlib import Path
 
 from envtools.base import elf
+from envtools.place import linking
 from envtools.place.linking import WRITE_BITS
 from envtools.prefix.noarch import cache_rel
 
@@ -229,17 +230,7 @@ def probe_hardlink(pkg_dir: Path, tmp: Path) -> bool:
     """Will the kernel let us hardlink this cache's files into the clone? Tried once, on
     a cache file; False on EPERM (protected_hardlinks), EXDEV (another filesystem) and
     the like."""
-    probe = tmp / ".envtools-hardlink-probe"
-    for cand in (pkg_dir / "info" / "index.json", pkg_dir / "info" / "paths.json"):
-        try:
-            os.link(cand, probe)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return False
-        probe.unlink()
-        return True
-    return False
+    return linking.probe(pkg_dir, tmp, "hardlink", os.link) is True
 
 
 #: how a record ends: rattler's indented form, and envtools' own (``json.dumps``)

@@ -16,6 +16,8 @@ import errno
 import fcntl
 import os
 import stat
+from collections.abc import Callable
+from pathlib import Path
 
 from envtools.prefix import confine
 
@@ -117,3 +119,19 @@ def writable_mode(mode: int) -> int:
 #: errors after which a link of this kind will not work for any other file either
 LINK_GIVE_UP = {errno.EXDEV, errno.EPERM, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTTY,
                 errno.EACCES}
+
+
+def probe(pkg_dir: Path, tmp: Path, kind: str, link: Callable[[str, str], object]) -> bool | None:
+    """Try ``link`` (a hardlink, a reflink) once from one of a cache directory's own files
+    to ``tmp``: whether it worked, or None when the directory has neither file to try."""
+    dest = tmp / f".envtools-{kind}-probe"
+    for cand in (pkg_dir / "info" / "index.json", pkg_dir / "info" / "paths.json"):
+        try:
+            link(str(cand), str(dest))
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+        dest.unlink()
+        return True
+    return None

@@ -545,17 +545,8 @@ def place_layer(ctx: Ctx, item: Item) -> tuple[dict[str, tuple], list[Item], int
 
 def probe_reflink(pkg_dir: Path, tmp: Path) -> bool | None:
     """Can this cache reflink into DEST's filesystem? Tried once, on a cache file."""
-    probe = tmp / ".envtools-reflink-probe"
-    for cand in (pkg_dir / "info" / "index.json", pkg_dir / "info" / "paths.json"):
-        try:
-            linking.reflink(str(cand), str(probe), 0o600)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return False
-        probe.unlink()
-        return True
-    return None
+    return linking.probe(pkg_dir, tmp, "reflink",
+                         lambda src, dst: linking.reflink(src, dst, 0o600))
 
 
 def _dirs_of(rels: list[str]) -> list[str]:

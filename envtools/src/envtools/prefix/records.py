@@ -100,7 +100,6 @@ class Record:
         if entries is None:  # very old records list only ``files``
             entries = [{"_path": f, "path_type": "hardlink"} for f in self.data.get("files", [])]
         elif self.noarch_python:
-
             entries = prefix_paths(entries, self.data.get("files"))
         return entries
 
