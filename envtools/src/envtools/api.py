@@ -7,6 +7,10 @@ the errors a site admin gets from the commands, not a second installer beside th
 Every failure the command line would print as ``error:`` and ``hint:`` arrives here as
 one :class:`EnvtoolsError` (``message``, ``hint``), a system error such as a full disk
 included; nothing here prints findings or exits.
+
+Each function imports the command it runs when it is called: the functions carry the
+commands' own names, and ``import envtools.api`` (which the pipeline does at start-up,
+for :func:`cuda_need`) stays light, without py-rattler.
 """
 
 from __future__ import annotations
