@@ -75,7 +75,10 @@ def _cmd_clone(a: argparse.Namespace) -> int:
     into place: on failure or Ctrl-C nothing is left at DEST.
     """
     from envtools.clone import clone
+    from envtools.image.cli import clone_image, is_image
 
+    if is_image(a.src):  # clone IMAGE DEST (envtools.image)
+        return clone_image(a)
     with _writing(a.dest):
         report = clone(
             a.src, a.dest, add=a.add or [], allow_update=a.allow_update,
@@ -159,8 +162,11 @@ def _cmd_module(a: argparse.Namespace) -> int:
     and conda-meta/state env_vars, a python family conflict, whatis/help, and an
     extensions() list for `module spider`. `module unload` restores the environment.
     """
+    from envtools.image.cli import is_image, module_image
     from envtools.module import write_modulefiles
 
+    if is_image(a.prefix):  # module IMAGE (envtools.image)
+        return module_image(a)
     for p in write_modulefiles(a.prefix, a.name, a.out, a.format):
         info("wrote ", str(p))
     return 0
@@ -209,8 +215,11 @@ def _cmd_validate(a: argparse.Namespace) -> int:
     Exit status: 0 no error-severity findings, 1 errors found, 2 cannot read PREFIX.
     The --json schema is in envtools/README.md.
     """
+    from envtools.image.cli import is_image, validate_image
     from envtools.validate import run_validate
 
+    if is_image(a.prefix):  # validate IMAGE (envtools.image)
+        return validate_image(a)
     return run_validate(a.prefix, json_out=a.json, full=a.full, virtual_overrides=a.virtual,
                         imports=not a.no_imports, import_timeout=a.import_timeout)
 
@@ -245,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prefix", type=Path, help="environment to delete")
 
     p = _subcommand(sub, "clone", _cmd_clone)
-    p.add_argument("src", type=Path, help="environment to clone (may be read-only)")
+    p.add_argument("src", type=Path, help="environment to clone (may be read-only), or an "
+                   "image made by envtools seal")
     p.add_argument("dest", type=Path, help="new environment (must not exist or be empty)")
     p.add_argument("--add", action="append", metavar="SPEC",
                    help="package spec to add after cloning (repeatable)")
@@ -286,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("package", nargs="*", help="package names [default: all]")
 
     p = _subcommand(sub, "module", _cmd_module)
-    p.add_argument("prefix", type=Path, help="the environment to publish")
+    p.add_argument("prefix", type=Path, help="the environment to publish, or an image "
+                   "(envtools seal) that the site mounts at its prefix on each node")
     p.add_argument("--name", help="module name/version, e.g. powerai/1.0 [default: the "
                    "package the env was installed for and its major.minor version, with "
                    "-cuda for a CUDA build: powerai/1.0 or powerai/1.0-cuda]")
@@ -296,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which module system to write for")
 
     p = _subcommand(sub, "validate", _cmd_validate)
-    p.add_argument("prefix", type=Path, help="the environment to check")
+    p.add_argument("prefix", type=Path, help="the environment to check, or an image "
+                   "(envtools seal: verified, then checked mounted)")
     p.add_argument("--json", action="store_true", help="print findings as JSON")
     p.add_argument("--full", action="store_true",
                    help="re-hash every file, ignoring the stat cache")
@@ -306,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--import-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="time limit for importing one module")
     _virtual_opt(p)
+
+    from envtools.image.cli import register  # seal, run, mount
+
+    register(sub, _subcommand)
 
     p = _subcommand(sub, "gc", _cmd_gc)
     p.add_argument("dirs", nargs="*", type=Path, default=[Path(".")], metavar="DIR",

@@ -340,6 +340,10 @@ def clone(
 
         # conda's link type for packages placed from the cache (symlinks where allowed)
         soft = ctx.symlink_roots if ctx.symlinks else None
+        # bytecode install compiled for relocated sources in place of a pyc the package
+        # ships stays in the records (bytecode.drop_compiled); the clone compiles its own
+        recompile = any(not r.noarch_python and bytecode.has_compiled(r.plan_fields())
+                        for r in prefix.records)
 
         def write_package_record(key: int, rewritten: dict[str, tuple[str, int]]) -> None:
             """conda-meta: the same record, pointing at its new link source (this runs in
@@ -389,6 +393,8 @@ def clone(
                 f"repair the source (envtools validate {srcp}) or restore its package cache",
             ) from e
         report.placed = placed.counts
+        if recompile:  # (a pyc the package ships, for a source relocated again here)
+            bytecode.compile_installed(tmp, destp, noarch=False)
         report.timings["files and records"] = time.monotonic() - t0
 
         rewritten: set[str] = set()
