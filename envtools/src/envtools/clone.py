@@ -33,6 +33,9 @@ from envtools.adding import recorded_channels
 from envtools.errors import EnvtoolsError
 from envtools.hashing import (
     STAT_CACHE,
+    entry_sha,
+    file_key,
+    key_holds,
     load_stat_cache,
     package_part,
     stat_key,
@@ -787,10 +790,11 @@ def _write_clone_stat_cache(
         if sc is None:
             continue
         try:
-            if sc[:3] == stat_key(os.stat(os.path.join(src_s, rel))):
+            if key_holds(sc, os.stat(os.path.join(src_s, rel))):
                 st = os.lstat(os.path.join(tmp_s, rel))
                 if stat.S_ISREG(st.st_mode):
-                    entries[rel] = (*stat_key(st), *sc[3:])
+                    sha = entry_sha(sc)
+                    entries[rel] = (*file_key(st), sha) if sha else file_key(st)
         except OSError:
             continue
     if entries:

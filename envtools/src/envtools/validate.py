@@ -54,7 +54,16 @@ import rattler
 
 from envtools import cachelinks, confine, cudaenv, elf, loader, virtual
 from envtools.errors import EnvtoolsError
-from envtools.hashing import hash_many, load_stat_cache, stat_key
+from envtools.hashing import (
+    entry_sha,
+    file_key,
+    hash_many,
+    key_exact,
+    key_holds,
+    load_stat_cache,
+    may_refresh,
+    refresh_part,
+)
 from envtools.prefix_records import Prefix, Record
 from envtools.progress import info, task
 
@@ -228,9 +237,17 @@ def check_cuda(ctx: Context) -> None:
 
 # ---------------------------------------------------------------- files
 def check_files(ctx: Context) -> None:
-    """Missing and altered files (sha256 against the records), clobbered paths."""
+    """Missing and altered files (sha256 against the records), clobbered paths.
+
+    A file whose stat cache entry holds (hashing.key_holds) is not hashed. In an env
+    this user may write (hashing.may_refresh), the current keys of the files whose entry
+    was not exact (a link count change excused a ctime change, a version 4 entry) or that
+    were hashed and hold their hash are stored again (hashing.refresh_part): no hashing
+    for that, and the next in-place edit is caught by its ctime."""
     root = ctx.prefix.root
     cache = {} if ctx.full else load_stat_cache(root)
+    refresh: dict[str, tuple] | None = {} if may_refresh(root) else None
+    stats: dict[str, os.stat_result] = {}
     expected: dict[str, tuple[Record, dict]] = {}
     for r in ctx.prefix.records:
         for e in r.paths:
@@ -303,17 +320,27 @@ def check_files(ctx: Context) -> None:
             _altered(ctx, r, rel)
             continue
         c = cache.get(rel)
-        if c is not None and c[:3] == stat_key(st):
-            if (c[3] if len(c) > 3 else e.get("sha256")) != sha:  # (3 items: the package's)
+        if c is not None and key_holds(c, st):
+            held = entry_sha(c)
+            if (held or e.get("sha256")) != sha:  # (None: the package's)
                 _altered(ctx, r, rel)
+            elif refresh is not None and not key_exact(c, st):
+                refresh[rel] = (*file_key(st), held) if held else file_key(st)
             continue
         to_hash.append(rel)
+        stats[rel] = st
     with task("hashing files", len(to_hash)) as advance:
         got = hash_many((os.path.join(root, rel) for rel in to_hash), advance=advance)
     for rel in to_hash:
         h = got.get(os.path.join(root, rel))
         if h is not None and h != want[rel]:
             _altered(ctx, expected[rel][0], rel)
+        elif h is not None and refresh is not None:
+            st = stats[rel]
+            refresh[rel] = file_key(st) if h == expected[rel][1].get("sha256") \
+                else (*file_key(st), h)
+    if refresh:
+        refresh_part(root, refresh)
     ctx.checked["files"] = len(expected)
     ctx.checked["hashed"] = len(to_hash)
     _settle_pycs(ctx)
