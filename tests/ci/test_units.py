@@ -624,5 +624,7 @@ def test_wheel_spec_platform_requirements(tmp_path):
     spec = load_wheel_spec(tmp_path, {"numpy": "2.4.6", "r": "0.28.0"})
     assert spec["requirements"] == ["numpy==2.4.6"]
     assert spec["platforms"]["linux-ppc64le"]["requirements"] == ["py-rattler==0.28.0"]
-    with pytest.raises(KeyError, match="linux-ppc64le"):
+    with pytest.raises(KeyError, match="linux-ppc64le requirement 'py-rattler=={r}' names 'r'"):
         load_wheel_spec(tmp_path, {"numpy": "2.4.6"})
+    with pytest.raises(KeyError, match="a requirement 'numpy=={numpy}' names 'numpy'"):
+        load_wheel_spec(tmp_path, {"r": "0.28.0"})

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 from condahelp import MODULEFILES, final_names, mpirun_allreduce
@@ -121,27 +124,44 @@ def test_clone_as_root_then_install_and_remove(conda, site_env, tmp_path):
     assert _python(clone, "import ddl_core").returncode == 0
 
 
-def test_clone_as_another_uid_then_install(conda, site_env, tmp_path):
+@pytest.fixture
+def open_home(tmp_path_factory):
+    """A home directory for another uid, in a temp dir every uid can reach (pytest's own
+    basetemp is 0700 to root, so a uid could not even stat a path under it)."""
+    top = Path(tempfile.mkdtemp(prefix="ddlce-conda-uid-"))
+    top.chmod(0o755)
+    yield top / "home"
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_clone_as_another_uid_then_install(conda, site_env, open_home):
+    """A user without write access to the site env or to root's package cache: `conda
+    create --clone` into their home (conda's default pkgs dir there), then install and
+    remove in the clone."""
     if os.geteuid() != 0:
         pytest.skip("needs root to run conda as another uid")
     uid = 47311
-    home = tmp_path / "home"
+    home = open_home
     home.mkdir()
     os.chown(home, uid, uid)
-    tmp_path.chmod(0o755)
     probe = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                             "--", conda.exe, "--version"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"uid {uid} cannot run {conda.exe}: {probe.stderr.strip()[-300:]}")
+    user = {"CONDA_PKGS_DIRS": str(home / ".conda" / "pkgs")}
     clone = home / "clone"
     conda.run("create", "-y", "-p", str(clone), "--clone", str(site_env), "--offline",
-              *conda.channel_args, uid=uid, home=home)
+              *conda.channel_args, uid=uid, home=home, extra_env=user)
     assert clone.stat().st_uid == uid
+    assert set(conda.installed(clone)) == set(conda.installed(site_env))
     pkg = _small_package(conda, clone)
     conda.run("install", "-y", "-p", str(clone), "--offline", *conda.channel_args, pkg,
-              uid=uid, home=home)
-    conda.run("remove", "-y", "-p", str(clone), "--offline", pkg, uid=uid, home=home)
+              uid=uid, home=home, extra_env=user)
+    assert pkg in conda.installed(clone)
+    conda.run("remove", "-y", "-p", str(clone), "--offline", pkg, uid=uid, home=home,
+              extra_env=user)
     assert pkg not in conda.installed(clone)
+    assert _python(clone, "import ddl_core").returncode == 0
 
 
 def test_activate_sets_nothing_the_modulefile_lacks(conda, site_env):
@@ -162,14 +182,22 @@ def test_activate_sets_nothing_the_modulefile_lacks(conda, site_env):
         assert not missing, (f.name, missing, p.stdout)
 
 
-def test_list_explicit_recreates_the_env(conda, site_env, tmp_path):
-    spec = tmp_path / "spec.txt"
+@pytest.mark.parametrize("name", ["spec-file.txt", "explicit.txt"])
+def test_list_explicit_recreates_the_env(conda, site_env, tmp_path, name):
+    """conda's documented round trip: `conda list --explicit > spec-file.txt` then `conda
+    create --file spec-file.txt` (the user guide's name; `explicit.txt` is create's --help
+    example). conda 26 picks a file's format by name first and reads `spec.txt` or
+    `requirements.txt` as a plain list of specs, refusing an explicit one, so those names
+    are not used for an explicit file."""
+    spec = tmp_path / name
     spec.write_text(conda.run("list", "--explicit", "--md5", "-p", str(site_env)).stdout)
+    assert "@EXPLICIT" in spec.read_text().splitlines()
     again = tmp_path / "again"
     conda.run("create", "-y", "-p", str(again), "--offline", "--file", str(spec))
     a, b = conda.installed(site_env), conda.installed(again)
     assert {(n, r["version"], r["build_string"]) for n, r in a.items()} == \
            {(n, r["version"], r["build_string"]) for n, r in b.items()}
+    assert _python(again, "import ddl_core").returncode == 0
 
 
 def test_env_export_and_create(conda, site_env, tmp_path):

@@ -88,7 +88,8 @@ def _solve_or_none(specs: list[str]) -> dict | None:
 @pytest.mark.parametrize("cuda", [None, "13.0"])
 def test_rattler_default_solve_is_openmpi(cuda):
     got = _solve(["powerai"], [f"__cuda={cuda}"] if cuda else None)
-    assert str(got["powerai"].build).startswith(f"openmpi_{'cuda' if cuda else 'cpu'}_"), got["powerai"]
+    kind = "cuda" if cuda else "cpu"
+    assert str(got["powerai"].build).startswith(f"openmpi_{kind}_"), got["powerai"]
     assert str(got["mpi"].build) == "openmpi" and "mpich" not in got
 
 

@@ -19,7 +19,7 @@ from envtools.place.placement import (
     split_units,
 )
 from envtools.place.relocate import binary_pieces, relocate_pieces
-from envtools.prefix.hashing import stat_key
+from envtools.prefix.hashing import file_key
 
 OLD = b"/opt/build_placehold_placehold_placehold"
 NEW = b"/home/u/env"
@@ -76,7 +76,7 @@ def test_place_relocates_a_large_binary_through_a_map(tmp_path):
             hashlib.sha256(data).hexdigest(), len(data))
     # (no stat cache vouches for the cache file here: it is hashed, as read, and matches)
     rel, how, sha, key, cache_key = place(ctx, item)
-    assert cache_key == tuple(stat_key(src.stat()))  # vouches for it to clones of the clone
+    assert cache_key == tuple(file_key(src.stat()))  # vouches for it to clones of the clone
     out = (dest / "lib" / "libbig.so").read_bytes()
     want = data.replace(OLD + b"/lib\0\0\0", NEW + b"/lib" + b"\0" * (len(OLD) - len(NEW) + 3))
     assert (rel, how) == ("lib/libbig.so", RELOCATED)

@@ -17,6 +17,8 @@ LAZY = {
     "cli.py": "each command imports its module only when it runs (start-up time)",
     "api.py": "each function imports the command it runs (import envtools.api stays light)",
     "commands/clone.py": "clone --add alone needs the solve, which loads py-rattler",
+    "image/": "each image command imports what it needs when it runs (envtools run IMAGE "
+              "starts every rank of a job)",
 }
 
 
@@ -50,7 +52,7 @@ def test_no_envtools_import_inside_a_function_but_the_deliberate_ones():
     bad = []
     for p in _modules():
         rel = str(p.relative_to(PKG))
-        if rel in LAZY:
+        if rel in LAZY or any(k.endswith("/") and rel.startswith(k) for k in LAZY):
             continue
         for line, mod in _imports_in_functions(ast.parse(p.read_text())):
             bad.append(f"{rel}:{line}: from {mod} import ...")

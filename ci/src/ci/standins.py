@@ -74,42 +74,34 @@ def upstream_reachable(channels: list[str], timeout: float = 5.0) -> bool:
     return True
 
 
+def _fill_pins(reqs: list, pins: dict[str, str], path: Path, which: str) -> list[str]:
+    """Each requirement with ``{key}`` filled from the pins. A key the pins lack is named
+    with the file and the section (``which``), since the fix is in conda_build_config.yaml."""
+    out = []
+    for r in reqs:
+        try:
+            out.append(str(r).format(**pins))
+        except KeyError as exc:
+            raise KeyError(
+                f"{path}: {which} requirement {r!r} names {exc}, which conda_build_config.yaml "
+                "does not define; add the key there or write the version out."
+            ) from None
+    return out
+
+
 def load_wheel_spec(recipes_dir: Path, pins: dict[str, str]) -> dict:
     """recipes/upstream/wheels.yaml with ``{key}`` filled from conda_build_config pins."""
     path = recipes_dir / "upstream" / "wheels.yaml"
     if not path.exists():
         return {"requirements": [], "platforms": {}, "python": "3.11"}
     spec = yaml.safe_load(path.read_text()) or {}
-    reqs = []
-    for r in spec.get("requirements") or []:
-        try:
-            reqs.append(str(r).format(**pins))
-        except KeyError as exc:
-            raise KeyError(
-                f"{path}: requirement {r!r} names {exc}, which conda_build_config.yaml does not "
-                "define; add the key there or write the version out."
-            ) from None
-    spec["requirements"] = reqs
+    spec["requirements"] = _fill_pins(spec.get("requirements") or [], pins, path, "a")
     for subdir, plat in (spec.get("platforms") or {}).items():
         if plat.get("requirements") is not None:
-            try:
-                plat["requirements"] = [str(r).format(**pins) for r in plat["requirements"]]
-            except KeyError as exc:
-                raise KeyError(
-                    f"{path}: a {subdir} requirement names {exc}, which conda_build_config.yaml "
-                    "does not define; add the key there or write the version out."
-                ) from None
+            plat["requirements"] = _fill_pins(plat["requirements"], pins, path, f"a {subdir}")
     cuda = spec.get("cuda") or {}
     if cuda:
-        creqs = []
-        for r in cuda.get("requirements") or []:
-            try:
-                creqs.append(str(r).format(**pins))
-            except KeyError as exc:
-                raise KeyError(
-                    f"{path}: cuda requirement {r!r} names {exc}, which conda_build_config.yaml "
-                    "does not define; add the key there or write the version out."
-                ) from None
+        creqs = _fill_pins(cuda.get("requirements") or [], pins, path, "a cuda")
         if not cuda.get("version"):
             raise KeyError(f"{path}: the cuda section needs version: (the release's CUDA, "
                            "e.g. \"13.0\"), which its builds require of the driver")

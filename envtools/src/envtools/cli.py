@@ -13,13 +13,12 @@ import argparse
 import gc
 import os
 import signal
-import sys
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from envtools.base.progress import info
+from envtools.base.progress import exit_flushed, info, report_error
 from envtools.errors import EnvtoolsError, os_error
 
 DESCRIPTION = "Install, publish as modules, clone and validate read-only conda environments."
@@ -75,7 +74,10 @@ def _cmd_clone(a: argparse.Namespace) -> int:
     into place: on failure or Ctrl-C nothing is left at DEST.
     """
     from envtools.commands.clone import clone
+    from envtools.image.cli import clone_image, is_image
 
+    if is_image(a.src):  # clone IMAGE DEST (envtools.image)
+        return clone_image(a)
     with _writing(a.dest):
         report = clone(
             a.src, a.dest, add=a.add or [], allow_update=a.allow_update,
@@ -160,7 +162,10 @@ def _cmd_module(a: argparse.Namespace) -> int:
     extensions() list for `module spider`. `module unload` restores the environment.
     """
     from envtools.commands.module import write_modulefiles
+    from envtools.image.cli import is_image, module_image
 
+    if is_image(a.prefix):  # module IMAGE (envtools.image)
+        return module_image(a)
     for p in write_modulefiles(a.prefix, a.name, a.out, a.format):
         info("wrote ", str(p))
     return 0
@@ -190,7 +195,10 @@ def _cmd_validate(a: argparse.Namespace) -> int:
     The --json schema is in envtools/README.md.
     """
     from envtools.commands.validate import run_validate
+    from envtools.image.cli import is_image, validate_image
 
+    if is_image(a.prefix):  # validate IMAGE (envtools.image)
+        return validate_image(a)
     return run_validate(a.prefix, json_out=a.json, full=a.full, virtual_overrides=a.virtual,
                         imports=not a.no_imports, import_timeout=a.import_timeout)
 
@@ -225,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prefix", type=Path, help="environment to delete")
 
     p = _subcommand(sub, "clone", _cmd_clone)
-    p.add_argument("src", type=Path, help="environment to clone (may be read-only)")
+    p.add_argument("src", type=Path, help="environment to clone (may be read-only), or an "
+                   "image made by envtools seal")
     p.add_argument("dest", type=Path, help="new environment (must not exist or be empty)")
     p.add_argument("--add", action="append", metavar="SPEC",
                    help="package spec to add after cloning (repeatable)")
@@ -266,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("package", nargs="*", help="package names [default: all]")
 
     p = _subcommand(sub, "module", _cmd_module)
-    p.add_argument("prefix", type=Path, help="the environment to publish")
+    p.add_argument("prefix", type=Path, help="the environment to publish, or an image "
+                   "(envtools seal) that the site mounts at its prefix on each node")
     p.add_argument("--name", help="module name/version, e.g. powerai/1.0 [default: the "
                    "package the env was installed for and its major.minor version, with "
                    "-cuda for a CUDA build: powerai/1.0 or powerai/1.0-cuda]")
@@ -276,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which module system to write for")
 
     p = _subcommand(sub, "validate", _cmd_validate)
-    p.add_argument("prefix", type=Path, help="the environment to check")
+    p.add_argument("prefix", type=Path, help="the environment to check, or an image "
+                   "(envtools seal: verified, then checked mounted)")
     p.add_argument("--json", action="store_true", help="print findings as JSON")
     p.add_argument("--full", action="store_true",
                    help="re-hash every file, ignoring the stat cache")
@@ -286,6 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--import-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="time limit for importing one module")
     _virtual_opt(p)
+
+    from envtools.image.cli import register  # seal, run, mount
+
+    register(sub, _subcommand)
 
     p = _subcommand(sub, "gc", _cmd_gc)
     p.add_argument("dirs", nargs="*", type=Path, default=[Path(".")], metavar="DIR",
@@ -297,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run one subcommand; exit through :func:`_exit` (see there).
+    """Entry point: run one subcommand; exit through
+    :func:`~envtools.base.progress.exit_flushed` (see there).
 
     The cyclic garbage collector is off: a command lives for a second or less and builds
     hundreds of thousands of objects from the package records, none of them cyclic
@@ -314,19 +330,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         info("interrupted; nothing was left behind")
         code = 130
-    _exit(code)
-
-
-def _exit(code: int) -> None:
-    """Flush and leave without interpreter finalization.
-
-    py-rattler's runtime threads can abort the process while Python finalizes after a
-    solve/install ("PyGILState_Release ... must be current"), turning a finished,
-    successful command into exit -6. All our work is done and flushed by now.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_flushed(code)
 
 
 def _run(argv: list[str] | None) -> int:
@@ -339,26 +343,18 @@ def _run(argv: list[str] | None) -> int:
     try:
         return args.func(args)
     except EnvtoolsError as e:
-        return _report(e)
+        return report_error(e)
     except KeyboardInterrupt:
         info("interrupted; nothing was left behind")
         return 130
     except OSError as e:
-        return _report(os_error(e))
+        return report_error(os_error(e))
     except Exception as e:  # noqa: BLE001 - never a traceback at the command line
-        return _report(_internal_error(e))
+        return report_error(_internal_error(e))
     except BaseException as e:  # a Rust panic in py-rattler (pyo3's PanicException)
         if isinstance(e, SystemExit):
             raise
-        return _report(_internal_error(e))
-
-
-def _report(e: EnvtoolsError) -> int:
-    """One error line and its hint (printed as text: they may quote paths and data)."""
-    info("[bold red]error:[/] ", e.message)
-    if e.hint:
-        info("[bold]hint:[/] ", e.hint)
-    return e.exit_code
+        return report_error(_internal_error(e))
 
 
 def _internal_error(e: BaseException) -> EnvtoolsError:

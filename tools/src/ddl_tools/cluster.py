@@ -4,6 +4,8 @@
     python -m ddl_tools.cluster ddlrun --name demo -- -n 6 python train.py
     python -m ddl_tools.cluster status
     python -m ddl_tools.cluster down --name demo
+    python -m ddl_tools.cluster down --name demo --host ddlc-demo-h1   # one node dies
+    python -m ddl_tools.cluster up --name demo --host ddlc-demo-h1     # and comes back
     python -m ddl_tools.cluster run --hosts 2 --link 200mbit -- -n 4 python train.py
     python -m ddl_tools.cluster up --name demo --hosts 2 --slurm  # + munge, slurmctld, slurmd
     python -m ddl_tools.cluster run --name demo -- salloc -N 2 -n 4 ddlrun python train.py
@@ -29,7 +31,10 @@ the root namespace) and the daemons it starts in the namespaces reach each other
 Every resource is named from the cluster's name (namespaces and hostnames
 `ddlc-<name>-h<i>`, bridge `ddlc-<name>`, root-side veths `dc<name>h<i>`), so clusters of
 people working side by side never collide and `down` can find everything (also what a
-crashed `up` left behind) from the name alone. `down` is idempotent.
+crashed `up` left behind) from the name alone. `down` is idempotent, and returns only once
+every process it ended is gone by its pid (reaped, not a zombie), so `up` may follow at
+once; `down --host H` / `up --host H` take one host away and bring it back while the
+others run.
 
 With --slurm the cluster also runs Slurm (ddl_tools.slurmcluster): munged and slurmctld in
 one more namespace, `ddlc-<name>-ctl`, and a slurmd in each host's. `run --name N -- CMD`
@@ -67,6 +72,9 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")  # bridge "ddlc-<name>" must fit I
 SUBNET_BASE = "10.77"  # /24 per cluster: 10.77.<k>.0/24, k chosen free at `up`
 RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
 RATE_UNIT = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+NETNS_DIR = Path("/run/netns")  # where `ip netns add` mounts each namespace
+TERM_WAIT_S = 5.0  # how long `down` lets processes exit after SIGTERM before SIGKILL
+REAP_WAIT_S = 10.0  # then how long it waits for every killed pid to be reaped
 
 
 class ClusterError(Exception):
@@ -319,28 +327,12 @@ def _create(c: Cluster) -> None:
     _run("ip", "link", "add", br, "type", "bridge")
     _run("ip", "addr", "add", f"{c.head_addr}/24", "dev", br)
     _run("ip", "link", "set", br, "up")
-    hosts_file = "127.0.0.1 localhost\n" + "".join(
-        f"{a} {h}\n" for a, h in zip(c.addrs, c.hosts, strict=True)) + \
-        f"{c.head_addr} {PREFIX}-{c.name}-head\n" + \
-        (f"{c.ctl_addr} {c.ctl}\n" if c.slurm else "")
     members = [(h, a, veth_name(c.name, i)) for i, (h, a) in
                enumerate(zip(c.hosts, c.addrs, strict=True))]
     if c.slurm:  # the controller's namespace: on the bridge, never shaped
         members.append((c.ctl, c.ctl_addr, ctl_veth(c.name)))
     for h, a, v in members:
-        _run("ip", "netns", "add", h)
-        etc = Path("/etc/netns") / h
-        etc.mkdir(parents=True, exist_ok=True)
-        (etc / "hosts").write_text(hosts_file)
-        (etc / "hostname").write_text(h + "\n")
-        _run("ip", "link", "add", v, "type", "veth", "peer", "name", "eth0", "netns", h)
-        _run("ip", "link", "set", v, "master", br, "up")
-        _run("ip", "-n", h, "addr", "add", f"{a}/24", "dev", "eth0")
-        _run("ip", "-n", h, "link", "set", "eth0", "up")
-        _run("ip", "-n", h, "link", "set", "lo", "up")
-        if c.link_bps and h != c.ctl:
-            _tbf("eth0", c.link_bps, netns=h)  # what the host sends
-            _tbf(v, c.link_bps)  # what the host receives
+        _add_member(c, h, a, v)
     names = "|".join(c.hosts)
     # PRRTE calls the agent as `agent [ssh options] host command`; only this cluster's
     # hosts are accepted, and the host name is one of ours, so nothing from a host list
@@ -359,6 +351,89 @@ exec ip netns exec "$h" unshare -u sh -c "hostname $h; $*"
     c.agent.chmod(0o755)
 
 
+def _add_member(c: Cluster, h: str, a: str, v: str) -> None:
+    """Namespace `h` with address `a`, joined to the bridge by veth `v` (shaped unless it
+    is the controller's), and the /etc/netns files `ip netns exec` mounts in it."""
+    hosts_file = "127.0.0.1 localhost\n" + "".join(
+        f"{ha} {hh}\n" for ha, hh in zip(c.addrs, c.hosts, strict=True)) + \
+        f"{c.head_addr} {PREFIX}-{c.name}-head\n" + \
+        (f"{c.ctl_addr} {c.ctl}\n" if c.slurm else "")
+    _run("ip", "netns", "add", h)
+    etc = Path("/etc/netns") / h
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "hosts").write_text(hosts_file)
+    (etc / "hostname").write_text(h + "\n")
+    _run("ip", "link", "add", v, "type", "veth", "peer", "name", "eth0", "netns", h)
+    _run("ip", "link", "set", v, "master", c.bridge, "up")
+    _run("ip", "-n", h, "addr", "add", f"{a}/24", "dev", "eth0")
+    _run("ip", "-n", h, "link", "set", "eth0", "up")
+    _run("ip", "-n", h, "link", "set", "lo", "up")
+    if c.link_bps and h != c.ctl:
+        _tbf("eth0", c.link_bps, netns=h)  # what the host sends
+        _tbf(v, c.link_bps)  # what the host receives
+
+
+def _member(c: Cluster, host: str) -> tuple[str, str]:
+    """(address, root-side veth) of one of the cluster's compute hosts."""
+    if host not in c.hosts:
+        raise ClusterError(f"host {host!r} is not in cluster {c.name} "
+                           f"(its hosts: {', '.join(c.hosts)})")
+    i = c.hosts.index(host)
+    return c.addrs[i], veth_name(c.name, i)
+
+
+def host_down(name: str, host: str) -> float:
+    """Take one host of a running cluster away, as a node that died: every process in it
+    (its slurmd, ranks, daemons) ended and waited for by pid, then its namespace, link,
+    /etc/netns entry, slurmd pid file and Open MPI files removed. The other hosts, the
+    controller and the bridge are left running; `host_up` brings it back. Returns the
+    seconds it took. Idempotent."""
+    check_environment()
+    c = load(name)
+    _, veth = _member(c, host)
+    t0 = time.monotonic()
+    if (NETNS_DIR / host).exists():
+        _stop_processes([host])
+        _run("ip", "netns", "del", host, check=False)
+    _run("ip", "link", "del", veth, check=False)  # gone with the namespace, normally
+    shutil.rmtree(Path("/etc/netns") / host, ignore_errors=True)
+    if c.slurm:
+        with contextlib.suppress(FileNotFoundError):
+            (slurmcluster.node_dir(c, host) / "slurmd.pid").unlink()
+    _remove_mpi_leftovers(name, host)
+    left = [n for n in _resources(name)["namespaces"] + _resources(name)["links"]
+            if n in (host, veth)] + [m for m in _netns_mounts(host)
+                                     if m == str(NETNS_DIR / host)]
+    if left:
+        raise ClusterError(f"cluster {name}: could not remove host {host}: {left}")
+    return time.monotonic() - t0
+
+
+def host_up(name: str, host: str, timeout: float = 60) -> float:
+    """Bring back a host `host_down` took away: same name, address and link shaping, and
+    with Slurm its slurmd, waited for until the node is idle. Returns the seconds it took."""
+    check_environment()
+    c = load(name)
+    addr, veth = _member(c, host)
+    if (NETNS_DIR / host).exists():
+        raise ClusterError(f"host {host} of cluster {name} is up already: "
+                           f"`python -m ddl_tools.cluster down --name {name} --host {host}` "
+                           "first")
+    t0 = time.monotonic()
+    try:
+        _add_member(c, host, addr, veth)
+        if c.slurm:
+            slurmcluster.start_node(c, host)
+            slurmcluster.wait_idle(c, timeout, hosts=[host])
+    except slurmcluster.SlurmError as e:
+        host_down(name, host)
+        raise ClusterError(f"cluster {name}: {e}\n(host {host} was removed again)") from None
+    except BaseException:
+        host_down(name, host)
+        raise
+    return time.monotonic() - t0
+
+
 def _resources(name: str) -> dict[str, list[str]]:
     """Everything that exists on this machine for cluster `name`, found by its names."""
     ns = [line.split()[0] for line in _run("ip", "netns", "list", check=False).stdout.splitlines()
@@ -373,23 +448,102 @@ def _resources(name: str) -> dict[str, list[str]]:
 
 
 def _pids_in(ns: str) -> list[int]:
-    out = _run("ip", "netns", "pids", ns, check=False).stdout
-    return [int(p) for p in out.split() if p.isdigit()]
+    """The live processes in network namespace `ns` (as `ip netns pids` finds them: by
+    the namespace file's inode; a zombie has no namespace any more and is not listed)."""
+    try:
+        want = os.stat(NETNS_DIR / ns)
+    except OSError:
+        return []
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                st = os.stat(f"/proc/{d}/ns/net")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+                pids.append(int(d))
+    return pids
+
+
+def _proc_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) of `pid`, None once it is gone. The start
+    time tells a reused pid from the process we signalled."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rfind(b")") + 2:].split()
+    try:
+        return rest[0].decode(), int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _stop_processes(namespaces: list[str], term_s: float = TERM_WAIT_S,
+                    reap_s: float = REAP_WAIT_S) -> None:
+    """End every process in `namespaces` and return only once each is gone by its pid.
+
+    TERM, up to `term_s` for them to exit, KILL what is left (and whatever was forked
+    meanwhile), then wait up to `reap_s` until every pid is reaped. Why the last step:
+    a daemon (slurmctld, slurmd, munged, prted) is a child of pid 1 after it detached,
+    so once it died it stays a zombie, still listed by pgrep and still "alive" to
+    `kill(pid, 0)` (a new slurmd reads the old pid file and waits on it), until pid 1
+    reaps it; the init of some containers does that only about once a second. A zombie
+    no longer shows in its namespace, so the pids are remembered from before the kill."""
+    seen: dict[int, int] = {}  # pid -> start time
+
+    def alive() -> list[int]:
+        for ns in namespaces:
+            for p in _pids_in(ns):
+                st = _proc_state(p)
+                if st and st[0] != "Z":
+                    seen.setdefault(p, st[1])
+        return [p for p, t in seen.items()
+                if (st := _proc_state(p)) and st[1] == t and st[0] != "Z"]
+
+    def present() -> list[int]:
+        return [p for p, t in seen.items() if (st := _proc_state(p)) and st[1] == t]
+
+    def signal_all(pids: list[int], sig: int) -> None:
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, sig)
+
+    signalled: set[int] = set()
+    deadline = time.monotonic() + term_s
+    while (pids := alive()) and time.monotonic() < deadline:
+        signal_all([p for p in pids if p not in signalled], signal.SIGTERM)
+        signalled.update(pids)
+        time.sleep(0.02)
+    deadline = time.monotonic() + reap_s
+    while (pids := alive()) and time.monotonic() < deadline:
+        signal_all(pids, signal.SIGKILL)
+        time.sleep(0.02)
+    while present() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if left := present():
+        desc = ", ".join(f"{p} (state {(_proc_state(p) or ('?', 0))[0]})" for p in left)
+        raise ClusterError(f"processes of {', '.join(namespaces)} still there {reap_s:.0f} s "
+                           f"after SIGKILL: {desc} (a zombie whose parent does not reap it?)")
+
+
+def _netns_mounts(prefix: str) -> list[str]:
+    """Mount points of network namespaces whose name starts with `prefix` (`ip netns add`
+    bind-mounts each one on NETNS_DIR/<name>; `ip netns del` unmounts it)."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    at = str(NETNS_DIR / prefix)
+    return [f[4] for f in (ln.split() for ln in lines) if len(f) > 4 and f[4].startswith(at)]
 
 
 def _teardown(name: str) -> None:
     res = _resources(name)
-    # Processes first (ranks, daemons of a killed run): TERM, a moment, then KILL.
-    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
-        pids = [p for ns in res["namespaces"] for p in _pids_in(ns)]
-        if not pids:
-            break
-        for p in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, sig)
-        deadline = time.time() + wait
-        while time.time() < deadline and any(_pids_in(ns) for ns in res["namespaces"]):
-            time.sleep(0.05)
+    # Processes first (ranks, daemons of a killed run), each waited for by its pid.
+    _stop_processes(res["namespaces"])
     for ns in res["namespaces"]:
         _run("ip", "netns", "del", ns, check=False)  # takes its end of the veth with it
         shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
@@ -404,18 +558,18 @@ def _teardown(name: str) -> None:
     _remove_mpi_leftovers(name)
 
 
-def _remove_mpi_leftovers(name: str) -> None:
+def _remove_mpi_leftovers(name: str, host: str | None = None) -> None:
     """Open MPI files named after the cluster's hosts in the filesystem the namespaces
     share: session directories (/tmp/ompi.<host>.<uid>, which ranks srun starts directly
     never remove) and shared-memory segments (/dev/shm/sm_segment.<host>...) of ranks
     killed by scancel or a dead node. On real nodes Slurm's epilog or a reboot clears
     them; here they would pile up from one cluster to the next."""
-    host = re.compile(rf"{PREFIX}-{re.escape(name)}-h\d+")
+    hosts = re.compile(re.escape(host) if host else rf"{PREFIX}-{re.escape(name)}-h\d+")
     for where, pattern in ((Path(os.environ.get("TMPDIR") or "/tmp"), r"ompi\.{}\.\d+"),
                            (Path("/tmp"), r"ompi\.{}\.\d+"),
                            (Path("/dev/shm"), r"sm_segment\.{}\.\d+\.[0-9a-f]+\.\d+")):
-        rx = re.compile(pattern.format(host.pattern))
-        for p in where.glob(f"*{PREFIX}-{name}-h*") if where.is_dir() else []:
+        rx = re.compile(pattern.format(hosts.pattern))
+        for p in where.glob(f"*{host or f'{PREFIX}-{name}-h'}*") if where.is_dir() else []:
             if rx.fullmatch(p.name):
                 if p.is_dir() and not p.is_symlink():
                     shutil.rmtree(p, ignore_errors=True)
@@ -437,8 +591,10 @@ def down(name: str = "ddl") -> list[str]:
         had.append(str(STATE_DIR / f"{name}.json"))
     _teardown(name)
     left = _resources(name)
-    if any(left.values()):
-        raise ClusterError(f"cluster {name}: could not remove {left}")
+    mounts = _netns_mounts(f"{PREFIX}-{name}-")
+    if any(left.values()) or mounts:
+        raise ClusterError(f"cluster {name}: could not remove {left}"
+                           + (f", mounts {mounts}" if mounts else ""))
     return had
 
 
@@ -550,13 +706,24 @@ def main(argv: list[str] | None = None) -> int:
     p_ddlrun.add_argument("--name", default="ddl")
     p_ddlrun.add_argument("ddlrun_args", nargs=argparse.REMAINDER,
                           help="after --: ddlrun's options and the program")
-    p_down = sub.add_parser("down", help="remove a cluster (idempotent)")
+    p_up.add_argument("--host", help="bring back one host of cluster --name that `down "
+                      "--host` took away (its namespace, link and slurmd)")
+    p_down = sub.add_parser("down", help="remove a cluster (idempotent); returns once every "
+                            "process of it is gone")
     p_down.add_argument("--name", default="ddl")
     p_down.add_argument("--all", action="store_true", help="every ddlc-* cluster")
+    p_down.add_argument("--host", help="take only this host away (as a node that died: its "
+                        "processes, namespace and link); the others keep running")
     sub.add_parser("status", help="list clusters")
     args = ap.parse_args(argv)
     try:
-        if args.cmd == "up":
+        if args.cmd == "up" and args.host:
+            took = host_up(args.name, args.host)
+            print(f"cluster {args.name}: host {args.host} up in {took:.1f} s")
+        elif args.cmd == "down" and args.host:
+            took = host_down(args.name, args.host)
+            print(f"cluster {args.name}: host {args.host} down in {took:.1f} s")
+        elif args.cmd == "up":
             t0 = time.monotonic()
             c = up(args.name, args.hosts, args.link, args.slurm, args.cpus)
             print(_describe(c))

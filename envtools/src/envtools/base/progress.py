@@ -7,11 +7,14 @@ with our few markup tags stripped, which is what rich would print there too.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from envtools.errors import EnvtoolsError
 
 # the only markup envtools writes: [bold], [bold red], [yellow], [red], [green], [/] ...
 _TAGS = re.compile(r"\[/?(?:bold|dim|italic|red|green|yellow|blue|cyan|magenta| )*\]")
@@ -68,3 +71,24 @@ def info(msg: str, text: str = "") -> None:
     except Exception:  # noqa: BLE001 - a path with "[/x]" in it is not markup: print plain
         sys.stderr.write(_TAGS.sub("", msg) + "\n")
         sys.stderr.flush()
+
+
+def report_error(e: EnvtoolsError) -> int:
+    """One error line and its hint (printed as text: they may quote paths and data);
+    returns the exit status the error carries."""
+    info("[bold red]error:[/] ", e.message)
+    if e.hint:
+        info("[bold]hint:[/] ", e.hint)
+    return e.exit_code
+
+
+def exit_flushed(code: int) -> None:
+    """Flush and leave without interpreter finalization.
+
+    py-rattler's runtime threads can abort the process while Python finalizes after a
+    solve/install ("PyGILState_Release ... must be current"), turning a finished,
+    successful command into exit -6. All our work is done and flushed by now.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -35,9 +35,11 @@ from envtools.place.relocate import looks_binary
 from envtools.prefix import confine, noarch, record_index
 from envtools.prefix.hashing import (
     STAT_CACHE,
+    entry_sha,
+    file_key,
+    key_holds,
     load_stat_cache,
     package_part,
-    stat_key,
     store_stat_part,
 )
 from envtools.prefix.readonly import (
@@ -296,6 +298,10 @@ def clone(
 
         # conda's link type for packages placed from the cache (symlinks where allowed)
         soft = ctx.symlink_roots if ctx.symlinks else None
+        # bytecode install compiled for relocated sources in place of a pyc the package
+        # ships stays in the records (bytecode.drop_compiled); the clone compiles its own
+        recompile = any(not r.noarch_python and bytecode.has_compiled(r.plan_fields())
+                        for r in prefix.records)
 
         def write_package_record(key: int, rewritten: dict[str, tuple[str, int]]) -> None:
             """conda-meta: the same record, pointing at its new link source (this runs in
@@ -345,6 +351,8 @@ def clone(
                 f"repair the source (envtools validate {srcp}) or restore its package cache",
             ) from e
         report.placed = placed.counts
+        if recompile:  # (a pyc the package ships, for a source relocated again here)
+            bytecode.compile_installed(tmp, destp, noarch=False)
         report.timings["files and records"] = time.monotonic() - t0
 
         rewritten: set[str] = set()
@@ -409,10 +417,11 @@ def _write_clone_stat_cache(
         if sc is None:
             continue
         try:
-            if sc[:3] == stat_key(os.stat(os.path.join(src_s, rel))):
+            if key_holds(sc, os.stat(os.path.join(src_s, rel))):
                 st = os.lstat(os.path.join(tmp_s, rel))
                 if stat.S_ISREG(st.st_mode):
-                    entries[rel] = (*stat_key(st), *sc[3:])
+                    sha = entry_sha(sc)
+                    entries[rel] = (*file_key(st), sha) if sha else file_key(st)
         except OSError:
             continue
     if entries:

@@ -66,6 +66,7 @@ from pathlib import Path
 
 from envtools.base import elf
 from envtools.place import cachelinks
+from envtools.prefix.hashing import entry_sha, file_key, key_holds
 
 #: the path type of a layer item (a directory link) in a placement plan
 LAYER = "layer"
@@ -374,7 +375,7 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
     is writable or may not be a link's target (cachelinks.symlink_is_safe, when
     ``euid`` is given: owned by ``owner``, None for anyone but us), no program there
     would run differently from the cache, and every link stays inside. Returns each
-    file's stat cache entry (size, mtime_ns, inode), or None when the directory must be
+    file's stat cache entry (hashing.file_key), or None when the directory must be
     placed file by file. (Whether SRC vouches for the files' contents is the caller's.)
 
     ``elf_checked``: install checked its programs and libraries already (the plan it
@@ -440,16 +441,15 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
                     elif (".so" in entry.name or mode & exec_bits) and \
                             _origin_escapes(cache_dir, rel_dir, name, src_root):
                         return None
-                    key = (st.st_size, st.st_mtime_ns, st.st_ino)
                     if vouch is not None:
                         sc = vouch.get(w[0])
-                        if sc is None or sc[:3] != key:
+                        if sc is None or not key_holds(sc, st):
                             sc = vouch.get(w[1])
-                            if sc is None or sc[:3] != key:
+                            if sc is None or not key_holds(sc, st):
                                 return None
-                        if not w[6] or (len(sc) > 3 and sc[3] != w[6]):
+                        if not w[6] or entry_sha(sc) not in (None, w[6]):
                             return None
-                    found[name] = key
+                    found[name] = file_key(st)
         finally:
             os.close(fd)
     if len(found) + len(found_links) != len(want):  # (something is missing)

@@ -30,10 +30,12 @@ from envtools.place import cachelinks, layers, linking
 from envtools.place.relocate import relocate_pieces
 from envtools.prefix import confine
 from envtools.prefix.hashing import (
+    entry_sha,
+    file_key,
+    key_holds,
     load_part,
     load_stat_cache,
     sha256_fileobj,
-    stat_key,
     store_stat_part,
 )
 
@@ -237,21 +239,19 @@ def _dirs_trusted(ctx: Ctx, source: str) -> bool:
 
 def vouched(ctx: Ctx, rel: str, source: str, st: os.stat_result, sha: str | None) -> bool:
     """Does SRC's stat cache vouch that the package cache file ``source`` (stat ``st``)
-    still has its package's sha256? It does when an entry for the env's file shares the
-    cache file's (size, mtime, inode) (hardlinked at install) or one keyed by the cache
-    file's path does (written for the cache files the env does not share), and holds
-    that hash or leaves it out (three items: the package's). See :mod:`envtools.prefix.hashing`.
+    still has its package's sha256? It does when an entry for the env's file holds for
+    the cache file (hashing.key_holds: hardlinked at install, the same inode) or one
+    keyed by the cache file's path does (written for the cache files the env does not
+    share), and holds that hash or leaves it out (the package's). See
+    :mod:`envtools.prefix.hashing`: an in-place edit whose mtime was put back is caught by its
+    ctime.
     """
-    return _vouched_key(ctx, rel, source, (st.st_size, st.st_mtime_ns, st.st_ino), sha)
-
-
-def _vouched_key(ctx: Ctx, rel: str, source: str, key: tuple, sha: str | None) -> bool:
-    """:func:`vouched` for a stat key (size, mtime_ns, inode) already taken."""
     v = _vouch_table(ctx)
     for k in (rel, source):
         sc = v.get(k)
-        if sc is not None and sc[:3] == key:
-            return len(sc) == 3 or sc[3] == sha
+        if sc is not None and key_holds(sc, st):
+            got = entry_sha(sc)
+            return got is None or got == sha
     return False
 
 
@@ -358,7 +358,7 @@ def place(ctx: Ctx, item: Item) -> Placed:
                 for piece in pieces:
                     h.update(piece)
                     linking.write_all(fd, piece)
-                key = stat_key(os.fstat(fd))
+                key = file_key(os.fstat(fd))
             finally:
                 os.close(fd)
         finally:
@@ -367,7 +367,7 @@ def place(ctx: Ctx, item: Item) -> Placed:
                     if isinstance(piece, memoryview):
                         piece.release()
                 data.close()
-        return rel, RELOCATED, h.hexdigest(), key, stat_key(st) if from_cache else None
+        return rel, RELOCATED, h.hexdigest(), key, file_key(st) if from_cache else None
     st = os.lstat(source)
     if not check_cache_file(ctx, item, st):
         return place(ctx, _from_src(ctx, item))
@@ -376,9 +376,11 @@ def place(ctx: Ctx, item: Item) -> Placed:
     except FileExistsError:
         raise confine.UnsafePath(f"{dst} exists already: the records list {rel!r} twice "
                                  "(or as a link and a file)") from None
-    if how in (HARDLINK, CACHE_SYMLINK):  # (the new entry is, or leads to, that inode)
-        return rel, how, sha, stat_key(st), None
-    return rel, how, sha, stat_key(os.stat(dst)), stat_key(st)
+    if how == CACHE_SYMLINK:  # (the new entry leads to that inode, which it left as it was)
+        return rel, how, sha, file_key(st), None
+    if how == HARDLINK:  # (that inode, with a new link: its key taken after it)
+        return rel, how, sha, file_key(os.lstat(dst)), None
+    return rel, how, sha, file_key(os.stat(dst)), file_key(st)
 
 
 def _src_link_target(ctx: Ctx, rel: str, source: str) -> str:
@@ -479,8 +481,8 @@ def _prechecked_entries(ctx: Ctx, items: list[Item]) -> dict[str, tuple]:
         if it[2] in ("directory", "softlink"):
             continue
         sc = vouch.get(it[0]) or vouch.get(it[1])
-        if sc is not None and (len(sc) == 3 or sc[3] == it[6]):
-            out[it[0]] = sc[:3]
+        if sc is not None and entry_sha(sc) in (None, it[6]):
+            out[it[0]] = sc[:5]
     return out
 
 
@@ -688,7 +690,7 @@ def place_chunks(
     write_bits = linking.WRITE_BITS
     counts: dict[str, int] = {}
     rewritten: dict[str, tuple[str, int]] = {}
-    known: dict[str, tuple] = {}  # rel -> (size, mtime_ns, ino[, sha256]): hashing.py
+    known: dict[str, tuple] = {}  # rel -> hashing.file_key(...)[ + (sha256,)]: hashing.py
     link, symlink, lstat = os.link, os.symlink, os.lstat
     deferred: list[tuple[int, Item]] = []
     n = links = syms = 0
@@ -715,16 +717,16 @@ def place_chunks(
                         and (ctx.hardlink_ok or symlinks)):
                     try:
                         st = lstat(source)
-                        k = (st.st_size, st.st_mtime_ns, st.st_ino)
                         sc = vouch.get(rel)  # (vouched(), inlined: SRC's hardlinked file)
-                        if st.st_mode & write_bits or not (
-                                sc == k or (sc is not None and sc[:3] == k and sc[3] == sha)):
+                        if st.st_mode & write_bits or sc is None or not key_holds(sc, st) \
+                                or entry_sha(sc) not in (None, sha):
                             pass  # (not vouched for here, or writable: place() decides)
                         elif not symlinks:
                             link(source, base + rel)
                             links += 1
-                            if sha:  # (it holds the package's sha256: left out)
-                                known[rel] = k
+                            if sha:  # (it holds the package's sha256: left out; the key
+                                # after the link, which changed its ctime and link count)
+                                known[rel] = file_key(lstat(base + rel))
                             continue
                         elif (sha and st.st_uid != euid
                               and (owner is None or st.st_uid == owner)
@@ -734,7 +736,7 @@ def place_chunks(
                             symlink(source, base + rel)
                             syms += 1
                             if sha:
-                                known[rel] = k
+                                known[rel] = file_key(st)
                             continue
                         # (otherwise ours, a program, or in a directory others may
                         # change: place() decides)

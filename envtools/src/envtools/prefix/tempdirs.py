@@ -127,6 +127,27 @@ def atomic_dir(dest: Path, what: str = "envtools", settle: bool = False) -> Iter
             signal.signal(signal.SIGTERM, old_term)
 
 
+@contextmanager
+def owned_dir(parent: Path, name: str, what: str) -> Iterator[Path]:
+    """Yield a temporary directory ``.<name>.envtools-tmp-*`` in ``parent`` that lives
+    only as long as the block, never renamed (a staged image a job runs from): it has
+    :func:`atomic_dir`'s owner record and lock, so while this process lives every
+    :func:`reclaim` and ``envtools gc`` keep it, and after a SIGKILL they remove it.
+    Removed when the block ends, however it ends. Dead leftovers in ``parent`` are
+    reclaimed first."""
+    parent = Path(os.path.abspath(parent))
+    reclaim(parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}{TMP_TAG}", dir=parent))
+    lock = -1
+    try:
+        lock = _claim(tmp, what)
+        yield tmp
+    finally:
+        remove_tree(tmp)
+        if lock >= 0:
+            os.close(lock)
+
+
 def _claim(tmp: Path, what: str) -> int:
     """Write the owner record and take its lock; returns the locked fd (close-on-exec:
     programs we run do not hold it, forked placement workers do)."""

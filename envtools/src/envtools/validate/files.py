@@ -21,7 +21,16 @@ from pathlib import Path
 from envtools.base.progress import task
 from envtools.place import cachelinks
 from envtools.prefix import confine
-from envtools.prefix.hashing import hash_many, load_stat_cache, stat_key
+from envtools.prefix.hashing import (
+    entry_sha,
+    file_key,
+    hash_many,
+    key_exact,
+    key_holds,
+    load_stat_cache,
+    may_refresh,
+    refresh_part,
+)
 from envtools.prefix.readonly import EXPLICIT
 from envtools.prefix.records import Record
 from envtools.validate.binaries import env_python
@@ -30,9 +39,17 @@ from envtools.validate.findings import Context
 
 # ---------------------------------------------------------------- files
 def check_files(ctx: Context) -> None:
-    """Missing and altered files (sha256 against the records), clobbered paths."""
+    """Missing and altered files (sha256 against the records), clobbered paths.
+
+    A file whose stat cache entry holds (hashing.key_holds) is not hashed. In an env
+    this user may write (hashing.may_refresh), the current keys of the files whose entry
+    was not exact (a link count change excused a ctime change, a version 4 entry) or that
+    were hashed and hold their hash are stored again (hashing.refresh_part): no hashing
+    for that, and the next in-place edit is caught by its ctime."""
     root = ctx.prefix.root
     cache = {} if ctx.full else load_stat_cache(root)
+    refresh: dict[str, tuple] | None = {} if may_refresh(root) else None
+    stats: dict[str, os.stat_result] = {}
     expected: dict[str, tuple[Record, dict]] = {}
     for r in ctx.prefix.records:
         for e in r.paths:
@@ -105,17 +122,27 @@ def check_files(ctx: Context) -> None:
             _altered(ctx, r, rel)
             continue
         c = cache.get(rel)
-        if c is not None and c[:3] == stat_key(st):
-            if (c[3] if len(c) > 3 else e.get("sha256")) != sha:  # (3 items: the package's)
+        if c is not None and key_holds(c, st):
+            held = entry_sha(c)
+            if (held or e.get("sha256")) != sha:  # (None: the package's)
                 _altered(ctx, r, rel)
+            elif refresh is not None and not key_exact(c, st):
+                refresh[rel] = (*file_key(st), held) if held else file_key(st)
             continue
         to_hash.append(rel)
+        stats[rel] = st
     with task("hashing files", len(to_hash)) as advance:
         got = hash_many((os.path.join(root, rel) for rel in to_hash), advance=advance)
     for rel in to_hash:
         h = got.get(os.path.join(root, rel))
         if h is not None and h != want[rel]:
             _altered(ctx, expected[rel][0], rel)
+        elif h is not None and refresh is not None:
+            st = stats[rel]
+            refresh[rel] = file_key(st) if h == expected[rel][1].get("sha256") \
+                else (*file_key(st), h)
+    if refresh:
+        refresh_part(root, refresh)
     ctx.checked["files"] = len(expected)
     ctx.checked["hashed"] = len(to_hash)
     _settle_pycs(ctx)
