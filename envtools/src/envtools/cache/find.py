@@ -1,6 +1,5 @@
 """The package cache kept beside an env: which cache directory holds each of its
-packages.
-"""
+packages."""
 
 from __future__ import annotations
 
@@ -8,9 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from envtools.prefix.readonly import (
-    read_prefix_info,
-)
+from envtools.prefix.readonly import read_prefix_info
 from envtools.prefix.records import Record
 
 
@@ -41,7 +38,6 @@ def find_cache(src: Path, records: list[Record]) -> dict[str, Path]:
                 found[r.name] = Path(os.path.realpath(c))
                 break
     return found
-
 
 
 def cache_root_of(cache: dict[str, Path]) -> Path | None:

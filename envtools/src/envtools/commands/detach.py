@@ -1,6 +1,5 @@
 """``envtools detach``: a clone's directory links to the package cache become real
-directories of per-file symlinks.
-"""
+directories of per-file symlinks."""
 
 from __future__ import annotations
 

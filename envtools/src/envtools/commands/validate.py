@@ -1,6 +1,5 @@
 """``envtools validate``: run the checks, print the findings (or --json), exit 1 on an
-error-severity finding.
-"""
+error-severity finding."""
 
 from __future__ import annotations
 

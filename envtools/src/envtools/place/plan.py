@@ -1,7 +1,6 @@
 """Planning a clone: where each file of each package comes from (the package cache or
 the source), which are symlinked, and which directories become one link each (layers);
-the plan install writes for later clones.
-"""
+the plan install writes for later clones."""
 
 from __future__ import annotations
 
@@ -14,9 +13,7 @@ from envtools.cache.find import find_cache
 from envtools.place import bytecode, cachelinks, layers, placement
 from envtools.place.placement import Ctx, Item
 from envtools.prefix import confine, record_index
-from envtools.prefix.hashing import (
-    stat_key,
-)
+from envtools.prefix.hashing import stat_key
 from envtools.prefix.noarch import cache_rel
 from envtools.prefix.records import Record
 
@@ -64,7 +61,6 @@ def plan_files(
     return groups
 
 
-
 def _cached_pycs(r: Record, cdir: Path, fields: list[tuple]) -> bool:
     """Did install compile this noarch: python package's bytecode into its cache entry
     (bytecode.compile_installed)? Told from its first pyc (one lstat); each is still
@@ -76,12 +72,10 @@ def _cached_pycs(r: Record, cdir: Path, fields: list[tuple]) -> bool:
         return False
 
 
-
 #: path types of the files in a package archive; files of other types are made by the
 #: installer (see plan_files). A file the cache lacks after all is taken from SRC when
 #: placing it (placement.place_or_fall_back).
 IN_ARCHIVE = frozenset({"hardlink", "softlink", "directory", None})
-
 
 
 def plan_symlinks(ctx: Ctx, link_mode: str, records: list[Record], cache: dict[str, Path],
@@ -109,7 +103,6 @@ def plan_symlinks(ctx: Ctx, link_mode: str, records: list[Record], cache: dict[s
     ctx.symlink_roots = roots
     ctx.relocating = frozenset(str(cache[records[key].name]) for key, items in groups
                                if records[key].name in cache and any(it[3] for it in items))
-
 
 
 def write_layer_plan(prefix: Path, records: list[Record], index_key: tuple) -> None:
@@ -190,7 +183,6 @@ def write_layer_plan(prefix: Path, records: list[Record], index_key: tuple) -> N
         frozenset(real), listings, {d: to_list[d] for d in listings}))
 
 
-
 def _planned_at_install(ctx: Ctx, records: list[Record], kept_pycs: set[int],
                         untracked_files: list[str]) -> dict[str, int] | None:
     """The plan install wrote (write_layer_plan), when it holds for this clone: the
@@ -218,7 +210,6 @@ def _planned_at_install(ctx: Ctx, records: list[Record], kept_pycs: set[int],
     return chosen
 
 
-
 @dataclass
 class _Listed:
     """Listings of install's planned directories, started before the records are read
@@ -228,7 +219,6 @@ class _Listed:
     index_key: tuple
     jobs: list  # (placement.start_listings)
     dirs: frozenset[str]
-
 
 
 def list_plan_first(srcp: Path) -> _Listed | None:
@@ -247,7 +237,6 @@ def list_plan_first(srcp: Path) -> _Listed | None:
         return None
     jobs, dirs = placement.start_listings(plan.listings, plan.targets)
     return _Listed(plan, key, jobs, dirs)
-
 
 
 def list_planned_early(ctx: Ctx, records: list[Record], cache: dict[str, Path],
@@ -288,7 +277,6 @@ def list_planned_early(ctx: Ctx, records: list[Record], cache: dict[str, Path],
     placement.start_prechecks(ctx, targets)
 
 
-
 def _root_wrote(fp: Path, euid: int) -> bool:
     """Is ``fp`` a file only root can have written (root's, no group or other write
     bit, in directories only root can change all the way up)? Then what it says about
@@ -301,7 +289,6 @@ def _root_wrote(fp: Path, euid: int) -> bool:
     return (stat.S_ISREG(st.st_mode) and st.st_uid == 0
             and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
             and cachelinks.trusted_dir(fp.parent, 0, euid))
-
 
 
 def plan_layers(ctx: Ctx, records: list[Record], cache: dict[str, Path],

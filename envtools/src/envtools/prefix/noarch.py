@@ -1,13 +1,11 @@
 """Where an installed path lives inside its extracted package: a noarch: python
-package's site-packages/ and python-scripts/ move at install.
-"""
+package's site-packages/ and python-scripts/ move at install."""
 
 from __future__ import annotations
 
 import re
 
 _SITE_RE = re.compile(r"^lib/python\d+\.\d+/site-packages/")
-
 
 
 def cache_rel(noarch_python: bool, rel: str) -> str:

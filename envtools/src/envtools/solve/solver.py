@@ -1,6 +1,5 @@
 """Channels, specs, the solve and py-rattler's installer: what install, add and clone
---add share.
-"""
+--add share."""
 
 from __future__ import annotations
 
@@ -34,13 +33,11 @@ def channel_source(channel: str) -> str:
     return str(p)
 
 
-
 def parse_spec(spec: str) -> rattler.MatchSpec:
     try:
         return rattler.MatchSpec(spec)
     except Exception as e:
         raise EnvtoolsError(f"bad package spec {spec!r}: {e}", "e.g. powerai or powerai=1.0") from e
-
 
 
 async def solve(
@@ -90,7 +87,6 @@ async def solve(
         ) from e
 
 
-
 def run_installer(**kwargs) -> None:
     """``rattler.install(**kwargs)``, its failures turned into one clear error.
 
@@ -107,11 +103,9 @@ def run_installer(**kwargs) -> None:
         raise installer_error(e, kwargs.get("cache_dir")) from e
 
 
-
 #: words in py-rattler's errors that mean the archive itself is damaged
 _CORRUPT = ("corrupt", "checksum", "invalid zip", "failed to unpack", "fill whole buffer",
             "unexpected end", "not a number", "invalid gzip", "bz2", "zstd", "panicked")
-
 
 
 def installer_error(e: BaseException, cache: Path | None) -> EnvtoolsError:

@@ -1,6 +1,5 @@
 """Checks of the ELF files: the platform, whole files, libraries resolved the way ld.so
-loads them, one MPI and NCCL, the python ABI of extensions.
-"""
+loads them, one MPI and NCCL, the python ABI of extensions."""
 
 from __future__ import annotations
 
@@ -18,19 +17,15 @@ from envtools.validate.findings import Context
 DRIVER_LIBS = re.compile(r"^lib(cuda|nvidia-ml|nvidia-[\w-]+|nvcuvid|nvidia)\.so")
 
 
-
 DUP_FAMILIES = {"nccl": re.compile(r"^libnccl\.so"), "mpi": re.compile(r"^libmpi\.so")}
-
 
 
 EXT_RE = re.compile(r"\.(cpython-(\d)(\d+)[a-z]*)-[\w-]+\.so$")
 
 
-
 # ---------------------------------------------------------------- binaries
 #: top-level directories with no ELF files worth checking (their links are still found)
 _NO_ELF = ("include", "share", "man", "doc")
-
 
 
 def elf_candidates(root: Path, cache_links: set[str],
@@ -85,7 +80,6 @@ def elf_candidates(root: Path, cache_links: set[str],
     return out
 
 
-
 def env_python(root: Path) -> str | None:
     """The env's interpreter, ``bin/python`` as users run it (a venv-style env finds its
     pyvenv.cfg through that path); its real path is the program ld.so loads."""
@@ -96,7 +90,6 @@ def env_python(root: Path) -> str | None:
     return None
 
 
-
 def _for_platform(owners: list[str], what: str) -> str:
     """The hint for a file built for the wrong platform or python, naming its package."""
     if owners == ["(untracked)"]:
@@ -105,7 +98,6 @@ def _for_platform(owners: list[str], what: str) -> str:
     if pip:
         return f"pip install --force-reinstall {pip[0]} (the wheel for {what})"
     return f"reinstall {', '.join(owners)} built for {what}"
-
 
 
 def check_binaries(ctx: Context) -> None:
@@ -262,7 +254,6 @@ def check_binaries(ctx: Context) -> None:
                         hint=_for_platform(owner_of(fp), f"python {pyver[0]}.{pyver[1]}"))
 
 
-
 # ---------------------------------------------------------------- imports
 def _has_pyinit(fp: str) -> bool:
     """Whether a library named like an extension module exports its ``PyInit_<name>``
@@ -275,7 +266,6 @@ def _has_pyinit(fp: str) -> bool:
             return mm.find(b"PyInit_" + stem.encode() + b"\0") >= 0
     except (OSError, ValueError):
         return True  # unreadable: keep calling it an extension, as before
-
 
 
 def dlopened_libraries(elves: dict[str, elf.ElfInfo], rel_of):  # noqa: ANN001, ANN202

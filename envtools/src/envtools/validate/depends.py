@@ -1,6 +1,5 @@
 """Checks of the package records: every dependency and constraint met, the CUDA the
-packages need.
-"""
+packages need."""
 
 from __future__ import annotations
 
@@ -78,7 +77,6 @@ def check_depends(ctx: Context) -> None:
                         "is installed", [r.name, name],
                         hint=f"change {name} to satisfy {con!r}, or remove one of them")
     ctx.checked["packages"] = len(ctx.prefix.records)
-
 
 
 def check_cuda(ctx: Context) -> None:

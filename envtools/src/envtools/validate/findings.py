@@ -1,6 +1,5 @@
 """What every check of validate shares: a finding, and the context the checks read and
-add to.
-"""
+add to."""
 
 from __future__ import annotations
 
@@ -13,9 +12,7 @@ from envtools.solve import virtual
 SCHEMA = "envtools-validate/1"
 
 
-
 SEVERITIES = ("error", "warning", "info")
-
 
 
 @dataclass
@@ -26,7 +23,6 @@ class Finding:
     packages: list[str] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     hint: str = ""
-
 
 
 @dataclass

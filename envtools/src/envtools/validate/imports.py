@@ -1,6 +1,5 @@
 """The import smoke test as a check: which modules the env's packages provide, imported
-by the env's python beside the other checks (validate.smoke).
-"""
+by the env's python beside the other checks (validate.smoke)."""
 
 from __future__ import annotations
 
@@ -34,7 +33,6 @@ def _optional_requirements(ctx: Context, rec_paths: list[str]) -> set[str]:
     return out
 
 
-
 def _conda_modules(ctx: Context) -> tuple[dict[str, str], dict[str, list[str]]]:
     """module -> owning package, and package -> its files, for the conda packages."""
 
@@ -50,11 +48,9 @@ def _conda_modules(ctx: Context) -> tuple[dict[str, str], dict[str, list[str]]]:
     return owner, files
 
 
-
 def _site_rel(root: Path) -> str | None:
     sites = sorted(root.glob("lib/python*/site-packages"))
     return str(sites[0].relative_to(root)) if sites else None
-
 
 
 def _runs_here(ctx: Context) -> bool:
@@ -64,7 +60,6 @@ def _runs_here(ctx: Context) -> bool:
     here = {"x86_64": "linux-64", "ppc64le": "linux-ppc64le", "aarch64": "linux-aarch64",
             "s390x": "linux-s390x"}.get(os.uname().machine)
     return want is None or here is None or elf.SUBDIR_MACHINE.get(here) == want
-
 
 
 def start_imports(ctx: Context) -> None:
@@ -100,7 +95,6 @@ def start_imports(ctx: Context) -> None:
     for th in threads:
         th.start()
     ctx.import_job = (threads, box, set(owner))
-
 
 
 def check_imports(ctx: Context) -> None:

@@ -1,6 +1,5 @@
 """A change (envtools add or drop) that did not finish: the env is half-changed until it
-is recovered.
-"""
+is recovered."""
 
 from __future__ import annotations
 

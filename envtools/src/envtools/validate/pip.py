@@ -1,6 +1,5 @@
 """Checks of what pip installed: duplicates of conda packages, unmet requirements, files
-pip overwrote, editable installs.
-"""
+pip overwrote, editable installs."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from envtools.validate.findings import Context
 # ---------------------------------------------------------------- pip
 def norm_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
-
 
 
 def read_metadata(d: Path) -> dict:
@@ -47,7 +45,6 @@ def read_metadata(d: Path) -> dict:
             if line.strip():
                 meta["requires"].append(line.strip())
     return meta
-
 
 
 def check_pip(ctx: Context) -> None:

@@ -1,5 +1,4 @@
-"""validate as one call: every check in order over one context, and the --json document.
-"""
+"""validate as one call: every check in order over one context, and the --json document."""
 
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ CHECKS = (check_interrupted, check_depends, check_cuda, check_files, check_expli
           check_binaries, check_imports)
 
 
-
 def validate(prefix: str | os.PathLike[str], full: bool = False,
              virtual_overrides: list[str] | None = None, imports: bool = True,
              import_timeout: float = 60.0) -> tuple[Context, list[Finding]]:
@@ -34,7 +32,6 @@ def validate(prefix: str | os.PathLike[str], full: bool = False,
     order = {s: i for i, s in enumerate(SEVERITIES)}
     ctx.findings.sort(key=lambda f: (order[f.severity], f.check, f.message))
     return ctx, ctx.findings
-
 
 
 def to_json(ctx: Context) -> dict:
