@@ -32,7 +32,7 @@ from envtools.place.plan import (
     plan_symlinks,
 )
 from envtools.place.relocate import looks_binary
-from envtools.prefix import confine, noarch, record_index
+from envtools.prefix import confine, record_index
 from envtools.prefix.hashing import (
     STAT_CACHE,
     entry_sha,
@@ -106,11 +106,6 @@ def _check_args(src: Path, dest: Path) -> None:
             "choose a destination outside the source environment",
         )
     refuse_readonly(dest, "clone into")
-
-
-def _cache_rel(r: Record, rel: str) -> str:
-    """Where an installed path lives inside the extracted package (noarch: python moves)."""
-    return noarch.cache_rel(r.noarch_python, rel)
 
 
 def _copy_untracked(ctx: Ctx, src: Path, rel: str) -> tuple[str, bool]:

@@ -198,7 +198,7 @@ def without_bytecode(groups: list[tuple[int, list[tuple]]]) -> dict[str, str]:
     return dict(v for k, v in py.items() if k not in pyc)
 
 
-#: the plan install made for the env (clone.write_layer_plan)
+#: the plan install made for the env (plan.write_layer_plan)
 PLAN = Path("conda-meta") / "envtools" / "layers.marshal"
 PLAN_VERSION = 3
 
@@ -379,7 +379,7 @@ def verify(cache_dir: str, items: list[tuple], rel_dir: str, src_root: str,
     placed file by file. (Whether SRC vouches for the files' contents is the caller's.)
 
     ``elf_checked``: install checked its programs and libraries already (the plan it
-    stored: clone.write_layer_plan), and their contents are vouched for by the caller,
+    stored: plan.write_layer_plan), and their contents are vouched for by the caller,
     so what they load cannot have changed: they are not read again.
 
     ``vouch``: SRC's stat cache entries for the package (placement._vouch_table); when
