@@ -47,6 +47,7 @@ from .child import run_forwarding
 from .exitreport import ENV as EXIT_ENV
 from .exitreport import Collector, job_status
 from .hosts import Host, LaunchError, parse_hostfile, parse_hosts
+from .jobshm import JobShm
 from .launchcheck import check_plan, count_type
 from .launcher import (
     LAUNCHERS,
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     environ = dict(os.environ)
     extra_env: dict[str, str] = {}
     collector = None
+    shm: JobShm | None = None  # the job's Open MPI shared-memory directory (jobshm.py)
     try:
         plan = make_plan(args)
         # Every rank starts through exitreport.py, which reports its exit status here: the
@@ -175,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as e:  # no TCP here: only the launcher's status is known
                 print(f"ddlrun: warning: cannot collect the ranks' exit statuses ({e}); "
                       "the exit status is the launcher's", file=sys.stderr)
+            shm = JobShm.open(environ)
         launcher = choose_launcher(args.launcher, environ)
         if plan.launch_agent and launcher != "mpirun":
             raise LaunchError(f"--launch-agent is how mpirun reaches the hosts; {launcher} "
@@ -197,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cmd = build_jsrun(plan, environ)
     except LaunchError as e:
+        if shm is not None:
+            shm.close()
         if collector is not None:
             collector.close()
         print(f"ddlrun: error: {e}", file=sys.stderr)
@@ -215,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     env.update(extra_env)
     status = _run_launcher(cmd, env)
     reports = collector.close() if collector is not None else []
+    if shm is not None:
+        shm.close()  # after the launcher: however the job ended
     status, summary = job_status(reports, status)
     if summary:
         print(summary, file=sys.stderr, flush=True)
