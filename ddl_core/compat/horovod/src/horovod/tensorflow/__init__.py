@@ -17,43 +17,19 @@ import ddl_core
 from ddl_core import tensorflow as _dtf
 from ddl_core import timeline
 
-from ..common.basics import (  # noqa: F401 - re-exported Horovod API
-    Adasum,
+# Horovod's common API (init, rank, the ops, process sets, ...) is basics.__all__, listed
+# once there for every front end; the names this module calls itself are imported by name.
+from ..common.basics import *  # noqa: F403
+from ..common.basics import (
     Average,
-    HorovodInternalError,
-    Max,
-    Min,
     ProcessSet,
-    Product,
     Sum,
-    add_process_set,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
     ddl_op,
-    get_process_sets,
     global_process_set,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
     local_rank,
     local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    process_set_by_id,
     rank,
-    remove_process_set,
-    rocm_built,
-    shutdown,
     size,
-    start_timeline,
-    stop_timeline,
 )
 from ..common.basics import join as _join
 from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST

@@ -27,43 +27,18 @@ from ddl_core.torch.sync_bn import SyncBatchNorm
 import ddl_core
 from ddl_core import timeline
 
-from ..common.basics import (  # noqa: F401 - re-exported Horovod API
+from ..common import basics as _basics
+
+# Horovod's common API (init, rank, the ops, process sets, ...) is basics.__all__, listed
+# once there for every front end; the names this module calls itself are imported by name.
+from ..common.basics import *  # noqa: F403
+from ..common.basics import (
     Adasum,
     Average,
     HorovodInternalError,
-    Max,
-    Min,
     ProcessSet,
-    Product,
-    Sum,
-    add_process_set,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
     ddl_op,
-    get_process_sets,
     global_process_set,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    process_set_by_id,
-    rank,
-    remove_process_set,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
 )
 from ..common.basics import join as _join
 from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST
@@ -950,9 +925,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     return opt
 
 
+# horovod.torch's star: the common API (basics.__all__) and the torch collectives
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    *_basics.__all__,
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
     "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast",
@@ -961,7 +936,5 @@ __all__ = [
     "grouped_reducescatter_async", "sparse_allreduce_async", "poll", "synchronize", "barrier",
     "join",
     "DistributedOptimizer", "Compression", "broadcast_parameters", "broadcast_optimizer_state",
-    "broadcast_object", "allgather_object", "SyncBatchNorm", "ProcessSet", "global_process_set",
-    "add_process_set", "remove_process_set", "get_process_sets", "process_set_by_id",
-    "start_timeline", "stop_timeline",
+    "broadcast_object", "allgather_object", "SyncBatchNorm",
 ]
