@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -372,6 +373,21 @@ class _GroupedAllreduce(torch.autograd.Function):
         return (None, None, None, None, None, *out)
 
 
+def _grouped(tensors: list[torch.Tensor], compression: Any,
+             differentiable: Callable[[list[torch.Tensor]], Any],
+             asynchronous: Callable[[list[torch.Tensor]], int]) -> list[torch.Tensor]:
+    """A grouped collective's blocking call: the tensors compressed, then its autograd
+    Function when any wants a gradient (so the backward pass runs the collective's own
+    gradient), else its asynchronous call waited for; the results decompressed."""
+    wired = [compression.compress(t) for t in tensors]
+    wires = [w for w, _ in wired]
+    if torch.is_grad_enabled() and any(w.requires_grad for w in wires):
+        outs = list(differentiable(wires))
+    else:
+        outs = synchronize(asynchronous(wires))
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, wired, strict=True)]
+
+
 def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None,
                       name: str | None = None, compression: Any = Compression.none,
                       op: Any = None, prescale_factor: float = 1.0,
@@ -380,15 +396,12 @@ def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None,
     """New tensors: each of `tensors` reduced over the process set's ranks (matched by
     list position; differentiable)."""
     dop = ddl_op(op, average)
-    wired = [compression.compress(t) for t in tensors]
-    wires = [w for w, _ in wired]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in wires):
-        outs = list(_GroupedAllreduce.apply(dop, prescale_factor, postscale_factor, name,
-                                            process_set, *wires))
-    else:
-        outs = synchronize(grouped_allreduce_async(wires, None, name, dop, prescale_factor,
-                                                   postscale_factor, process_set))
-    return [compression.decompress(o, c) for o, (_, c) in zip(outs, wired, strict=True)]
+    return _grouped(
+        tensors, compression,
+        lambda wires: _GroupedAllreduce.apply(dop, prescale_factor, postscale_factor, name,
+                                              process_set, *wires),
+        lambda wires: grouped_allreduce_async(wires, None, name, dop, prescale_factor,
+                                              postscale_factor, process_set))
 
 
 def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None,
@@ -763,15 +776,12 @@ def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None,
     """reducescatter of every tensor of the list (matched by list position;
     differentiable)."""
     _check_scatterable(tensors, "grouped_reducescatter")
-    wired = [compression.compress(t) for t in tensors]
-    wires = [w for w, _ in wired]
-    if torch.is_grad_enabled() and any(w.requires_grad for w in wires):
-        outs = list(_GroupedReducescatter.apply(name, op, process_set, prescale_factor,
-                                                postscale_factor, *wires))
-    else:
-        outs = synchronize(grouped_reducescatter_async(wires, name, op, process_set,
-                                                       prescale_factor, postscale_factor))
-    return [compression.decompress(o, c) for o, (_, c) in zip(outs, wired, strict=True)]
+    return _grouped(
+        tensors, compression,
+        lambda wires: _GroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                                  postscale_factor, *wires),
+        lambda wires: grouped_reducescatter_async(wires, name, op, process_set,
+                                                  prescale_factor, postscale_factor))
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: Any = Average,
