@@ -24,6 +24,7 @@ from ..common.basics import (
     Average,
     ProcessSet,
     Sum,
+    barrier_raising,
     ddl_op,
     global_process_set,
     local_rank,
@@ -32,7 +33,7 @@ from ..common.basics import (
     size,
 )
 from ..common.basics import join as _join
-from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST
+from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST
 from ..common.matching import alltoall_parts, op_name, submit_alltoall
 from ..common.process_sets import engine_of
 from . import elastic  # noqa: F401 - hvd.elastic raises "not supported"
@@ -643,12 +644,7 @@ def allgather_object(obj: Any, name: str | None = None,
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the process set has called barrier()."""
-    eng = engine_of(process_set, "barrier")
-    if eng is None:
-        with timeline.timed("barrier", "BARRIER"):
-            ddl_core.barrier()
-    else:
-        _on_set(eng, None, (BARRIER,), None, None, "barrier")
+    barrier_raising(process_set, _tf_error)
 
 
 def join() -> int:

@@ -38,11 +38,12 @@ from ..common.basics import (
     Average,
     HorovodInternalError,
     ProcessSet,
+    barrier_raising,
     ddl_op,
     global_process_set,
 )
 from ..common.basics import join as _join
-from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST
+from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST
 from ..common.matching import alltoall_parts, op_name, submit_alltoall
 from ..common.process_sets import engine_of
 from . import elastic  # noqa: F401 - hvd.elastic raises "not supported"
@@ -814,15 +815,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: Any = Average,
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the process set has called barrier()."""
-    eng = engine_of(process_set, "barrier")
-    if eng is None:
-        with timeline.timed("barrier", "BARRIER"):
-            ddl_core.barrier()
-        return
-    try:
-        eng.submit(None, (BARRIER,), None, None, "barrier").wait()
-    except ddl_core.DDLError as exc:
-        raise HorovodInternalError(str(exc)) from exc
+    barrier_raising(process_set, lambda exc: HorovodInternalError(str(exc)))
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
