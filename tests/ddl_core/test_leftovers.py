@@ -215,3 +215,12 @@ def test_ddlruns_side_makes_locks_and_removes_its_directory(tmp_path: Path) -> N
     assert d.is_dir()  # ddlrun still holds it
     assert job.close() and not d.exists()
     assert jobshm.JobShm.open({jobshm.MCA: "/somewhere"}, str(tmp_path)) is None
+
+
+def test_a_rank_on_a_node_ddlrun_is_not_on_makes_the_directory(tmp_path: Path) -> None:
+    env = {jobshm.ENV: "fedcba9876543210"}
+    joined = jobshm.for_rank(env, str(tmp_path))
+    assert joined is not None and Path(joined[0]).is_dir() and env[jobshm.MCA] == joined[0]
+    assert (Path(joined[0]) / "owner").is_file()
+    jobshm.rank_done(joined)  # the last one on its node
+    assert list(tmp_path.iterdir()) == []

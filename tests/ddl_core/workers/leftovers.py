@@ -5,8 +5,8 @@
 Every rank prints `SEG <path>` for each btl/sm segment it has mapped (its own and its
 node peers', from /proc/self/maps) and `DIR <rank> <btl_sm_backing_directory>`, then
 `READY <rank>`. Then: ok ends; exit: rank 1 exits 3; hang: rank 0 sleeps past
-DDL_TIMEOUT; kill: rank 1 SIGKILLs itself; wait: every rank waits for FLAG to exist,
-then one more allreduce, checked."""
+DDL_TIMEOUT; kill: rank 1 (or LEFTOVERS_VICTIM) SIGKILLs itself; wait: every rank
+waits for FLAG to exist, then one more allreduce, checked."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ if mode == "exit" and rank == 1:
     sys.exit(3)
 elif mode == "hang" and rank == 0:
     time.sleep(120)
-elif mode == "kill" and rank == 1:
+elif mode == "kill" and rank == int(os.environ.get("LEFTOVERS_VICTIM", "1")):
     os.kill(os.getpid(), signal.SIGKILL)
 elif mode == "wait":
     while not os.path.exists(sys.argv[2]):
