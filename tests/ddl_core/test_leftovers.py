@@ -136,6 +136,23 @@ def test_what_a_sigkill_of_the_whole_job_left_the_next_run_reclaims(tmp_path: Pa
     assert left(live_segs, live_dirs) == []
 
 
+def test_ddlrun_killed_alone_its_ranks_remove_the_directory_when_they_end(
+        tmp_path: Path) -> None:
+    flag = tmp_path / "go"
+    job, lines = start_waiting(flag)
+    segs, dirs = shm_of("\n".join(lines))
+    tree = descendants(job.pid)
+    job.send_signal(signal.SIGKILL)  # ddlrun only: its mpirun and the ranks run on
+    job.wait(30)
+    assert left(segs, dirs) == sorted(segs | dirs)
+    flag.touch()
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{p}").exists() for p in tree[1:]):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert left(segs, dirs) == []
+
+
 def test_a_backing_directory_the_user_chose_is_kept(tmp_path: Path) -> None:
     mine = tmp_path / "shm"
     mine.mkdir()
