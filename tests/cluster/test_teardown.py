@@ -31,11 +31,8 @@ CLI = [sys.executable, "-m", "ddl_tools.cluster"]
 
 
 def start_time(pid: int) -> int | None:
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    return int(data[data.rfind(b")") + 2:].split()[19])
+    st = cluster._proc_state(pid)
+    return st[1] if st else None
 
 
 def processes(namespaces: list[str]) -> dict[int, int]:
