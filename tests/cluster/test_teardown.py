@@ -31,11 +31,8 @@ CLI = [sys.executable, "-m", "ddl_tools.cluster"]
 
 
 def start_time(pid: int) -> int | None:
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    return int(data[data.rfind(b")") + 2:].split()[19])
+    st = cluster._proc_state(pid)
+    return st[1] if st else None
 
 
 def processes(namespaces: list[str]) -> dict[int, int]:
@@ -159,3 +156,33 @@ def test_slurm_daemons_are_gone_when_down_returns_and_a_node_comes_back() -> Non
     assert cluster._netns_mounts(f"ddlc-{name}-") == []
     c = cluster.up(name, hosts=2, slurm=True)  # at once: no old pid file or port in the way
     cluster.down(name)
+
+
+@needs_slurm
+def test_a_killed_rank_leaves_no_segment_on_any_host() -> None:
+    # ddlrun's job directory (runner/jobshm.py) on the emulated hosts: ranks through the
+    # launch agent (mpirun) and through Slurm (salloc + ddlrun -> srun), the rank killed
+    # being on the second host
+    worker = Path(__file__).parents[1] / "ddl_core" / "workers" / "leftovers.py"
+    name = unique("m")
+    c = cluster.up(name, hosts=2, slurm=True)
+    try:
+        env = {"LEFTOVERS_VICTIM": "3", "PYTHONUNBUFFERED": "1", "DDL_TIMEOUT": "30"}
+        ddlrun = str(BIN / "ddlrun")
+        agent = subprocess.run([ddlrun, *c.ddlrun_args(), "--accelerators", "2", sys.executable,
+                                str(worker), "kill"], capture_output=True, text=True,
+                               timeout=180, env=dict(os.environ, **env))
+        argv, full = cluster.run_argv(c, ["salloc", "-N", "2", "-n", "4", ddlrun,
+                                          sys.executable, str(worker), "kill"])
+        slurm = subprocess.run(argv, capture_output=True, text=True, timeout=180,
+                               env=dict(full, **env))
+        for p in (agent, slurm):
+            assert p.returncode != 0 and "rank 3 was killed by signal 9" in p.stderr, \
+                p.stdout[-2000:] + p.stderr[-2000:]
+            segs = {ln.split()[1] for ln in p.stdout.splitlines() if ln.startswith("SEG ")}
+            dirs = {ln.split()[2] for ln in p.stdout.splitlines() if ln.startswith("DIR ")}
+            assert len(dirs) == 1 and {Path(s).name.split(".")[1] for s in segs} == \
+                set(c.hosts), (segs, dirs)  # both hosts' segments, in the job's directory
+            assert [s for s in segs | dirs if os.path.lexists(s)] == []
+    finally:
+        cluster.down(name)

@@ -82,6 +82,34 @@ def test_mpich_into_openmpi_env_switches_or_is_refused(conda, default_env):
         assert out.get("exception_name") in refused, out
 
 
+def test_channel_records_describe_their_files(channels):
+    """What conda reads of channel/ and channel-upstream/ is what their files are: each
+    record's size is its file's, each has a timestamp, and the MPI packages depend on the
+    mpi mutex in both channels (channel-upstream/ once kept the records of stand-ins
+    converted again under the same name: no mutex, old sizes and sha256s)."""
+    import json
+
+    bad, mpis = [], {}
+    for ch in channels:
+        for rd in sorted(ch.glob("*/repodata.json")):
+            data = json.loads(rd.read_text())
+            for name, rec in {**data.get("packages", {}), **data.get("packages.conda", {})}.items():
+                key = f"{ch.name}/{rd.parent.name}/{name}"
+                f = rd.parent / name
+                if not f.is_file() or f.stat().st_size != rec.get("size"):
+                    bad.append(f"{key}: size {rec.get('size')}, file "
+                               f"{f.stat().st_size if f.is_file() else 'missing'}")
+                if not rec.get("timestamp"):
+                    bad.append(f"{key}: no timestamp")
+                if rec["name"] in ("openmpi", "mpich"):
+                    mpis[key] = rec.get("depends") or []
+    assert not bad, f"{len(bad)} stale records (make channel indexes them again): {bad[:10]}"
+    assert any(k.startswith(f"{channels[1].name}/") for k in mpis), sorted(mpis)
+    for key, deps in mpis.items():
+        flavour = key.rsplit("/", 1)[1].split("-")[0]
+        assert f"mpi 1.0.* {flavour}" in deps, (key, deps)
+
+
 def test_search_shows_the_six_powerai_builds_without_warnings(conda):
     p = conda.run("search", "--offline", *conda.channel_args, "powerai", "--json")
     assert "warn" not in p.stderr.lower(), p.stderr

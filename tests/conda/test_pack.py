@@ -47,11 +47,10 @@ def pack_unpack(env: Path, tmp: Path) -> Path:
     return dest
 
 
-@pytest.mark.parametrize("which", ["site", pytest.param("clone", marks=pytest.mark.xfail(
-    strict=True, reason="known gap: a clone leaves out the bytecode install compiled in "
-    "place of a pyc the package ships for a relocated source (the fixture python's "
-    "_demo_where), and conda-pack wants every file of the package's paths.json"))])
+@pytest.mark.parametrize("which", ["site", "clone"])
 def test_conda_pack_takes_envtools_envs(site, tmp_path, which):
+    """The clone too: it holds every file of each package's info/paths.json (the pyc the
+    fixture python ships for its relocated _demo_where, compiled again for the clone)."""
     env = site
     if which == "clone":
         env = tmp_path / "clone"

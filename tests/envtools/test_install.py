@@ -159,10 +159,16 @@ def _noarch_bytecode(channel, tmp_path) -> None:
                                             if f["severity"] != "info"], doc["findings"]
     dest = tmp_path / "mine"
     run_envtools("clone", env, dest)
-    assert not list(dest.rglob("*.pyc"))
+    # only the relocated module's bytecode (a pyc its package ships: conda-pack and conda
+    # doctor want it), compiled again for the clone's own relocated source
+    assert [p.relative_to(dest).as_posix() for p in dest.rglob("*.pyc")] == [relocated]
+    ours = (dest / relocated).read_bytes()
+    where_src = next(e["_path"] for e in where if e["_path"].endswith(".py"))
+    assert marshal.loads(ours[16:]).co_filename == str(dest / where_src)
     crec = json.loads(next((dest / "conda-meta").glob("demo-noarch-*.json")).read_text())
     assert not [e for e in crec["paths_data"]["paths"] if e.get("path_type") == "pyc_file"]
     assert not [f for f in crec["files"] if f.endswith(".pyc")]
     subprocess.run([dest / "bin" / "python", "-c", code], check=True, capture_output=True)
+    assert (dest / relocated).read_bytes() == ours  # up to date: python kept it
     doc = json.loads(run_envtools("validate", "--json", dest).stdout)
     assert doc["exit_status"] == 0, doc["findings"]

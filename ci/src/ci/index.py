@@ -8,25 +8,63 @@ import asyncio
 import json
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from rattler.index import index_fs
 
 
-def index_channel(channel: Path, subdirs: list[str] | None = None, force: bool = False) -> None:
+def index_channel(channel: Path, subdirs: list[str] | None = None, force: bool = False,
+                  changed: Iterable[str] = ()) -> None:
     """Write repodata.json for ``noarch`` and every platform subdir present (or named).
 
     A conda channel always has ``noarch``, even when empty, so clients can read it.
     Incremental by default: packages already in repodata.json are not read again (the
     stand-in channel holds ~600 MB; hashing it on every rerun would cost most of the
-    rerun budget).
+    rerun budget). The indexer knows a package by its file name only, so a file replaced
+    under the same name (a stand-in converted again) would keep its old record: the
+    records of the files named in ``changed`` (``<subdir>/<file>``) and of every file
+    whose size is not its record's are dropped first (see :func:`forget_changed`).
     """
     channel.mkdir(parents=True, exist_ok=True)
     for sub in {"noarch", *(subdirs or [])}:
         (channel / sub).mkdir(exist_ok=True)
+    if not force:
+        forget_changed(channel, set(changed))
     asyncio.run(index_fs(channel, force=force))
     write_channeldata(channel)
     world_readable(channel)
+
+
+def forget_changed(channel: Path, changed: set[str]) -> list[str]:
+    """Drop from each subdir's repodata.json the records of package files that are not
+    what the record describes any more: named in ``changed``, or of another size than
+    the record says (a stat per package, no hashing). The next incremental index then
+    reads those files again. Returns the keys dropped."""
+    dropped: list[str] = []
+    for rd in sorted(channel.glob("*/repodata.json")):
+        try:
+            data = json.loads(rd.read_text())
+        except (OSError, ValueError):
+            continue  # (the indexer writes a new one)
+        mine: list[tuple[str, str]] = []
+        for section in ("packages", "packages.conda"):
+            for name, rec in (data.get(section) or {}).items():
+                key = f"{rd.parent.name}/{name}"
+                try:
+                    size = os.stat(rd.parent / name).st_size
+                except OSError:
+                    continue  # (gone: the indexer drops it)
+                if key in changed or rec.get("size") != size:
+                    mine.append((section, name))
+        if mine:
+            for section, name in mine:
+                del data[section][name]
+            tmp = rd.with_name(f".repodata.json.{os.getpid()}")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, rd)
+            dropped += [f"{rd.parent.name}/{name}" for _s, name in mine]
+    return dropped
 
 
 def channeldata(channel: Path) -> dict:

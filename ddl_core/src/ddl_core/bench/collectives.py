@@ -51,6 +51,25 @@ def busbw_factor(coll: str, n: int) -> float:
     return 1.0
 
 
+def _ring_sendrecv(send: Callable[[np.ndarray, int], Any],
+                   recv: Callable[[np.ndarray, int], Any], x: np.ndarray, y: np.ndarray,
+                   r: int, n: int) -> Callable[[], None]:
+    """sendrecv's step for either library's blocking send and recv: x to the next rank, y
+    from the previous one. Even ranks send first and odd ones receive first, so blocking
+    calls pair up instead of every rank waiting in its send."""
+    nxt, prv = (r + 1) % n, (r - 1) % n
+
+    def sendrecv() -> None:
+        if r % 2 == 0:
+            send(x, nxt)
+            recv(y, prv)
+        else:
+            recv(y, prv)
+            send(x, nxt)
+
+    return sendrecv
+
+
 class Case:
     """Buffers and the two implementations of one collective at one size."""
 
@@ -104,16 +123,7 @@ class Case:
 
     def ddl_fn(self) -> Callable[[], None]:
         x, y, r, n = self.x, self.y, ddl.rank(), ddl.size()
-        nxt, prv = (r + 1) % n, (r - 1) % n
-
-        def sendrecv() -> None:
-            if r % 2 == 0:
-                ddl.send(x, nxt)
-                ddl.recv(y, prv)
-            else:
-                ddl.recv(y, prv)
-                ddl.send(x, nxt)
-
+        sendrecv = _ring_sendrecv(ddl.send, ddl.recv, x, y, r, n)
         counts = [self.part] * n
 
         def allgatherv() -> None:
@@ -135,17 +145,8 @@ class Case:
     def mpi_fn(self) -> Callable[[], None]:
         x, y, c = self.x, self.y, self.comm
         r, n = c.Get_rank(), c.Get_size()
-        nxt, prv = (r + 1) % n, (r - 1) % n
+        sendrecv = _ring_sendrecv(c.Send, c.Recv, x, y, r, n)
         counts = [self.part] * n
-
-        def sendrecv() -> None:
-            if r % 2 == 0:
-                c.Send(x, nxt)
-                c.Recv(y, prv)
-            else:
-                c.Recv(y, prv)
-                c.Send(x, nxt)
-
         return {
             "alltoall": lambda: c.Alltoall(x, y),
             "allgatherv": lambda: c.Allgatherv(x, [y, counts]),

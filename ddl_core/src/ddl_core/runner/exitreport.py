@@ -36,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+from types import ModuleType
 
 ENV = "DDL_EXIT_REPORT"
 NOTE_ENV = "DDL_EXIT_NOTE_FD"
@@ -199,6 +200,18 @@ def _rank() -> int:
     return -1
 
 
+def _job_shm() -> ModuleType | None:
+    """jobshm.py beside this file, imported by its own name: this runs as a script, so
+    the package (libddl, MPI) is never loaded here. None when ddlrun set no job dir."""
+    if not os.environ.get("DDL_JOB_SHM"):
+        return None
+    try:
+        import jobshm  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return jobshm
+
+
 def _die_with_parent() -> None:
     """In the child: be killed when this wrapper dies (prctl PR_SET_PDEATHSIG), so a
     launcher that SIGKILLs the wrapper also ends the rank."""
@@ -256,6 +269,8 @@ def main(argv: list[str]) -> None:
         os._exit(2)
     note_r, note_w = os.pipe()
     env = dict(os.environ, **{NOTE_ENV: str(note_w)})
+    shm = _job_shm()
+    joined = shm.for_rank(env) if shm else None  # Open MPI's segments in the job's dir
     try:
         child = subprocess.Popen(argv, env=env, pass_fds=(note_w,),
                                  preexec_fn=_die_with_parent)  # noqa: PLW1509
@@ -268,6 +283,8 @@ def main(argv: list[str]) -> None:
         returncode = child.wait()
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_IGN if sig != signal.SIGCONT else signal.SIG_DFL)
+    if shm:
+        shm.rank_done(joined)  # the last rank of the job on this node removes the dir
     os.close(note_w)
     os.set_blocking(note_r, False)  # a forked grandchild may still hold the write end
     try:

@@ -47,6 +47,7 @@ from .child import run_forwarding
 from .exitreport import ENV as EXIT_ENV
 from .exitreport import Collector, job_status
 from .hosts import Host, LaunchError, parse_hostfile, parse_hosts
+from .jobshm import JobShm
 from .launchcheck import check_plan, count_type
 from .launcher import (
     LAUNCHERS,
@@ -63,6 +64,7 @@ from .launcher import (
 from .plan import Plan, grid_for, place, plan_hosts
 from .probe import agent_argv, check_hosts, probe_host
 from .slurmalloc import allocation, in_allocation
+from .stage import Staging, launch, per_rank, stage, wrap_ranks
 from .tfconfig import add_tf_config
 
 
@@ -93,6 +95,11 @@ def parser() -> argparse.ArgumentParser:
                     help="extra launcher options, as one string (repeatable)")
     ap.add_argument("--no-tf-config", action="store_true",
                     help="do not give the ranks a TF_CONFIG (TensorFlow multi-worker)")
+    ap.add_argument("--env", metavar="IMAGE", help="run every rank inside this sealed env "
+                    "image (envtools seal), copied once to each node's local storage")
+    ap.add_argument("--stage-dir", metavar="DIR", help="where each node keeps the image "
+                    "(a node-local directory, the same path on every node; default: the "
+                    "temp dir; /dev/shm allowed)")
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="print the placement and the exact launcher command before running")
     ap.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
@@ -162,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     environ = dict(os.environ)
     extra_env: dict[str, str] = {}
     collector = None
+    shm: JobShm | None = None  # the job's Open MPI shared-memory directory (jobshm.py)
+    staging: Staging | None = None
     try:
         plan = make_plan(args)
         # Every rank starts through exitreport.py, which reports its exit status here: the
@@ -175,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as e:  # no TCP here: only the launcher's status is known
                 print(f"ddlrun: warning: cannot collect the ranks' exit statuses ({e}); "
                       "the exit status is the launcher's", file=sys.stderr)
+            shm = JobShm.open(environ)
         launcher = choose_launcher(args.launcher, environ)
         if plan.launch_agent and launcher != "mpirun":
             raise LaunchError(f"--launch-agent is how mpirun reaches the hosts; {launcher} "
@@ -187,16 +197,28 @@ def main(argv: list[str] | None = None) -> int:
             add_tf_config(plan, environ)
         if launcher == "mpirun":
             mpirun = find_mpirun()
-            cmd = build_command(plan, mpirun, mpi_flavor(mpirun), environ)
+            flavor: str | None = mpi_flavor(mpirun)
+            staging = start_env(args, plan, launcher, flavor, environ)
+            cmd = build_command(plan, mpirun, flavor or "openmpi", environ)
         elif launcher == "srun":
             try:
-                flavor: str | None = mpi_flavor(find_mpirun())
+                flavor = mpi_flavor(find_mpirun())
             except LaunchError:
                 flavor = None  # no MPI beside this Python: leave --mpi to Slurm
+            staging = start_env(args, plan, launcher, flavor, environ)
             cmd, extra_env = build_srun(plan, environ, srun_mpi_plugin(flavor, environ))
         else:
+            if args.env:
+                raise LaunchError("--env with jsrun: not supported (jsrun starts the ranks "
+                                  "itself and has no stage step); use --launcher mpirun")
             cmd = build_jsrun(plan, environ)
+        if staging is not None:
+            cmd = launch(staging, launcher, flavor, cmd)
     except LaunchError as e:
+        if shm is not None:
+            shm.close()
+        if staging is not None:
+            staging.close()
         if collector is not None:
             collector.close()
         print(f"ddlrun: error: {e}", file=sys.stderr)
@@ -213,12 +235,39 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     env = launch_environ(environ)
     env.update(extra_env)
-    status = _run_launcher(cmd, env)
+    try:
+        status = _run_launcher(cmd, env)
+    finally:
+        if staging is not None:
+            staging.close()  # every node's copy removed
     reports = collector.close() if collector is not None else []
+    if shm is not None:
+        shm.close()  # after the launcher: however the job ended
     status, summary = job_status(reports, status)
     if summary:
         print(summary, file=sys.stderr, flush=True)
     return status
+
+
+def start_env(args: argparse.Namespace, plan: Plan, launcher: str, flavor: str | None,
+              environ: dict[str, str]) -> Staging | None:
+    """--env: stage the image to every node (not for --dry-run), make it the ranks' env,
+    and wrap each rank where no per-node daemon can be (stage.py)."""
+    if not args.env:
+        return None
+    if args.dry_run:
+        print(f"# --env {args.env}: staged to each node first; the command below then runs "
+              "inside the staged copy", file=sys.stderr)
+        return None
+    hosts = [h for h, _ in plan.placement] if plan.placement else \
+        [h.name for h in plan_hosts(plan)]
+    slurm = len(plan.allocation.nodes) if plan.allocation is not None else None
+    st = stage(args.env, hosts, plan.launch_agent, args.stage_dir, slurm_nodes=slurm,
+               here=launcher == "mpirun")
+    st.activate(environ)
+    if per_rank(launcher, flavor):
+        plan.command = wrap_ranks(st, plan.command)
+    return st
 
 
 def _run_launcher(cmd: list[str], env: dict[str, str]) -> int:

@@ -13,6 +13,20 @@ P's package cache), plants one break, and runs the three tools on it. A tool *fi
 break when it reports something it did not report on the pristine clone (for ldd: a
 ``not found`` line that was not there before; pip check: exit status or output). P is
 only read.
+
+``--sibling-clone`` measures instead what a second clone costs validate of the first:
+as the owner of P's files without root's privileges (a user namespace, so that clones
+hardlink P's package cache, as the cache owner's do), it clones P to FIRST, times plain
+``validate --no-imports`` of FIRST (the baseline: nothing changed since its clone), then
+each round clones P to SECOND (every cache file gets a new link: new ctime, link count
++1), times validate of FIRST with FIRST's stat cache written three ways, and removes
+SECOND: ``new`` (the stat cache as clone wrote it: hashing.file_key, a ctime change
+excused by a link count change), ``old`` (the same entries without ctime and link count,
+as stat cache version 4 wrote them: size, mtime, inode), ``naive ctime`` (the same
+entries with the link count set to each file's current one, so that only ctime decides:
+what a (size, mtime, inode, ctime) key does). Before each run FIRST's stat cache is put
+back as that variant (validate stores refreshed keys in an env its user may write), and
+``validate --full`` gives the hash-everything bound. P's files are only linked to.
 """
 
 from __future__ import annotations
@@ -271,6 +285,122 @@ def breaks_table(rows: list[dict]) -> list[str]:
     return out
 
 
+def _validate_timed(cmd: list[str]) -> tuple[float, dict]:
+    """(seconds, ``validate --json``'s document) of one validate run, a fresh process."""
+    os.sync()
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    dt = time.perf_counter() - t
+    if p.returncode not in (0, 1):
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return dt, json.loads(p.stdout)
+
+
+def _stat_cache_variants(first: Path) -> dict[str, Callable[[], dict[str, bytes]]]:
+    """FIRST's stat cache parts as clone wrote them, per variant (see the module
+    docstring): name -> a function giving ``{part file name: bytes}`` (the naive one
+    reads the link counts when it is called, after SECOND was made)."""
+    import marshal
+
+    from envtools.hashing import STAT_CACHE
+
+    d = first / STAT_CACHE
+    parts = {fp.name: marshal.loads(fp.read_bytes()) for fp in sorted(d.glob("*.marshal"))}
+
+    def new() -> dict[str, bytes]:
+        return {n: marshal.dumps(v) for n, v in parts.items()}
+
+    def old() -> dict[str, bytes]:
+        return {n: marshal.dumps((4, {k: e[:3] + e[5:] if len(e) >= 5 else e
+                                      for k, e in entries.items()}))
+                for n, (_v, entries) in parts.items()}
+
+    def naive() -> dict[str, bytes]:
+        out = {}
+        for n, (v, entries) in parts.items():
+            now = {}
+            for k, e in entries.items():
+                try:
+                    nlink = os.stat(k if k.startswith("/") else first / k).st_nlink
+                except OSError:
+                    nlink = e[4] if len(e) >= 5 else 0
+                now[k] = (*e[:4], nlink, *e[5:]) if len(e) >= 5 else e
+            out[n] = marshal.dumps((v, now))
+        return out
+
+    return {"new key (excused by a link count change)": new,
+            "old key (size, mtime, inode)": old, "naive ctime key": naive}
+
+
+def _put_stat_cache(first: Path, parts: dict[str, bytes]) -> None:
+    from envtools.hashing import STAT_CACHE
+
+    d = first / STAT_CACHE
+    for fp in d.iterdir():
+        fp.unlink()
+    for name, data in parts.items():
+        (d / name).write_bytes(data)
+
+
+def sibling_clone(src: Path, work: Path, repeat: int) -> tuple[dict, list[str]]:
+    """The ``--sibling-clone`` figures (module docstring): per row, the runs' seconds
+    and files hashed; and the lines to print. Each round clones FIRST afresh, so that
+    its keys are its clone's."""
+    from envtools.bench import _rm
+    from envtools.progress import get_console
+
+    userns = ["unshare", "--user", "--"] if os.geteuid() == 0 else []
+    first, second = work / "first", work / "second"
+    validate = [*userns, *ENVTOOLS, "validate", "--no-imports", "--json", str(first)]
+    rows: dict[str, dict[str, list]] = {}
+    new = "new key (excused by a link count change)"
+
+    def clone(dest: Path) -> tuple[float, str]:
+        t = time.perf_counter()
+        p = subprocess.run([*userns, *ENVTOOLS, "clone", str(src), str(dest)],
+                           capture_output=True, text=True)
+        dt = time.perf_counter() - t
+        if p.returncode != 0:
+            raise RuntimeError(f"clone of {src} failed:\n{p.stderr[-3000:]}")
+        return dt, (p.stderr.strip().splitlines() or [""])[-1]
+
+    def run(name: str, cmd: list[str], parts: dict[str, bytes] | None) -> None:
+        if parts is not None:
+            _put_stat_cache(first, parts)
+        dt, doc = _validate_timed(cmd)
+        row = rows.setdefault(name, {"s": [], "hashed": [], "files": [], "exit": []})
+        row["s"].append(dt)
+        row["hashed"].append(doc.get("checked", {}).get("hashed"))
+        row["files"].append(doc.get("checked", {}).get("files"))
+        row["exit"].append(doc.get("exit_status"))
+
+    clone_s: list[float] = []
+    how = ""
+    for i in range(repeat):
+        get_console().print(f"round {i + 1}/{repeat}")
+        _dt, how = clone(first)
+        variants = _stat_cache_variants(first)
+        run(f"baseline: no clone since FIRST's ({new})", validate, variants[new]())
+        dt, _how = clone(second)
+        clone_s.append(dt)
+        for name, parts in variants.items():
+            run(f"after SECOND: {name}", validate, parts())
+        run("after SECOND: validate --full (hash everything)",
+            [*validate[:-1], "--full", str(first)], None)
+        _rm(second)
+        run(f"after SECOND was removed again: {new}", validate, variants[new]())
+        run("after that (keys refreshed by the run before)", validate, None)
+        _rm(first)
+    med = {k: statistics.median(v["s"]) for k, v in rows.items()}
+    lines = [f"{k}: {med[k]:.2f} s median ({' '.join(f'{x:.2f}' for x in v['s'])}), "
+             f"hashed {'/'.join(map(str, sorted(set(v['hashed']))))} of "
+             f"{v['files'][0]} files, exit {'/'.join(map(str, sorted(set(v['exit']))))}"
+             for k, v in rows.items()]
+    lines.append(f"clone of SECOND: {statistics.median(clone_s):.2f} s median "
+                 f"({' '.join(f'{x:.2f}' for x in clone_s)}); FIRST: {how}")
+    return {"rows": rows, "median": med, "clone_s": clone_s}, lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m envtools.bench --validate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -280,9 +410,30 @@ def main(argv: list[str] | None = None) -> int:
                     help="also plant each break in a clone and compare the tools")
     ap.add_argument("--workdir", type=Path, help="where the clones go [default: /tmp]")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
+    ap.add_argument("--sibling-clone", action="store_true",
+                    help="measure instead validate of a clone right after a second clone "
+                    "linked the same cache files, with the stat cache keyed three ways")
     a = ap.parse_args(argv)
 
     src = a.prefix.absolute()
+    if a.sibling_clone:
+        work = Path(tempfile.mkdtemp(prefix="envtools-sibling-", dir=a.workdir or "/tmp"))
+        load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        try:
+            doc, lines = sibling_clone(src, work, a.repeat)
+        finally:
+            from envtools.bench import _rm
+
+            _rm(work)
+        lines = [f"validate of FIRST, a clone of {src}, {os.cpu_count()} CPUs, median of "
+                 f"{a.repeat}; uptime before: {load}", *lines,
+                 "uptime after: " + subprocess.run(["uptime"], capture_output=True,
+                                                   text=True).stdout.strip()]
+        for line in lines:
+            print(line)
+        if a.json:
+            a.json.write_text(json.dumps({**doc, "summary": lines}, indent=2))
+        return 0
     results: dict[str, list[float]] = {}
     py = str(src / "bin" / "python")
     cmds = {

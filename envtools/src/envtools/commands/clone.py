@@ -347,7 +347,7 @@ def clone(
             ) from e
         report.placed = placed.counts
         if recompile:  # (a pyc the package ships, for a source relocated again here)
-            bytecode.compile_installed(tmp, destp, noarch=False)
+            bytecode.compile_installed(tmp, destp, noarch=False, stat_part="compiled")
         report.timings["files and records"] = time.monotonic() - t0
 
         rewritten: set[str] = set()

@@ -108,6 +108,7 @@ def run(image: str | os.PathLike[str], command: Sequence[str], mount_with: str =
     """
     if not command:
         raise EnvtoolsError("no command to run", "give one after --: envtools run IMAGE -- CMD")
+    plan(mount_with)  # (what is missing to mount is said before the image is read)
     path, fd = open_image(image)
     try:
         m = verify_fd(path, fd, expected_sha256)
@@ -178,6 +179,7 @@ def run_python(image: str | os.PathLike[str], make_args: Callable[[Manifest], li
     ``make_args`` may refuse by raising EnvtoolsError before anything is mounted."""
     import sys
 
+    plan(mount_with)
     path, fd = open_image(image)
     try:
         m = verify_fd(path, fd)

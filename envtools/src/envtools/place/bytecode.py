@@ -42,7 +42,7 @@ from pathlib import Path
 from envtools.errors import EnvtoolsError
 from envtools.place import linking
 from envtools.prefix import confine
-from envtools.prefix.hashing import hash_many
+from envtools.prefix.hashing import file_key, hash_many, store_stat_part
 from envtools.prefix.noarch import cache_rel
 
 #: conda's path type for bytecode the installer compiled
@@ -105,6 +105,8 @@ def _drop_stale(data: dict, staging: Path, tag: str) -> list[str]:
         return []
     confine.check_paths(sorted(stale), "shipped bytecode")
     for rel in stale:
+        if not confine.is_real(str(staging), rel.rpartition("/")[0]):
+            continue  # (not through a link; makedirs refuses to write there, clearly)
         try:
             os.unlink(staging / rel)
         except FileNotFoundError:
@@ -160,7 +162,8 @@ def _move(src: str, dst: str) -> None:
 
 
 def compile_installed(staging: Path, final: Path, cache: Path | None = None,
-                      workers: int | None = None) -> int:
+                      workers: int | None = None, noarch: bool = True,
+                      stat_part: str | None = None) -> int:
     """Compile, in the env being installed at ``staging`` (it will live at ``final``),
     every noarch: python package's sources and every relocated source whose shipped
     bytecode no longer matches (that bytecode is removed), and add the pycs to their
@@ -174,7 +177,12 @@ def compile_installed(staging: Path, final: Path, cache: Path | None = None,
     and hardlinked into the env, as rattler links the package's own files: a clone then
     finds a package directory complete, bytecode included, and can link it whole
     (layers.py) instead of a file at a time. A relocated source's pyc holds the prefix
-    (its source's hash does): it is written into the env only."""
+    (its source's hash does): it is written into the env only.
+
+    ``noarch=False`` compiles only the relocated sources: a clone does (see
+    :func:`drop_compiled`), since its noarch: python packages' bytecode is already theirs;
+    ``stat_part`` names the stat cache part to write for the pycs (validate then need
+    not hash them again; install hashes the whole env instead)."""
     meta = staging / "conda-meta"
     python = staging / "bin" / "python"
     tag = _cache_tag(staging)
@@ -187,6 +195,8 @@ def compile_installed(staging: Path, final: Path, cache: Path | None = None,
     for fp in sorted(meta.glob("*.json")):
         data = json.loads(confine.read_regular(str(fp)) or b"{}")
         if _is_noarch_python(data):
+            if not noarch:
+                continue
             listed = {e["_path"] for e in (data.get("paths_data") or {}).get("paths") or []}
             srcs = [rel for rel in _sources(data) if pyc_of(rel, tag) not in listed]
             epd = _in_cache(data, cache)
@@ -230,6 +240,9 @@ def compile_installed(staging: Path, final: Path, cache: Path | None = None,
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     hashes = hash_many(str(staging / rel) for rel in placed.values())
+    if stat_part:  # (the entry without a hash: the file has its record's sha256)
+        store_stat_part(staging, stat_part, {pyc: file_key(os.lstat(staging / pyc))
+                                             for pyc in placed.values()})
     for fp, data in records.items():
         entries = []
         for rel in todo[fp]:
@@ -321,10 +334,16 @@ def has_compiled(plan_fields: list[tuple]) -> bool:
 
 
 def drop_compiled(data: dict) -> None:
-    """Leave the installer's bytecode out of a record copied into a clone (in place)."""
+    """Leave the installer's bytecode out of a record copied into a clone (in place).
+
+    A noarch: python package's goes (the clone's python compiles it into the clone, its
+    user's). The bytecode compiled for a relocated source stays listed: it replaced a pyc
+    the package ships (in its info/paths.json, which conda-pack and conda doctor read), and
+    a clone must hold that file too; the clone compiles it for its own prefix
+    (``compile_installed(..., noarch=False)``), which replaces these entries."""
     pd = data.get("paths_data") or {}
     paths = pd.get("paths")
-    if not paths:
+    if not paths or not _is_noarch_python(data):
         return
     gone = {e["_path"] for e in paths if e.get("path_type") == PYC_FILE}
     if gone:

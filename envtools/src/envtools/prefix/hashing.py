@@ -20,11 +20,14 @@ change of ctime, which no stat tells apart. It is an acceptable trade because th
 cache is writable only by its owner (the site's, root's: envtools install makes it
 read-only), so such an edit is a deliberate act of the cache owner that also hides
 its mtime; ``validate --full`` (hash everything) remains the check for a
-cache one does not trust, and it is what the site admin's periodic check runs. To keep
-that window short, a clone takes each hardlinked file's key after linking it (its own
-link is already counted), and ``validate`` of an env the user may write refreshes the
-keys it excused (:func:`refresh_part`), so the next edit is caught again until the next
-clone or removal changes the link count.
+cache one does not trust. To keep that window short, a clone takes each hardlinked
+file's key after linking it (its own link is already counted), and ``validate`` of an
+env the user may write refreshes the keys it excused (:func:`refresh_part`), so the next
+edit is caught again until the next clone or removal changes the link count. The cost
+the other way: a clone made and removed between two checks gives the link count back
+with a moved ctime, which is what an edit looks like, so the next ``validate`` of an env
+sharing those files hashes them once (then refreshes them, where it may), and a clone of
+an env whose keys are in that state hashes the cache files it links.
 
 The same entries let a clone trust a package cache file without hashing it: a file
 hardlinked from the cache shares its inode with the env's file, so an entry whose key
@@ -261,9 +264,15 @@ def refresh_part(prefix: str | os.PathLike[str], entries: dict[str, tuple]) -> b
     fp = d / f"{REFRESHED}.marshal"
     merged = dict(load_part(fp) or {})
     merged.update(entries)
-    tmp = d / f".{REFRESHED}.{os.getpid()}.tmp"
+    tmp = d / f".{REFRESHED}.{os.getpid()}.tmp"  # (not *.marshal: never read as a part)
     try:
-        with open(tmp, "wb") as fh:
+        try:
+            os.unlink(tmp)  # (left by a killed run that had our pid)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        with os.fdopen(fd, "wb") as fh:
             fh.write(marshal.dumps((STAT_VERSION, merged)))
         os.replace(tmp, fp)
     except OSError:

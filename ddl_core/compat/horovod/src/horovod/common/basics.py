@@ -4,6 +4,7 @@ torch, tensorflow and keras front ends."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ import ddl_core
 from ddl_core import timeline
 
 from . import process_sets as _ps
+from .engine import BARRIER
 from .process_sets import (  # noqa: F401 - Horovod's API
     ProcessSet,
     add_process_set,
@@ -167,6 +169,22 @@ def join() -> int:
     if errors:
         raise HorovodInternalError(f"join on a process set failed: {errors[0]}")
     return last
+
+
+def barrier_raising(process_set: ProcessSet, error: Callable[[ddl_core.DDLError], Exception]
+                    ) -> None:
+    """Horovod's barrier(process_set) for every front end: the world's is ddl_core's own
+    barrier, a set's is a request on its engine; a failure there is raised as `error(exc)`,
+    the front end's own exception type (HorovodInternalError, a TensorFlow OpError)."""
+    eng = _ps.engine_of(process_set, "barrier")
+    if eng is None:
+        with timeline.timed("barrier", "BARRIER"):
+            ddl_core.barrier()
+        return
+    try:
+        eng.submit(None, (BARRIER,), None, None, "barrier").wait()
+    except ddl_core.DDLError as exc:
+        raise error(exc) from exc
 
 
 def mpi_threads_supported() -> bool:

@@ -17,46 +17,23 @@ import ddl_core
 from ddl_core import tensorflow as _dtf
 from ddl_core import timeline
 
-from ..common.basics import (  # noqa: F401 - re-exported Horovod API
-    Adasum,
+# Horovod's common API (init, rank, the ops, process sets, ...) is basics.__all__, listed
+# once there for every front end; the names this module calls itself are imported by name.
+from ..common.basics import *  # noqa: F403
+from ..common.basics import (
     Average,
-    HorovodInternalError,
-    Max,
-    Min,
     ProcessSet,
-    Product,
     Sum,
-    add_process_set,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
+    barrier_raising,
     ddl_op,
-    get_process_sets,
     global_process_set,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
     local_rank,
     local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    process_set_by_id,
     rank,
-    remove_process_set,
-    rocm_built,
-    shutdown,
     size,
-    start_timeline,
-    stop_timeline,
 )
 from ..common.basics import join as _join
-from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST
+from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST
 from ..common.matching import alltoall_parts, op_name, submit_alltoall
 from ..common.process_sets import engine_of
 from . import elastic  # noqa: F401 - hvd.elastic raises "not supported"
@@ -667,12 +644,7 @@ def allgather_object(obj: Any, name: str | None = None,
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the process set has called barrier()."""
-    eng = engine_of(process_set, "barrier")
-    if eng is None:
-        with timeline.timed("barrier", "BARRIER"):
-            ddl_core.barrier()
-    else:
-        _on_set(eng, None, (BARRIER,), None, None, "barrier")
+    barrier_raising(process_set, _tf_error)
 
 
 def join() -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,46 +28,22 @@ from ddl_core.torch.sync_bn import SyncBatchNorm
 import ddl_core
 from ddl_core import timeline
 
-from ..common.basics import (  # noqa: F401 - re-exported Horovod API
+from ..common import basics as _basics
+
+# Horovod's common API (init, rank, the ops, process sets, ...) is basics.__all__, listed
+# once there for every front end; the names this module calls itself are imported by name.
+from ..common.basics import *  # noqa: F403
+from ..common.basics import (
     Adasum,
     Average,
     HorovodInternalError,
-    Max,
-    Min,
     ProcessSet,
-    Product,
-    Sum,
-    add_process_set,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
+    barrier_raising,
     ddl_op,
-    get_process_sets,
     global_process_set,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    process_set_by_id,
-    rank,
-    remove_process_set,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
 )
 from ..common.basics import join as _join
-from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST
+from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST
 from ..common.matching import alltoall_parts, op_name, submit_alltoall
 from ..common.process_sets import engine_of
 from . import elastic  # noqa: F401 - hvd.elastic raises "not supported"
@@ -397,6 +374,21 @@ class _GroupedAllreduce(torch.autograd.Function):
         return (None, None, None, None, None, *out)
 
 
+def _grouped(tensors: list[torch.Tensor], compression: Any,
+             differentiable: Callable[[list[torch.Tensor]], Any],
+             asynchronous: Callable[[list[torch.Tensor]], int]) -> list[torch.Tensor]:
+    """A grouped collective's blocking call: the tensors compressed, then its autograd
+    Function when any wants a gradient (so the backward pass runs the collective's own
+    gradient), else its asynchronous call waited for; the results decompressed."""
+    wired = [compression.compress(t) for t in tensors]
+    wires = [w for w, _ in wired]
+    if torch.is_grad_enabled() and any(w.requires_grad for w in wires):
+        outs = list(differentiable(wires))
+    else:
+        outs = synchronize(asynchronous(wires))
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, wired, strict=True)]
+
+
 def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None,
                       name: str | None = None, compression: Any = Compression.none,
                       op: Any = None, prescale_factor: float = 1.0,
@@ -405,15 +397,12 @@ def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None,
     """New tensors: each of `tensors` reduced over the process set's ranks (matched by
     list position; differentiable)."""
     dop = ddl_op(op, average)
-    wired = [compression.compress(t) for t in tensors]
-    wires = [w for w, _ in wired]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in wires):
-        outs = list(_GroupedAllreduce.apply(dop, prescale_factor, postscale_factor, name,
-                                            process_set, *wires))
-    else:
-        outs = synchronize(grouped_allreduce_async(wires, None, name, dop, prescale_factor,
-                                                   postscale_factor, process_set))
-    return [compression.decompress(o, c) for o, (_, c) in zip(outs, wired, strict=True)]
+    return _grouped(
+        tensors, compression,
+        lambda wires: _GroupedAllreduce.apply(dop, prescale_factor, postscale_factor, name,
+                                              process_set, *wires),
+        lambda wires: grouped_allreduce_async(wires, None, name, dop, prescale_factor,
+                                              postscale_factor, process_set))
 
 
 def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None,
@@ -788,15 +777,12 @@ def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None,
     """reducescatter of every tensor of the list (matched by list position;
     differentiable)."""
     _check_scatterable(tensors, "grouped_reducescatter")
-    wired = [compression.compress(t) for t in tensors]
-    wires = [w for w, _ in wired]
-    if torch.is_grad_enabled() and any(w.requires_grad for w in wires):
-        outs = list(_GroupedReducescatter.apply(name, op, process_set, prescale_factor,
-                                                postscale_factor, *wires))
-    else:
-        outs = synchronize(grouped_reducescatter_async(wires, name, op, process_set,
-                                                       prescale_factor, postscale_factor))
-    return [compression.decompress(o, c) for o, (_, c) in zip(outs, wired, strict=True)]
+    return _grouped(
+        tensors, compression,
+        lambda wires: _GroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                                  postscale_factor, *wires),
+        lambda wires: grouped_reducescatter_async(wires, name, op, process_set,
+                                                  prescale_factor, postscale_factor))
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: Any = Average,
@@ -829,15 +815,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: Any = Average,
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the process set has called barrier()."""
-    eng = engine_of(process_set, "barrier")
-    if eng is None:
-        with timeline.timed("barrier", "BARRIER"):
-            ddl_core.barrier()
-        return
-    try:
-        eng.submit(None, (BARRIER,), None, None, "barrier").wait()
-    except ddl_core.DDLError as exc:
-        raise HorovodInternalError(str(exc)) from exc
+    barrier_raising(process_set, lambda exc: HorovodInternalError(str(exc)))
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
@@ -950,9 +928,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     return opt
 
 
+# horovod.torch's star: the common API (basics.__all__) and the torch collectives
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    *_basics.__all__,
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
     "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast",
@@ -961,7 +939,5 @@ __all__ = [
     "grouped_reducescatter_async", "sparse_allreduce_async", "poll", "synchronize", "barrier",
     "join",
     "DistributedOptimizer", "Compression", "broadcast_parameters", "broadcast_optimizer_state",
-    "broadcast_object", "allgather_object", "SyncBatchNorm", "ProcessSet", "global_process_set",
-    "add_process_set", "remove_process_set", "get_process_sets", "process_set_by_id",
-    "start_timeline", "stop_timeline",
+    "broadcast_object", "allgather_object", "SyncBatchNorm",
 ]

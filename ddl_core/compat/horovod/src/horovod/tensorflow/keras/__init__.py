@@ -6,36 +6,17 @@ from typing import Any
 
 import numpy as np
 
+# Horovod's common API is basics.__all__ (listed once there, as for horovod.tensorflow);
+# the TF collectives Keras users call as they are come from horovod.tensorflow.
+from horovod.common.basics import *  # noqa: F403
+from horovod.common.basics import Average, ProcessSet, global_process_set
 from horovod.tensorflow import (  # noqa: F401 - re-exported Horovod API
-    Adasum,
-    Average,
     Compression,
-    Max,
-    Min,
-    ProcessSet,
-    Product,
-    Sum,
-    add_process_set,
     allgather_object,
     barrier,
     broadcast_object,
     broadcast_variables,
-    cross_rank,
-    cross_size,
-    ddl_built,
-    get_process_sets,
-    global_process_set,
-    init,
-    is_initialized,
     join,
-    local_rank,
-    local_size,
-    mpi_enabled,
-    mpi_threads_supported,
-    rank,
-    remove_process_set,
-    shutdown,
-    size,
 )
 from horovod.tensorflow import DistributedOptimizer as _tf_DistributedOptimizer
 from horovod.tensorflow import allgather as _tf_allgather

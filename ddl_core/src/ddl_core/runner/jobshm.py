@@ -1,0 +1,257 @@
+"""Open MPI's shared-memory segments in a directory of the job's own, gone when it ends.
+
+Why: every Open MPI rank's shared-memory transport (btl/sm) makes a 16 MiB file,
+``/dev/shm/sm_segment.<host>.<uid>.<jobid>.<local rank>``, which memory backs. It is
+removed at ``MPI_Finalize``, or by the launcher's daemon at the job's end, but not when
+a rank is killed by a signal, nor when the launcher itself is killed: on a shared node
+they pile up until a reboot (44 after one afternoon of tests here).
+
+So ddlrun names a directory for each job, ``/dev/shm/ddl-job-<uid>-<token>``, and every
+rank's wrapper (exitreport.py) points Open MPI's ``btl_sm_backing_directory`` at it on
+its node, creating it where it does not exist yet (a remote node). Whoever uses the
+directory holds a shared ``flock`` on it: ddlrun for as long as the job runs, each
+wrapper for as long as its rank lives (the rank dies with its wrapper: PR_SET_PDEATHSIG).
+The kernel drops a lock when its holder dies, however it dies, so a directory nobody
+holds a lock on has no live process of its job on this node; whoever then gets the
+exclusive lock removes it. That is done by the last wrapper of a node to end, by ddlrun
+at the end, and, for what a SIGKILL left (every process of a job killed at once), by the
+next ddlrun and the next job's wrappers on that node, before they start. A lock cannot go
+stale the way a pid can be reused, so nothing else (pid, start time) is needed to tell
+a live job from a dead one; the ``owner`` file in each directory (host, pid and time of
+the process that made it) is there for people reading /dev/shm. Only directories named
+with this user's uid and owned by them are ever touched, so another user's job, and a
+running job of the same user, keep theirs.
+
+A user who chose a backing directory (``OMPI_MCA_btl_sm_backing_directory``, or
+``--mca btl_sm_backing_directory`` given to mpirun, which reaches the ranks the same way)
+keeps it, and nothing is done. Standard library only, imported nothing else: the wrapper
+starts with every rank.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import time
+
+#: the job's token: from ddlrun to every rank's wrapper (forwarded like every DDL_ variable)
+ENV = "DDL_JOB_SHM"
+#: Open MPI's setting for where btl/sm puts its segments
+MCA = "OMPI_MCA_btl_sm_backing_directory"
+BASE = "/dev/shm"
+PREFIX = "ddl-job-"
+TOKEN_LEN = 16  # hex digits, lowercase
+#: how long ddlrun waits, after its launcher ended, for the ranks on its own node to let
+#: go of the directory before it leaves it to the next run (they are normally gone)
+END_WAIT_S = 5.0
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def job_dir(token: str, base: str = BASE) -> str:
+    return os.path.join(base, f"{PREFIX}{os.geteuid()}-{token}")
+
+
+def parse_token(value: str | None) -> str | None:
+    """The token of DDL_JOB_SHM, or None when it is missing or not one ddlrun makes
+    (checked by hand: `re` and `json` would add 30 ms to every rank's start here)."""
+    if value and len(value) == TOKEN_LEN and all(c in "0123456789abcdef" for c in value):
+        return value
+    return None
+
+
+def _open_own(path: str) -> int:
+    """An fd of directory `path` (no symlink followed), refused unless this user owns it
+    and no one else may write in it."""
+    fd = os.open(path, _DIR_FLAGS)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise PermissionError(errno.EPERM, "not this user's private directory", path)
+    return fd
+
+
+def _same(path: str, fd: int) -> bool:
+    """Whether `path` still names the directory `fd` is open on (not removed, not replaced)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    here = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+
+
+def join(path: str) -> int:
+    """Create `path` if it does not exist, and hold a shared lock on it; returns the fd
+    (close it to let go). Raises OSError where it cannot be made or is not ours."""
+    for _ in range(50):
+        made = False
+        try:
+            os.mkdir(path, 0o700)
+            made = True
+        except FileExistsError:
+            pass
+        try:
+            fd = _open_own(path)
+        except FileNotFoundError:  # removed by the last user of a job that just ended
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # a remover holds LOCK_EX only while it deletes
+            if _same(path, fd):
+                if made:
+                    _write_owner(fd)
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # it was removed meanwhile: make it again
+    raise OSError(errno.EAGAIN, "the directory kept being removed", path)
+
+
+def _write_owner(dir_fd: int) -> None:
+    record = (f"host {os.uname().nodename}\npid {os.getpid()}\nuid {os.geteuid()}\n"
+              f"created {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
+    try:
+        fd = os.open("owner", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except OSError:
+        return  # only for people to read: never a reason to fail
+    with os.fdopen(fd, "w") as f:
+        f.write(record)
+
+
+def remove(path: str, wait_s: float = 0.0) -> bool:
+    """Remove `path` if no process holds a lock on it (waiting up to `wait_s` for the
+    last to let go). True when it is gone (also when it was not there)."""
+    try:
+        fd = _open_own(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # another user's, or not a directory: never touched
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.05)
+        if not _same(path, fd):
+            return True  # someone else removed it (and maybe a new job made it again)
+        _empty(fd)
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        return True
+    finally:
+        os.close(fd)  # with the lock: a joiner waiting on it sees the path gone, retries
+
+
+def _empty(dir_fd: int) -> None:
+    """Delete what is in the directory `dir_fd` (Open MPI's segments: plain files)."""
+    for entry in os.scandir(dir_fd):
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)
+                try:
+                    _empty(sub)
+                finally:
+                    os.close(sub)
+                os.rmdir(entry.name, dir_fd=dir_fd)
+            else:
+                os.unlink(entry.name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+
+
+def reclaim(base: str = BASE) -> list[str]:
+    """Remove this user's job directories in `base` that no live process holds (what
+    jobs killed with SIGKILL left); returns those removed."""
+    mine = f"{PREFIX}{os.geteuid()}-"
+    gone = []
+    try:
+        entries = [e.name for e in os.scandir(base)
+                   if e.name.startswith(mine) and parse_token(e.name[len(mine):])]
+    except OSError:
+        return gone
+    for name in entries:
+        path = os.path.join(base, name)
+        if remove(path):
+            gone.append(path)
+    return gone
+
+
+def _usable(base: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(base).st_mode) and os.access(base, os.W_OK | os.X_OK)
+    except OSError:
+        return False
+
+
+class JobShm:
+    """ddlrun's side: the job's directory on this node, made and locked for the job's
+    whole run (its token goes to the ranks in DDL_JOB_SHM), removed by close()."""
+
+    def __init__(self, path: str, fd: int, token: str) -> None:
+        self.path, self._fd, self.token = path, fd, token
+
+    @classmethod
+    def open(cls, environ: dict[str, str], base: str = BASE) -> JobShm | None:
+        """Reclaim what dead jobs left, make this job's directory and put its token in
+        `environ`; None (nothing done) where the user chose a directory or `base` is not
+        usable."""
+        if environ.get(MCA) or not _usable(base):
+            return None
+        import secrets
+
+        reclaim(base)
+        token = secrets.token_hex(8)
+        path = job_dir(token, base)
+        try:
+            fd = join(path)
+        except OSError:
+            return None
+        environ[ENV] = token
+        return cls(path, fd, token)
+
+    def close(self, wait_s: float = END_WAIT_S) -> bool:
+        """Let go and remove the directory once no rank on this node holds it (waiting up
+        to `wait_s`); what is still held then is reclaimed by the next run."""
+        if self._fd < 0:
+            return True
+        os.close(self._fd)
+        self._fd = -1
+        return remove(self.path, wait_s)
+
+
+def for_rank(env: dict[str, str], base: str = BASE) -> tuple[str, int] | None:
+    """The wrapper's side, before it starts the rank: reclaim dead jobs' directories on
+    this node, join this job's (made here on a node ddlrun does not run on) and point
+    Open MPI at it in `env`. Returns (path, locked fd), or None: no token, the user's own
+    setting, or no usable /dev/shm (Open MPI then uses its default, as without ddlrun)."""
+    token = parse_token(env.get(ENV))
+    if token is None or env.get(MCA) or not _usable(base):
+        return None
+    reclaim(base)
+    path = job_dir(token, base)
+    try:
+        fd = join(path)
+    except OSError:
+        return None
+    env[MCA] = path
+    return path, fd
+
+
+def rank_done(joined: tuple[str, int] | None) -> None:
+    """The wrapper's side, after its rank ended: let go, and remove the directory if this
+    was the last process of the job on this node."""
+    if joined is None:
+        return
+    path, fd = joined
+    os.close(fd)
+    remove(path)

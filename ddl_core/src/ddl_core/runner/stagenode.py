@@ -1,0 +1,218 @@
+"""The node side of `ddlrun --env IMAGE`: keep a staged copy of the image, and run in it.
+
+Run as a script on every node (`python stagenode.py keep|exec ...`, not `-m`: importing
+the ddl_core package would load libddl and MPI into a process that only copies a file):
+
+- `keep ROOT TAG SIZE SHA256 N`: receive the image, then its N-byte IMAGE.json, on
+  stdin (ddlrun read it once from the shared filesystem and streams it to every
+  node), write it under ROOT into a directory
+  private to the user and the job (`ROOT/ddl-stage-<uid>/.<TAG>-<host>.envtools-tmp-*`,
+  the user's directory 0700), check its sha256 as it is written, write `IMAGE.sha256`
+  and `IMAGE.json` beside it (what `envtools run` checks before mounting), print
+  `READY <path>`, and then wait until stdin ends: ddlrun closes it when the job is
+  over, and a ddlrun that dies (SIGKILL included) closes it too, so the copy is
+  removed in every case this process lives through. The directory carries envtools'
+  owner record and lock (envtools.prefix.tempdirs.owned_dir), so when this process itself
+  is killed, the next run on that node and `envtools gc ROOT/ddl-stage-<uid>` remove what it left.
+  Before copying: ROOT must be on a node-local filesystem (a stage dir on NFS, Lustre,
+  GPFS or FUSE would bring back the shared-filesystem traffic staging is there to
+  avoid) and hold the image (free space is checked first; a write that fails anyway
+  leaves nothing). Errors are one `ERROR <message>` line and exit status 1.
+- `exec ROOT TAG ENVTOOLS -- CMD ...`: run CMD inside this node's staged copy
+  (`ENVTOOLS run IMAGE -- CMD ...`, one private mount for CMD and its children). ddlrun
+  makes it PRRTE's launch agent, so each node's daemon and every rank it starts share
+  one mount, and Open MPI's shared memory works between them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import stat
+import sys
+from pathlib import Path
+
+CHUNK = 1 << 22
+IMAGE_NAME = "image.sqsh"
+#: what is kept free on the stage filesystem beyond the image itself
+MARGIN = 16 << 20
+
+#: filesystems a stage dir must not be on: shared between nodes (their metadata server
+#: is what staging keeps the ranks away from), or FUSE (a user-space passthrough that may
+#: be a network filesystem and serves metadata through one daemon)
+SHARED_FS = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "ceph", "beegfs",
+             "glusterfs", "9p", "afs", "panfs", "pvfs2", "orangefs", "wekafs", "fuse",
+             "fuseblk", "gfs2", "ocfs2")
+
+
+class StageError(Exception):
+    """A failure with its reason and what to do (one line)."""
+
+
+def user_dir(root: Path) -> Path:
+    return root / f"ddl-stage-{os.geteuid()}"
+
+
+def fs_type(path: Path) -> str:
+    """The filesystem type of the mount holding ``path``, from /proc/self/mountinfo
+    (matched by device number, so bind mounts and nested mounts name the right one)."""
+    dev = os.stat(path).st_dev
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return ""
+    found = ""
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) > 2 and fields[2] == want and right:
+            found = right.split()[0]  # the last mount of that device wins
+    return found
+
+
+def is_shared(fstype: str) -> bool:
+    base = fstype.split(".", 1)[0]
+    return base in SHARED_FS
+
+
+def check_root(root: Path, size: int) -> Path:
+    """The user's private directory under ``root``, made (0700) and checked: root
+    node-local, the directory ours and closed to others, room for ``size`` bytes."""
+    if not root.is_dir():
+        raise StageError(f"stage dir {root} does not exist on {socket.gethostname()}: give "
+                         "--stage-dir a directory that exists on every node (node-local "
+                         "disk, or /dev/shm)")
+    fstype = fs_type(root)
+    if is_shared(fstype):
+        raise StageError(f"stage dir {root} is on a {fstype} filesystem, which is shared "
+                         "or served through FUSE: staging there would send every rank's "
+                         "file lookups back to its server; give --stage-dir a node-local "
+                         "directory (local disk such as /tmp or /local/scratch, or /dev/shm)")
+    d = user_dir(root)
+    try:
+        d.mkdir(mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise StageError(f"cannot create {d}: {e.strerror}; give --stage-dir a directory "
+                         "you can write to") from None
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise StageError(f"{d} is not a directory private to uid {os.geteuid()} (owner "
+                         f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): someone else "
+                         "made it; remove it, or give another --stage-dir")
+    vfs = os.statvfs(d)
+    free = vfs.f_bavail * vfs.f_frsize
+    if free < size + MARGIN:
+        raise StageError(f"stage dir {root} on {socket.gethostname()} has "
+                         f"{free / 2**20:.0f} MiB free, the image needs "
+                         f"{(size + MARGIN) / 2**20:.0f} MiB: free space there, or give "
+                         "--stage-dir a node-local directory with room (e.g. /dev/shm)")
+    return d
+
+
+def read_exact(src: int, n: int) -> bytes:
+    parts, left = [], n
+    while left:
+        data = os.read(src, left)
+        if not data:
+            raise StageError(f"the stream ended {left} bytes short (ddlrun stopped, or the "
+                             "link to it broke)")
+        parts.append(data)
+        left -= len(data)
+    return b"".join(parts)
+
+
+def receive(dest: Path, size: int, sha256: str, src: int = 0) -> None:
+    """Copy exactly ``size`` bytes from fd ``src`` into ``dest``, checking their sha256."""
+    h = hashlib.sha256()
+    left = size
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        while left:
+            data = os.read(src, min(CHUNK, left))
+            if not data:
+                raise StageError(f"the image stream ended after {size - left} of {size} "
+                                 "bytes (ddlrun stopped, or the link to it broke)")
+            h.update(data)
+            view = memoryview(data)
+            while view:
+                try:
+                    n = os.write(fd, view)
+                except OSError as e:
+                    raise StageError(f"writing the staged copy failed: {e.strerror} (stage "
+                                     "dir full?); nothing was kept") from None
+                view = view[n:]
+            left -= len(data)
+    finally:
+        os.close(fd)
+    if h.hexdigest() != sha256:
+        raise StageError(f"the staged copy's sha256 is {h.hexdigest()[:16]}..., its "
+                         f"IMAGE.sha256 says {sha256[:16]}...: the image was altered or "
+                         "truncated after it was sealed; seal it again (envtools seal)")
+    os.chmod(dest, 0o400)
+    (dest.parent / f"{dest.name}.sha256").write_text(f"{sha256}  {dest.name}\n")
+
+
+def keep(root: Path, tag: str, size: int, sha256: str, manifest: int) -> int:
+    from envtools.prefix.tempdirs import owned_dir
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(s, stop)
+    out = sys.stdout
+    try:
+        d = check_root(root, size)
+        with owned_dir(d, f"{tag}-{socket.gethostname()}", "ddlrun --env") as tmp:
+            image = tmp / IMAGE_NAME
+            receive(image, size, sha256)
+            (tmp / f"{IMAGE_NAME}.json").write_bytes(read_exact(0, manifest))
+            print(f"READY {image}", file=out, flush=True)
+            while os.read(0, CHUNK):  # until ddlrun closes the stream (or dies)
+                pass
+    except StageError as e:
+        print(f"ERROR {e}", file=out, flush=True)
+        return 1
+    except OSError as e:
+        print(f"ERROR staging on {socket.gethostname()} failed: {e}", file=out, flush=True)
+        return 1
+    return 0
+
+
+def staged_image(root: Path, tag: str) -> Path:
+    """This node's staged copy for job ``tag`` (what `keep` printed)."""
+    prefix = f".{tag}-{socket.gethostname()}.envtools-tmp-"
+    found = sorted(p for p in user_dir(root).glob(prefix + "*") if (p / IMAGE_NAME).is_file())
+    if len(found) != 1:
+        raise StageError(f"no staged image for job {tag} on {socket.gethostname()} under "
+                         f"{user_dir(root)} ({len(found)} found)")
+    return found[0] / IMAGE_NAME
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 6 and argv[0] == "keep":
+        return keep(Path(argv[1]), argv[2], int(argv[3]), argv[4], int(argv[5]))
+    if len(argv) >= 6 and argv[0] == "exec" and argv[4] == "--":
+        try:
+            image = staged_image(Path(argv[1]), argv[2])
+        except StageError as e:
+            print(f"ddlrun --env: {e}", file=sys.stderr)
+            return 1
+        cmd = [argv[3], "run", str(image), "--", *argv[5:]]
+        try:
+            os.execv(cmd[0], cmd)
+        except OSError as e:
+            print(f"ddlrun --env: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
+            return 127
+    print("usage: stagenode.py keep ROOT TAG SIZE SHA256 MANIFEST_BYTES | "
+          "exec ROOT TAG ENVTOOLS -- CMD ...", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
