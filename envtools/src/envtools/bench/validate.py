@@ -49,6 +49,7 @@ from pathlib import Path
 from envtools.base import elf
 from envtools.base.progress import get_console
 from envtools.bench.measure import print_medians, rm_tree, time_cmd
+from envtools.prefix.hashing import STAT_CACHE
 from envtools.validate.binaries import elf_candidates
 
 ENVTOOLS = [sys.executable, "-m", "envtools"]
@@ -302,8 +303,6 @@ def _stat_cache_variants(first: Path) -> dict[str, Callable[[], dict[str, bytes]
     reads the link counts when it is called, after SECOND was made)."""
     import marshal
 
-    from envtools.hashing import STAT_CACHE
-
     d = first / STAT_CACHE
     parts = {fp.name: marshal.loads(fp.read_bytes()) for fp in sorted(d.glob("*.marshal"))}
 
@@ -333,8 +332,6 @@ def _stat_cache_variants(first: Path) -> dict[str, Callable[[], dict[str, bytes]
 
 
 def _put_stat_cache(first: Path, parts: dict[str, bytes]) -> None:
-    from envtools.hashing import STAT_CACHE
-
     d = first / STAT_CACHE
     for fp in d.iterdir():
         fp.unlink()
@@ -346,9 +343,6 @@ def sibling_clone(src: Path, work: Path, repeat: int) -> tuple[dict, list[str]]:
     """The ``--sibling-clone`` figures (module docstring): per row, the runs' seconds
     and files hashed; and the lines to print. Each round clones FIRST afresh, so that
     its keys are its clone's."""
-    from envtools.bench import _rm
-    from envtools.progress import get_console
-
     userns = ["unshare", "--user", "--"] if os.geteuid() == 0 else []
     first, second = work / "first", work / "second"
     validate = [*userns, *ENVTOOLS, "validate", "--no-imports", "--json", str(first)]
@@ -387,10 +381,10 @@ def sibling_clone(src: Path, work: Path, repeat: int) -> tuple[dict, list[str]]:
             run(f"after SECOND: {name}", validate, parts())
         run("after SECOND: validate --full (hash everything)",
             [*validate[:-1], "--full", str(first)], None)
-        _rm(second)
+        rm_tree(second)
         run(f"after SECOND was removed again: {new}", validate, variants[new]())
         run("after that (keys refreshed by the run before)", validate, None)
-        _rm(first)
+        rm_tree(first)
     med = {k: statistics.median(v["s"]) for k, v in rows.items()}
     lines = [f"{k}: {med[k]:.2f} s median ({' '.join(f'{x:.2f}' for x in v['s'])}), "
              f"hashed {'/'.join(map(str, sorted(set(v['hashed']))))} of "
@@ -422,9 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             doc, lines = sibling_clone(src, work, a.repeat)
         finally:
-            from envtools.bench import _rm
-
-            _rm(work)
+            rm_tree(work)
         lines = [f"validate of FIRST, a clone of {src}, {os.cpu_count()} CPUs, median of "
                  f"{a.repeat}; uptime before: {load}", *lines,
                  "uptime after: " + subprocess.run(["uptime"], capture_output=True,
