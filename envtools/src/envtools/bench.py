@@ -333,7 +333,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure validate instead, against pip check and ldd, and with "
                     "--breaks compare them on planted breaks (python -m envtools.bench "
                     "--validate --help)")
+    ap.add_argument("--startup", action="store_true",
+                    help="measure a job's start-up with the env on an emulated shared "
+                    "filesystem, conda-packed, and staged by ddlrun --env (python -m "
+                    "envtools.bench --startup --help)")
     args = sys.argv[1:] if argv is None else list(argv)
+    if "--startup" in args:
+        from envtools.bench_startup import main as startup_main
+
+        return startup_main([x for x in args if x != "--startup"])
     if "--validate" in args:
         from envtools.bench_validate import main as validate_main
 
