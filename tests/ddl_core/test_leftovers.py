@@ -246,3 +246,24 @@ def test_a_rank_on_a_node_ddlrun_is_not_on_makes_the_directory(tmp_path: Path) -
     assert (Path(joined[0]) / "owner").is_file()
     jobshm.rank_done(joined)  # the last one on its node
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_remover_stuck_half_way_does_not_hang_a_starting_rank(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = Path(jobshm.job_dir("0123456789abcdef", str(tmp_path)))
+    d.mkdir(mode=0o700)
+    stuck = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('HELD', flush=True)\ntime.sleep(300)"),
+        str(d)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert stuck.stdout is not None and stuck.stdout.readline().strip() == "HELD"
+        monkeypatch.setattr(jobshm, "JOIN_WAIT_S", 0.5)
+        env = {jobshm.ENV: "0123456789abcdef"}
+        t0 = time.monotonic()
+        assert jobshm.for_rank(env, str(tmp_path)) is None  # Open MPI's default, then
+        assert time.monotonic() - t0 < 5 and jobshm.MCA not in env
+    finally:
+        stuck.kill()
+        stuck.wait()

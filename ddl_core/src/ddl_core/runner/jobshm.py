@@ -46,6 +46,8 @@ TOKEN_LEN = 16  # hex digits, lowercase
 #: how long ddlrun waits, after its launcher ended, for the ranks on its own node to let
 #: go of the directory before it leaves it to the next run (they are normally gone)
 END_WAIT_S = 5.0
+#: the longest a rank's wrapper waits to join the directory (see _lock_shared)
+JOIN_WAIT_S = 10.0
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -97,7 +99,7 @@ def join(path: str) -> int:
         except FileNotFoundError:  # removed by the last user of a job that just ended
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # a remover holds LOCK_EX only while it deletes
+            _lock_shared(fd, path)
             if _same(path, fd):
                 if made:
                     _write_owner(fd)
@@ -107,6 +109,21 @@ def join(path: str) -> int:
             raise
         os.close(fd)  # it was removed meanwhile: make it again
     raise OSError(errno.EAGAIN, "the directory kept being removed", path)
+
+
+def _lock_shared(fd: int, path: str) -> None:
+    """A shared lock on `fd`. A remover holds the exclusive one only while it deletes, so
+    this waits at most JOIN_WAIT_S (a remover stopped half-way must not hang every rank
+    that starts on the node: the rank then goes without the job's directory)."""
+    deadline = time.monotonic() + JOIN_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise OSError(errno.EAGAIN, "held by a remover for too long", path) from None
+            time.sleep(0.01)
 
 
 def _write_owner(dir_fd: int) -> None:
