@@ -99,19 +99,21 @@ def _why(said: list[str], prefix: str) -> tuple[str, str]:
 
 def run(image: str | os.PathLike[str], command: Sequence[str], mount_with: str = "auto",
         env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
-        expected_sha256: str | None = None) -> int:
+        expected_sha256: str | None = None, hash_it: bool = True) -> int:
     """Run ``command`` with ``image`` mounted at its prefix; returns its exit status.
 
     ``mount_with``: auto, kernel (root) or fuse. ``expected_sha256``: verify against this
-    instead of the ``IMAGE.sha256`` beside it. Raises EnvtoolsError (exit 2) if the image
-    is bad or cannot be mounted here; the command has not started then.
+    instead of the ``IMAGE.sha256`` beside it. ``hash_it=False``: the caller hashed this
+    file itself just now (see :func:`envtools.image.verify.verify_fd`). Raises
+    EnvtoolsError (exit 2) if the image is bad or cannot be mounted here; the command
+    has not started then.
     """
     if not command:
         raise EnvtoolsError("no command to run", "give one after --: envtools run IMAGE -- CMD")
     plan(mount_with)  # (what is missing to mount is said before the image is read)
     path, fd = open_image(image)
     try:
-        m = verify_fd(path, fd, expected_sha256)
+        m = verify_fd(path, fd, expected_sha256, hash_it)
         return run_verified(fd, m, list(command), mount_with, env, cwd)
     finally:
         os.close(fd)
