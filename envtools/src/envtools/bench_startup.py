@@ -171,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
             return metafs.mounted(src, at, a.latency_us)
 
         unpacked: dict[int, tuple[float, int]] = {}
-        for mode in modes:
-            for hosts, ranks in configs:
+        # configuration by configuration, every mode in turn: the rows compared with each
+        # other ran minutes apart at most, under the same load
+        for hosts, ranks in configs:
+            for mode in modes:
                 if ranks % hosts:
                     continue
                 row = Row(mode, hosts, ranks)
@@ -204,18 +206,25 @@ def main(argv: list[str] | None = None) -> int:
                     row.stage_s = unpacked[hosts][0]
                 rows.append(row)
                 print(_line(row, rows), flush=True)
+                if a.json:  # after every row: a run cut short keeps what it measured
+                    _write_json(a, prefix, code, started, load0, rows)
     load1 = os.getloadavg()
     print(_table(rows, a.latency_us, load0, load1))
     if a.json:
-        a.json.write_text(json.dumps({
-            "command": shlex.join(sys.argv), "prefix": str(prefix), "code": code,
-            "latency_us": a.latency_us, "reps": a.reps, "started": started,
-            "cores": os.cpu_count(), "load_start": load0, "load_end": load1,
-            "rows": [asdict(r) | {"median_s": r.median_s} for r in rows]}, indent=1))
+        _write_json(a, prefix, code, started, load0, rows)
     if a.plot:
         _plot(rows, a.plot, a.latency_us)
     shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1
+
+
+def _write_json(a: argparse.Namespace, prefix: Path, code: str, started: str, load0,
+                rows: list[Row]) -> None:
+    a.json.write_text(json.dumps({
+        "command": shlex.join(sys.argv), "prefix": str(prefix), "code": code,
+        "latency_us": a.latency_us, "reps": a.reps, "started": started,
+        "cores": os.cpu_count(), "load_start": load0, "load_now": os.getloadavg(),
+        "rows": [asdict(r) | {"median_s": r.median_s} for r in rows]}, indent=1))
 
 
 def _job(mode: str, base: list[str], prefix: Path, work: Path, image: Path | None,
