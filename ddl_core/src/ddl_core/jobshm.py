@@ -22,10 +22,18 @@ the process that made it) is there for people reading /dev/shm. Only directories
 with this user's uid and owned by them are ever touched, so another user's job, and a
 running job of the same user, keep theirs.
 
+A process MPI starts alone (``python train.py`` with no launcher: a singleton) leaves its
+segment even when it ends well, since no launcher's daemon is there to remove it (every
+one of the 71 dead segments found on the test machine was a singleton's). So
+``ddl_core.init()`` gives such a process a directory of its own the same way
+(:class:`Alone`), held for its life and removed at its exit, or by the next run after a
+SIGKILL.
+
 A user who chose a backing directory (``OMPI_MCA_btl_sm_backing_directory``, or
 ``--mca btl_sm_backing_directory`` given to mpirun, which reaches the ranks the same way)
-keeps it, and nothing is done. Standard library only, imported nothing else: the wrapper
-starts with every rank.
+keeps it, and nothing is done. Standard library only, and a module of the library's
+lowest layer that imports nothing of the package: ddlrun's rank wrapper, which starts with
+every rank, loads this file alone.
 """
 
 from __future__ import annotations
@@ -35,6 +43,10 @@ import fcntl
 import os
 import stat
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # not imported at run time: the rank wrapper's start stays short
+    from collections.abc import MutableMapping
 
 #: the job's token: from ddlrun to every rank's wrapper (forwarded like every DDL_ variable)
 ENV = "DDL_JOB_SHM"
@@ -272,3 +284,42 @@ def rank_done(joined: tuple[str, int] | None) -> None:
     path, fd = joined
     os.close(fd)
     remove(path)
+
+
+#: what a launcher sets in the processes it starts (Open MPI, PMIx, MPICH): not alone then
+LAUNCHED = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
+
+
+class Alone:
+    """``with Alone(os.environ): MPI_Init()`` in a process no launcher started: its segment
+    goes into a directory of its own, removed at exit (atexit) or, after a SIGKILL, by the
+    next run's reclaim. The setting is taken out of the environment again once MPI has
+    read it, so programs this process starts do not inherit a directory it will remove.
+    Does nothing under a launcher, or where the user chose a directory."""
+
+    def __init__(self, environ: MutableMapping[str, str], base: str = BASE) -> None:
+        self._environ, self._base = environ, base
+        self.joined: tuple[str, int] | None = None
+
+    def __enter__(self) -> Alone:
+        env = self._environ
+        if env.get(MCA) or any(k in env for k in LAUNCHED) or not _usable(self._base):
+            return self
+        import secrets
+
+        reclaim(self._base)
+        path = job_dir(secrets.token_hex(8), self._base)
+        try:
+            self.joined = (path, join(path))
+        except OSError:
+            return self
+        env[MCA] = path
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.joined is None:
+            return
+        self._environ.pop(MCA, None)
+        import atexit
+
+        atexit.register(rank_done, self.joined)
