@@ -152,6 +152,15 @@ def user_run(sealed, *args, env: dict | None = None, **kw) -> subprocess.Complet
 
 # ------------------------------------------------------------------------------ seal
 
+def test_help_of_the_image_commands():
+    for sub in ("seal", "run", "mount"):
+        p = run_envtools(sub, "--help")
+        assert p.stdout.startswith(f"usage: envtools {sub} ") and "options:" in p.stdout
+    for sub in ("validate", "clone", "module"):
+        assert "image" in run_envtools(sub, "--help").stdout
+
+
+
 def test_seal_writes_the_image_its_sha256_and_manifest(sealed):
     img = sealed.img
     sha_file, json_file = img.with_name(img.name + ".sha256"), img.with_name(img.name + ".json")

@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
-from conftest import other_user, run_envtools
-from test_image import _fuse_usable, _rmtree, assert_nothing_left
+from conftest import ENVTOOLS, other_user, run_envtools
+from test_image import _fuse_usable, _rmtree, assert_nothing_left, procs_with
 
 REPO = Path(__file__).resolve().parents[2]
 POWERAI = REPO / "envs" / "powerai"
@@ -110,3 +112,35 @@ def test_clone_from_the_image(sealed):
     v = run_envtools("validate", dest, "--no-imports", check=False)
     assert v.returncode == 0, v.stderr[-3000:]
     _rmtree(dest)
+
+
+def test_a_killed_seal_leaves_nothing_gc_does_not_remove(sealed):
+    """SIGKILL half-way through mksquashfs: mksquashfs dies too (its parent-death signal),
+    no image appears, and the temporary directory is gc's to remove."""
+    top, _ = sealed
+    out_dir = top / "killed"
+    out_dir.mkdir()
+    proc = subprocess.Popen([*ENVTOOLS, "seal", POWERAI, "--out", out_dir / "k.sqfs"],
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        started = []
+        while not started and proc.poll() is None and time.monotonic() < deadline:
+            started = [d / "image" for d in out_dir.iterdir()
+                       if (d / "image").is_file() and (d / "image").stat().st_size > 1 << 20]
+            time.sleep(0.2)
+        assert started, "mksquashfs never started writing"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while procs_with(str(started[0])) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not procs_with(str(started[0])), "mksquashfs outlived envtools"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not (out_dir / "k.sqfs").exists()
+    p = run_envtools("gc", out_dir)
+    assert "removed" in p.stdout
+    assert os.listdir(out_dir) == []
