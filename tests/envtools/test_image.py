@@ -599,6 +599,14 @@ def test_prefix_that_is_a_file(sealed, unmountable):
               "not a directory")
 
 
+def test_prefix_linked_to_a_system_directory_is_refused(sealed, unmountable):
+    unmountable.prefix.parent.mkdir(parents=True)
+    unmountable.prefix.symlink_to("/usr/share")
+    one_error(run_envtools("run", unmountable.img, "--", "true", check=False),
+              "leads to /usr/share")
+    assert not mounts_at("/usr/share")
+
+
 def test_missing_squashfuse_names_the_package(sealed, tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
