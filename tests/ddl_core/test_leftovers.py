@@ -1,4 +1,4 @@
-"""Nothing of a job is left in /dev/shm, however it ends (runner/jobshm.py).
+"""Nothing of a job is left in /dev/shm, however it ends (ddl_core/jobshm.py).
 
 Open MPI's shared-memory transport backs each rank's 16 MiB segment with a file; a rank
 killed, a job aborted, a launcher killed left them in /dev/shm until a reboot. ddlrun puts
@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from ddl_core.runner import jobshm
+
+from ddl_core import jobshm
 
 BIN = Path(sys.executable).parent
 WORKER = Path(__file__).parent / "workers" / "leftovers.py"
@@ -267,3 +268,40 @@ def test_a_remover_stuck_half_way_does_not_hang_a_starting_rank(
     finally:
         stuck.kill()
         stuck.wait()
+
+
+SINGLETON = """import os, signal, sys
+import ddl_core as ddl
+ddl.init()
+with open("/proc/self/maps") as f:
+    print("SEGS", *sorted({ln.split()[-1] for ln in f if "sm_segment." in ln}))
+print("ENV", os.environ.get("OMPI_MCA_btl_sm_backing_directory", "-"), flush=True)
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def singleton(end: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """A process that initialises ddl_core with no launcher (MPI starts it alone)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in jobshm.LAUNCHED and k != jobshm.MCA and k != jobshm.ENV}
+    p = subprocess.run([sys.executable, "-c", SINGLETON, end], capture_output=True,
+                       text=True, timeout=120, env=env)
+    segs = next((ln.split()[1:] for ln in p.stdout.splitlines() if ln.startswith("SEGS")), [])
+    return p, segs
+
+
+def test_a_singleton_leaves_no_segment_and_a_killed_ones_is_reclaimed() -> None:
+    # Open MPI leaves a singleton's segment in /dev/shm even when it ends well (no launcher
+    # daemon removes it): ddl_core.init() puts it in a directory of its own
+    p, segs = singleton("ok")
+    assert p.returncode == 0, p.stderr
+    assert len(segs) == 1 and Path(segs[0]).parent.name.startswith(
+        f"ddl-job-{os.geteuid()}-"), segs
+    assert "ENV -" in p.stdout  # taken out of the environment once MPI has read it
+    assert left(set(segs), {str(Path(segs[0]).parent)}) == []
+    killed, ksegs = singleton("kill")
+    assert killed.returncode == -signal.SIGKILL and len(ksegs) == 1
+    assert os.path.exists(ksegs[0])  # nothing ran at its end
+    p, _ = singleton("ok")  # the next one reclaims it
+    assert p.returncode == 0 and left(set(ksegs), {str(Path(ksegs[0]).parent)}) == []
