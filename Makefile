@@ -34,6 +34,9 @@ $(STAMPS)/apt: .ci/apt-packages.txt | $(STAMPS)
 	    echo "== apt-get install $$missing"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+	@if [ "$$(id -u)" = 0 ] && [ -c /dev/fuse ] && [ "$$(stat -c %a /dev/fuse)" != 666 ]; then \
+	    echo "== chmod 0666 /dev/fuse (fuse3's default; users mount sealed env images)"; \
+	    chmod 0666 /dev/fuse; fi
 	@touch $@
 
 $(STAMPS):

@@ -305,3 +305,42 @@ def test_altered_staged_copy_is_not_mounted(cluster3: cluster.Cluster, image: Pa
         job.kill()
         job.wait(10)
         _kill_all(str(stage))
+
+
+POWERAI = ROOT / "envs" / "powerai"
+
+
+@pytest.fixture(scope="session")
+def powerai_image() -> Path:
+    """envs/powerai (made by make channel) sealed once per change of its records."""
+    if not (POWERAI / "conda-meta").is_dir():
+        pytest.skip("no envs/powerai (make channel makes it)")
+    h = hashlib.sha256(_image_key().encode())
+    for p in sorted((POWERAI / "conda-meta").glob("*.json")):
+        h.update(p.name.encode() + p.read_bytes())
+    base = CACHE / f"powerai-{h.hexdigest()[:16]}"
+    img = base / "powerai.sqsh"
+    if img.exists() and img.with_name(img.name + ".json").exists():
+        return img
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    proc = subprocess.run([str(BIN / "envtools"), "seal", str(POWERAI), "--out", str(img)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return img
+
+
+EXAMPLES = ROOT / "ddl_core" / "examples"
+
+
+@pytest.mark.parametrize("script,args", [
+    ("pytorch_ddp_ddl.py", ["--samples", "256"]),  # the 2-rank DDP example
+    ("keras_mnist_ddl.py", ["--samples", "256", "--epochs", "1"]),  # the seeds' tf.keras
+])
+def test_sealed_powerai_runs_the_examples(cluster3: cluster.Cluster, powerai_image: Path,
+                                          stage: Path, script: str, args: list[str]) -> None:
+    proc = ddlrun(*_args(cluster3, powerai_image, stage), "python", str(EXAMPLES / script),
+                  *args, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "total images/sec" in proc.stdout
+    assert _staged(stage) == []

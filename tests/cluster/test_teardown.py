@@ -160,7 +160,7 @@ def test_slurm_daemons_are_gone_when_down_returns_and_a_node_comes_back() -> Non
 
 @needs_slurm
 def test_a_killed_rank_leaves_no_segment_on_any_host() -> None:
-    # ddlrun's job directory (runner/jobshm.py) on the emulated hosts: ranks through the
+    # ddlrun's job directory (ddl_core/jobshm.py) on the emulated hosts: ranks through the
     # launch agent (mpirun) and through Slurm (salloc + ddlrun -> srun), the rank killed
     # being on the second host
     worker = Path(__file__).parents[1] / "ddl_core" / "workers" / "leftovers.py"

@@ -66,14 +66,14 @@ class Conda:
 
     def run(self, *args: str, check: bool = True, extra_env: dict[str, str] | None = None,
             uid: int | None = None, home: Path | None = None,
-            timeout: float = 1800) -> subprocess.CompletedProcess:
+            timeout: float = 1800, cwd: Path | str = "/") -> subprocess.CompletedProcess:
         """``conda ARGS``; as ``uid`` through setpriv when given (then ``home`` is its HOME).
         ``check``: a failure raises AssertionError with conda's output."""
         cmd = [self.exe, *args]
         if uid is not None:
             cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *cmd]
         p = subprocess.run(cmd, capture_output=True, text=True, env=self.env(extra_env, home),
-                           cwd="/", timeout=timeout)
+                           cwd=cwd, timeout=timeout)
         if check and p.returncode != 0:
             raise AssertionError(f"conda {' '.join(args)} -> {p.returncode}\n"
                                  f"stdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-4000:]}")
@@ -90,9 +90,30 @@ class Conda:
         return self.run("create", "-y", "-p", str(prefix), "--offline", *self.channel_args,
                         *specs, extra_env=extra_env, **kw)
 
+    def plain_create(self, prefix: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+        """The issue's "done when" command as a user types it in the checkout: ``conda
+        create -p PREFIX --offline -c ./channel -c ./channel-upstream powerai``, nothing
+        else named (no --override-channels, no solver, no priority: conda's own settings).
+        A bare ``-c channel`` would be a channel *name* on anaconda.org to conda; a
+        directory is named by its path."""
+        return self.run("create", "-y", "-p", str(prefix), "--offline", *args,
+                        *plain_channel_args(), "powerai", cwd=ROOT, **kw)
+
     def installed(self, prefix: Path, **kw) -> dict[str, dict]:
         """name -> record of what ``conda list`` says is in ``prefix``."""
         return {r["name"]: r for r in self.json("list", "-p", str(prefix), **kw)}
+
+
+def plain_channel_args() -> list[str]:
+    """``-c ./channel -c ./channel-upstream`` (relative to the checkout, where the command
+    runs; a DDLCE_UPSTREAM_CHANNEL outside it by its absolute path)."""
+    out = []
+    for ch in (CHANNEL, UPSTREAM):
+        try:
+            out += ["-c", f"./{ch.relative_to(ROOT)}"]
+        except ValueError:
+            out += ["-c", str(ch)]
+    return out
 
 
 def final_names(installed: dict[str, dict], actions: dict) -> set[str]:

@@ -54,9 +54,10 @@ def conda(conda_exe, channels, tmp_path_factory) -> Conda:
 
 @pytest.fixture(scope="session")
 def default_env(conda, tmp_path_factory) -> Path:
-    """A plain ``conda create -p E powerai``: what a new user gets (no driver)."""
+    """A plain ``conda create -p E --offline -c ./channel -c ./channel-upstream powerai``:
+    what a new user gets (no driver)."""
     prefix = tmp_path_factory.mktemp("conda-default") / "env"
-    conda.create(prefix, "powerai")
+    conda.plain_create(prefix)
     return prefix
 
 
@@ -64,7 +65,7 @@ def default_env(conda, tmp_path_factory) -> Path:
 def cuda_env(conda, tmp_path_factory) -> Path:
     """The same with a CUDA 13.0 driver described (CONDA_OVERRIDE_CUDA=13.0)."""
     prefix = tmp_path_factory.mktemp("conda-cuda") / "env"
-    conda.create(prefix, "powerai", extra_env={"CONDA_OVERRIDE_CUDA": "13.0"})
+    conda.plain_create(prefix, extra_env={"CONDA_OVERRIDE_CUDA": "13.0"})
     return prefix
 
 

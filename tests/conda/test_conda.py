@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from condahelp import MODULEFILES, final_names, mpirun_allreduce
+from condahelp import MODULEFILES, ROOT, final_names, mpirun_allreduce, plain_channel_args
 
 IMPORTS = "import ddl_core, torch, tensorflow, horovod.torch; print(torch.__version__)"
 
@@ -33,8 +33,11 @@ def _mpi_packages(names) -> set[str]:
 
 @pytest.mark.parametrize("which", ["default_env", "cuda_env"])
 def test_plain_create_gives_openmpi_env_that_imports_and_runs(conda, which, request):
-    """`conda create powerai` (with and without a CUDA driver): the openmpi build, whose
-    frameworks import and whose mpirun runs a 2-rank allreduce."""
+    """The issue's "done when": `conda create -p E --offline -c ./channel -c
+    ./channel-upstream powerai`, nothing else named, with and without a CUDA driver
+    described (CONDA_OVERRIDE_CUDA=13.0, on this GPU-less machine): the openmpi build
+    (the CUDA one with the driver), whose frameworks import (the ddl torch plugin
+    quietly: it loads on every `import torch`) and whose mpirun runs a 2-rank allreduce."""
     prefix = request.getfixturevalue(which)
     have = conda.installed(prefix)
     assert have["powerai"]["build_string"].startswith("openmpi_"), have["powerai"]
@@ -44,8 +47,50 @@ def test_plain_create_gives_openmpi_env_that_imports_and_runs(conda, which, requ
     assert ("_cuda_" in have["powerai"]["build_string"]) == want_cuda, have["powerai"]
     p = _python(prefix, IMPORTS)
     assert p.returncode == 0, p.stderr[-3000:]
+    assert "ddl" not in p.stderr.lower(), p.stderr[-3000:]  # (no plugin warning)
+    if want_cuda:
+        assert "+cpu" not in p.stdout and have["pytorch"]["build_string"].startswith("cuda")
     r = mpirun_allreduce(prefix)
     assert r.returncode == 0 and r.stdout.count("allreduce ok") == 2, r.stdout + r.stderr[-3000:]
+
+
+#: conda's solver plugins; a conda made from source has classic (conda-libmamba-solver and
+#: libmambapy are not on PyPI; conda-rattler-solver is, and pip-installs into its venv)
+SOLVERS = ["classic", "rattler", "libmamba"]
+_HAS: dict[str, set[str]] = {}
+
+
+def _solvers(conda) -> set[str]:
+    """The solvers this conda offers (the choices of `conda create --solver`)."""
+    if conda.exe not in _HAS:
+        m = re.search(r"--solver \{([\w,-]+)\}", conda.run("create", "--help").stdout)
+        _HAS[conda.exe] = set(m.group(1).split(",")) if m else set()
+    return _HAS[conda.exe]
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("priority,cuda", [("strict", ""), ("flexible", ""),
+                                           ("strict", "13.0"), ("flexible", "13.0")])
+def test_default_solve_in_every_solver(conda, tmp_path, solver, priority, cuda):
+    """The plain command's solve in each solver this conda has and either channel
+    priority (conda's default is flexible): the openmpi build and its mutex, the CUDA
+    build exactly when a driver is described, no second MPI."""
+    if solver not in _solvers(conda):
+        how = {"rattler": "pip install conda-rattler-solver into conda's environment",
+               "libmamba": "conda-libmamba-solver and libmambapy are not on PyPI: a conda "
+                           "from conda-forge (Miniforge) has them"}[solver]
+        pytest.skip(f"{conda.exe} has no {solver} solver (it offers "
+                    f"{', '.join(sorted(_solvers(conda))) or 'none'}; {how})")
+    env = {"CONDA_SOLVER": solver, "CONDA_CHANNEL_PRIORITY": priority}
+    if cuda:
+        env["CONDA_OVERRIDE_CUDA"] = cuda
+    out = conda.json("create", "--dry-run", "-p", str(tmp_path / "e"), "--offline",
+                     *plain_channel_args(), "powerai", extra_env=env, cwd=ROOT)
+    link = {r["name"]: r for r in out["actions"]["LINK"]}
+    kind = "cuda" if cuda else "cpu"
+    assert link["powerai"]["build_string"].startswith(f"openmpi_{kind}_"), link["powerai"]
+    assert link["mpi"]["build_string"] == "openmpi" and _mpi_packages(link) == {"openmpi"}
+    assert link["ddl"]["build_string"].split("_")[1] == "openmpi", link["ddl"]
 
 
 def test_external_build_when_asked(conda, tmp_path):

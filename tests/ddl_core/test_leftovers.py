@@ -1,4 +1,4 @@
-"""Nothing of a job is left in /dev/shm, however it ends (runner/jobshm.py).
+"""Nothing of a job is left in /dev/shm, however it ends (ddl_core/jobshm.py).
 
 Open MPI's shared-memory transport backs each rank's 16 MiB segment with a file; a rank
 killed, a job aborted, a launcher killed left them in /dev/shm until a reboot. ddlrun puts
@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from ddl_core.runner import jobshm
+
+from ddl_core import jobshm
 
 BIN = Path(sys.executable).parent
 WORKER = Path(__file__).parent / "workers" / "leftovers.py"
@@ -246,3 +247,61 @@ def test_a_rank_on_a_node_ddlrun_is_not_on_makes_the_directory(tmp_path: Path) -
     assert (Path(joined[0]) / "owner").is_file()
     jobshm.rank_done(joined)  # the last one on its node
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_remover_stuck_half_way_does_not_hang_a_starting_rank(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = Path(jobshm.job_dir("0123456789abcdef", str(tmp_path)))
+    d.mkdir(mode=0o700)
+    stuck = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('HELD', flush=True)\ntime.sleep(300)"),
+        str(d)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert stuck.stdout is not None and stuck.stdout.readline().strip() == "HELD"
+        monkeypatch.setattr(jobshm, "JOIN_WAIT_S", 0.5)
+        env = {jobshm.ENV: "0123456789abcdef"}
+        t0 = time.monotonic()
+        assert jobshm.for_rank(env, str(tmp_path)) is None  # Open MPI's default, then
+        assert time.monotonic() - t0 < 5 and jobshm.MCA not in env
+    finally:
+        stuck.kill()
+        stuck.wait()
+
+
+SINGLETON = """import os, signal, sys
+import ddl_core as ddl
+ddl.init()
+with open("/proc/self/maps") as f:
+    print("SEGS", *sorted({ln.split()[-1] for ln in f if "sm_segment." in ln}))
+print("ENV", os.environ.get("OMPI_MCA_btl_sm_backing_directory", "-"), flush=True)
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def singleton(end: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """A process that initialises ddl_core with no launcher (MPI starts it alone)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in jobshm.LAUNCHED and k != jobshm.MCA and k != jobshm.ENV}
+    p = subprocess.run([sys.executable, "-c", SINGLETON, end], capture_output=True,
+                       text=True, timeout=120, env=env)
+    segs = next((ln.split()[1:] for ln in p.stdout.splitlines() if ln.startswith("SEGS")), [])
+    return p, segs
+
+
+def test_a_singleton_leaves_no_segment_and_a_killed_ones_is_reclaimed() -> None:
+    # Open MPI leaves a singleton's segment in /dev/shm even when it ends well (no launcher
+    # daemon removes it): ddl_core.init() puts it in a directory of its own
+    p, segs = singleton("ok")
+    assert p.returncode == 0, p.stderr
+    assert len(segs) == 1 and Path(segs[0]).parent.name.startswith(
+        f"ddl-job-{os.geteuid()}-"), segs
+    assert "ENV -" in p.stdout  # taken out of the environment once MPI has read it
+    assert left(set(segs), {str(Path(segs[0]).parent)}) == []
+    killed, ksegs = singleton("kill")
+    assert killed.returncode == -signal.SIGKILL and len(ksegs) == 1
+    assert os.path.exists(ksegs[0])  # nothing ran at its end
+    p, _ = singleton("ok")  # the next one reclaims it
+    assert p.returncode == 0 and left(set(ksegs), {str(Path(ksegs[0]).parent)}) == []

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import ENVTOOLS, other_user, run_envtools
 from envtools.image.manifest import host_platform
+from fixtures import upstream_channel
 from modtools import lmod_prelude, tcl_modules_prelude
 
 pytestmark = pytest.mark.skipif(
@@ -151,6 +152,15 @@ def user_run(sealed, *args, env: dict | None = None, **kw) -> subprocess.Complet
 
 # ------------------------------------------------------------------------------ seal
 
+def test_help_of_the_image_commands():
+    for sub in ("seal", "run", "mount"):
+        p = run_envtools(sub, "--help")
+        assert p.stdout.startswith(f"usage: envtools {sub} ") and "options:" in p.stdout
+    for sub in ("validate", "clone", "module"):
+        assert "image" in run_envtools(sub, "--help").stdout
+
+
+
 def test_seal_writes_the_image_its_sha256_and_manifest(sealed):
     img = sealed.img
     sha_file, json_file = img.with_name(img.name + ".sha256"), img.with_name(img.name + ".json")
@@ -201,6 +211,31 @@ def test_another_uid_seals_the_site_env_to_the_same_bytes(sealed):
     assert p.returncode == 0, p.stderr
     assert (home / "mine.sqfs").read_bytes() == sealed.img.read_bytes()
     assert tree_state(sealed.env) == before
+
+
+def test_a_users_clone_with_add_and_pip_is_sealed_and_runs(sealed, tmp_path, wheel_factory):
+    up = upstream_channel(sealed.channel)
+    if not list((up / "noarch").glob("pip-*.conda")):
+        pytest.skip("no pip wheel on this machine (apt-get install python3-pip-whl)")
+    mine = tmp_path / "mine"
+    run_envtools("clone", sealed.env, mine, "--add", "demo-extra")
+    run_envtools("add", mine, "pip", "--channel", up)
+    whl = wheel_factory("tinyw", "1.0", {"tinyw/__init__.py": "ANSWER = 42\n"})
+    env = {**os.environ, "PYTHONNOUSERSITE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    subprocess.run([mine / "bin" / "python", "-m", "pip", "install", "--no-index",
+                    "--no-deps", str(whl)], capture_output=True, check=True, env=env)
+    img = tmp_path / "mine.sqfs"
+    run_envtools("seal", mine, "--out", img)
+    p = run_envtools("run", img, "--", "sh", "-c",
+                     f"cat {mine}/share/demo-extra/info.txt; grep ' {mine} ' "
+                     f"/proc/self/mountinfo; {mine}/bin/python -c 'import tinyw; "
+                     "print(tinyw.ANSWER)'", check=False)
+    assert p.returncode == 0, p.stderr
+    assert f"extra at {mine}" in p.stdout and p.stdout.rstrip().endswith("42")
+    assert " - squashfs " in p.stdout or " - fuse.squashfuse " in p.stdout
+    v = run_envtools("validate", img, "--json", check=False)
+    assert json.loads(v.stdout)["exit_status"] == 0, v.stdout
+    assert_nothing_left(mine)
 
 
 def test_seal_refuses_a_broken_env_unless_forced(sealed, tmp_path):
@@ -466,7 +501,13 @@ def test_truncated_image_is_refused_before_mounting(sealed, tmp_path):
     with open(img, "r+b") as fh:
         fh.truncate(os.path.getsize(img) // 2)
     one_error(run_envtools("run", img, "--", "true", check=False), "truncated")
+    one_error(run_envtools("run", "--hashed-by-caller", img, "--", "true", check=False),
+              "truncated")  # (only the whole-file hash is the caller's)
     one_error(run_envtools("validate", img, check=False), "truncated")
+    p = run_envtools("validate", img, "--json", check=False)
+    assert p.returncode == 2
+    doc = json.loads(p.stdout)
+    assert doc["exit_status"] == 2 and "truncated" in doc["error"] and doc["hint"]
     assert_nothing_left(sealed.env)
 
 
@@ -556,6 +597,14 @@ def test_prefix_that_is_a_file(sealed, unmountable):
     unmountable.prefix.write_text("not a directory\n")
     one_error(run_envtools("run", unmountable.img, "--", "true", check=False),
               "not a directory")
+
+
+def test_prefix_linked_to_a_system_directory_is_refused(sealed, unmountable):
+    unmountable.prefix.parent.mkdir(parents=True)
+    unmountable.prefix.symlink_to("/usr/share")
+    one_error(run_envtools("run", unmountable.img, "--", "true", check=False),
+              "leads to /usr/share")
+    assert not mounts_at("/usr/share")
 
 
 def test_missing_squashfuse_names_the_package(sealed, tmp_path):

@@ -422,7 +422,16 @@ static void mfs_statfs(fuse_req_t req, fuse_ino_t ino) {
     }
 }
 
+/* A read is data, not a metadata request: without this the kernel revalidates a file's
+ * attributes (a GETATTR to the server) before every read(2) of it, because they are never
+ * cached here; a parallel filesystem's client reads from the data servers instead. */
+static void mfs_init(void *userdata, struct fuse_conn_info *conn) {
+    (void)userdata;
+    conn->want &= ~(unsigned)FUSE_CAP_AUTO_INVAL_DATA;
+}
+
 static const struct fuse_lowlevel_ops ops = {
+    .init = mfs_init,
     .lookup = mfs_lookup,
     .forget = mfs_forget,
     .forget_multi = mfs_forget_multi,

@@ -26,7 +26,7 @@ import os
 import sys
 from typing import Any
 
-from . import _cuda, _ddl, timeline
+from . import _cuda, _ddl, jobshm, timeline
 from . import comm as _comm
 from ._buffers import DTYPES, OPS
 from ._ddl import (
@@ -85,7 +85,8 @@ def init() -> None:
     if _ddl.initialized():
         return
     launched = _launched_size(os.environ)
-    _ddl.init()
+    with jobshm.Alone(os.environ):  # a singleton's shared memory: gone at its exit
+        _ddl.init()
     atexit.register(_finalize_at_exit)
     _watch_unhandled_exceptions()
     timeline.plan_fn = plan

@@ -5,9 +5,10 @@ The rooms, top to bottom; a room imports only from the rooms below it (import-li
 module of a room imports a sibling in a loop):
 
 - ``__main__``, ``cli``: the command line, thin: it parses and calls one command.
-- ``image`` | ``bench`` | ``api``: sealed env images (seal, run, mount, and the IMAGE
-  forms of validate, clone and module) | ``python -m envtools.bench``, the figures
-  against their baselines | envtools as a library (what the channel pipeline calls).
+- ``bench``: ``python -m envtools.bench``, the figures against their baselines (the
+  start-up benchmark reaches sealed images through ddlrun --env).
+- ``image`` | ``api``: sealed env images (seal, run, mount, and the IMAGE forms of
+  validate, clone and module) | envtools as a library (what the channel pipeline calls).
 - ``commands``: one module per command: install/remove, clone, add/drop, detach,
   module, gc, validate.
 - ``validate``: the checks, one module per family, and the run over them.

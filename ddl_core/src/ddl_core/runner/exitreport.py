@@ -201,14 +201,18 @@ def _rank() -> int:
 
 
 def _job_shm() -> ModuleType | None:
-    """jobshm.py beside this file, imported by its own name: this runs as a script, so
-    the package (libddl, MPI) is never loaded here. None when ddlrun set no job dir."""
+    """ddl_core/jobshm.py, loaded by its own name from the package's directory: this runs
+    as a script, and importing the package would load libddl and MPI into a process that
+    only waits. None when ddlrun set no job directory."""
     if not os.environ.get("DDL_JOB_SHM"):
         return None
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         import jobshm  # type: ignore[import-not-found]
     except ImportError:
         return None
+    finally:
+        del sys.path[0]
     return jobshm
 
 

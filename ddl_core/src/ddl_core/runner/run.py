@@ -42,12 +42,12 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..jobshm import JobShm
 from ..netaddr import local_addresses
 from .child import run_forwarding
 from .exitreport import ENV as EXIT_ENV
 from .exitreport import Collector, job_status
 from .hosts import Host, LaunchError, parse_hostfile, parse_hosts
-from .jobshm import JobShm
 from .launchcheck import check_plan, count_type
 from .launcher import (
     LAUNCHERS,

@@ -199,16 +199,25 @@ def stage(image: str, hosts: list[str], agent: str | None, root: str | None,
     checked copy. ``slurm_nodes``: instead of ``hosts``, the allocation's first nodes, their
     keepers started as one srun step."""
     path = Path(os.path.abspath(image))
-    if not path.is_file():
-        raise LaunchError(f"--env {image}: no such image file (make one with envtools seal "
-                          "PREFIX --out IMAGE)")
-    sha, prefix, manifest = read_image(path)
-    envtools = find_envtools()
-    root = os.path.abspath(root or tempfile.gettempdir())
-    tag = f"j{os.getpid()}-{secrets.token_hex(4)}"
-    check_names(root, tag)
+    try:  # opened first: on a shared filesystem each extra look costs a metadata request
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise LaunchError(f"--env {image}: cannot open it ({e.strerror}); make an image "
+                          "with envtools seal PREFIX --out IMAGE") from None
+    try:
+        sha, prefix, manifest = read_image(path)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        envtools = find_envtools()
+        root = os.path.abspath(root or tempfile.gettempdir())
+        tag = f"j{os.getpid()}-{secrets.token_hex(4)}"
+        check_names(root, tag)
+    except BaseException:
+        os.close(fd)
+        raise
     st = Staging(path, root, tag, envtools, prefix)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
         cmd = keeper_cmd(root, tag, size, sha, len(manifest))

@@ -76,6 +76,7 @@ from envtools.base.progress import get_console
 from envtools.bench import add as bench_add
 from envtools.bench import asuser
 from envtools.bench.measure import print_medians, rm_tree, time_cmd
+from envtools.bench.startup import main as startup_main
 from envtools.bench.validate import main as validate_main
 from envtools.errors import EnvtoolsError
 from envtools.prefix.readonly import make_readonly, make_writable, read_marker, read_prefix_info
@@ -308,7 +309,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure validate instead, against pip check and ldd, and with "
                     "--breaks compare them on planted breaks (python -m envtools.bench "
                     "--validate --help)")
+    ap.add_argument("--startup", action="store_true",
+                    help="measure a job's start-up with the env on an emulated shared "
+                    "filesystem, conda-packed, and staged by ddlrun --env (python -m "
+                    "envtools.bench --startup --help)")
     args = sys.argv[1:] if argv is None else list(argv)
+    if "--startup" in args:
+        return startup_main([x for x in args if x != "--startup"])
     if "--validate" in args:
         return validate_main([x for x in args if x != "--validate"])
     a = ap.parse_args(args)

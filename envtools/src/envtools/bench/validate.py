@@ -369,10 +369,12 @@ def sibling_clone(src: Path, work: Path, repeat: int) -> tuple[dict, list[str]]:
         row["exit"].append(doc.get("exit_status"))
 
     clone_s: list[float] = []
+    first_s: list[float] = []
     how = ""
     for i in range(repeat):
         get_console().print(f"round {i + 1}/{repeat}")
-        _dt, how = clone(first)
+        dt, how = clone(first)
+        first_s.append(dt)
         variants = _stat_cache_variants(first)
         run(f"baseline: no clone since FIRST's ({new})", validate, variants[new]())
         dt, _how = clone(second)
@@ -391,8 +393,10 @@ def sibling_clone(src: Path, work: Path, repeat: int) -> tuple[dict, list[str]]:
              f"{v['files'][0]} files, exit {'/'.join(map(str, sorted(set(v['exit']))))}"
              for k, v in rows.items()]
     lines.append(f"clone of SECOND: {statistics.median(clone_s):.2f} s median "
-                 f"({' '.join(f'{x:.2f}' for x in clone_s)}); FIRST: {how}")
-    return {"rows": rows, "median": med, "clone_s": clone_s}, lines
+                 f"({' '.join(f'{x:.2f}' for x in clone_s)}); of FIRST, round by round (from "
+                 f"round 2 on, right after the last clones of P were removed): "
+                 f"{' '.join(f'{x:.2f}' for x in first_s)}; FIRST: {how}")
+    return {"rows": rows, "median": med, "clone_s": clone_s, "first_s": first_s}, lines
 
 
 def main(argv: list[str] | None = None) -> int:

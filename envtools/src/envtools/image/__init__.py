@@ -14,10 +14,14 @@ API (what ``envtools seal|run|mount``, ``validate|clone|module IMAGE``, ddlrun's
         # size and sha256 against IMAGE.sha256 (or expected_sha256), zstd SquashFS magic,
         # the manifest inside == IMAGE.json, platform == this node's (host_platform())
     rc = run(image, ["python", "-c", "..."], mount_with="auto", env=None, cwd=None,
-             expected_sha256=None)            # -> the command's exit status (128+N: signal N)
+             expected_sha256=None, hash_it=True)  # -> the command's status (128+N: signal N)
         # verify, then mount at m.prefix in the command's private namespace; nothing
-        # stays mounted afterwards, also when the command or envtools is SIGKILLed
-    rc = run_verified(fd, m, argv, ...)       # the same for an image already open + verified
+        # stays mounted afterwards, also when the command or envtools is SIGKILLed;
+        # hash_it=False skips only the whole-file sha256, for a caller that just hashed
+        # this file (CLI: envtools run --hashed-by-caller IMAGE -- CMD)
+    path, fd = open_image(image); m = verify_fd(path, fd, expected_sha256, hash_it)
+    rc = run_verified(fd, m, argv, mount_with, env, cwd)  # (envtools.image.verify / .run)
+        # run again and again on one open, verified image, without hashing it again
     Manifest: prefix, platform, envtools_version, records_sha256, packages, files,
               env_bytes, compression, format, image_sha256, image_bytes
     sidecars(image) -> (IMAGE.sha256, IMAGE.json)   # what must travel with a copy

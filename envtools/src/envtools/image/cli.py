@@ -50,7 +50,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
     from envtools.image.run import run
 
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
-    return run(a.image, cmd, mount_with=a.mount_with)
+    return run(a.image, cmd, mount_with=a.mount_with, hash_it=not a.hashed_by_caller)
 
 
 def _cmd_mount(a: argparse.Namespace) -> int:
@@ -152,6 +152,10 @@ def register(sub, subcommand) -> None:  # noqa: ANN001 - argparse's private type
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                    help="the command and its arguments")
     _mount_with(p)
+    p.add_argument("--hashed-by-caller", action="store_true",
+                   help="skip only the image's whole-file sha256 (size, manifests and "
+                   "platform are still checked): for a launcher that hashed this very file "
+                   "just before, as ddlrun --env does after staging it")
 
     p = subcommand(sub, "mount", _cmd_mount)
     p.add_argument("image", type=Path, help="an image made by envtools seal")

@@ -62,7 +62,7 @@ def mount(image: str | os.PathLike[str], mount_with: str = "auto") -> str:
             raise EnvtoolsError(f"{m.prefix} already has a {have} filesystem mounted",
                                 f"unmount it first (umount {m.prefix}), or mount elsewhere",
                                 exit_code=2)
-        made = make_mountpoint(m.prefix)
+        made = make_mountpoint(m.prefix)  # (refuses a prefix linked to a system directory)
         src = f"/proc/self/fd/{fd}"
         loop = Path("/dev/loop-control").exists() and shutil.which("mount")
         if mount_with != "fuse" and loop:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envtools.errors import EnvtoolsError
+from envtools.image.manifest import check_prefix
 
 #: the namespace's pid 1: mount, say "ok" on stderr (the status pipe envtools reads),
 #: give the command the user's stderr back, run it, pass SIGTERM/SIGHUP on, exit with its
@@ -163,6 +164,15 @@ def check_userns() -> None:
 def make_mountpoint(prefix: str) -> list[str]:
     """Make the prefix (and missing parents) if it does not exist; returns what was made,
     deepest last, for :func:`remove_made`. Raises when it cannot be made."""
+    real = os.path.realpath(prefix)
+    if real != prefix:  # (a link on the way: what is mounted over is where it leads)
+        try:
+            check_prefix(real, f"the image's prefix {prefix}")
+        except EnvtoolsError:
+            raise EnvtoolsError(
+                f"the image's prefix {prefix} leads to {real}, a system directory, through "
+                "a symbolic link", "mount only images whose prefix is an env's directory",
+                exit_code=2) from None
     if os.path.isdir(prefix):
         return []
     if os.path.lexists(prefix):

@@ -11,7 +11,6 @@ existed inside the namespace that died with the failure.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
 import signal
@@ -20,26 +19,13 @@ import time
 from collections.abc import Callable, Sequence
 
 from envtools.errors import EnvtoolsError
+from envtools.image.children import die_with_parent
 from envtools.image.manifest import INNER, Manifest
 from envtools.image.namespace import make_mountpoint, plan, remove_made
 from envtools.image.verify import open_image, verify_fd
 
 #: how long the namespace may take to mount before envtools gives up (s)
 MOUNT_TIMEOUT_S = float(os.environ.get("ENVTOOLS_MOUNT_TIMEOUT", "60"))
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with(parent: int):  # noqa: ANN202 - a preexec_fn
-    """unshare gets SIGKILL when envtools dies (SIGKILL included): then its
-    --kill-child takes the namespace, and the mount, with it."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # envtools died before prctl took effect
-            os._exit(137)
-
-    return preexec
 
 
 def _pid1_of(unshare_pid: int) -> int | None:
@@ -99,19 +85,21 @@ def _why(said: list[str], prefix: str) -> tuple[str, str]:
 
 def run(image: str | os.PathLike[str], command: Sequence[str], mount_with: str = "auto",
         env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
-        expected_sha256: str | None = None) -> int:
+        expected_sha256: str | None = None, hash_it: bool = True) -> int:
     """Run ``command`` with ``image`` mounted at its prefix; returns its exit status.
 
     ``mount_with``: auto, kernel (root) or fuse. ``expected_sha256``: verify against this
-    instead of the ``IMAGE.sha256`` beside it. Raises EnvtoolsError (exit 2) if the image
-    is bad or cannot be mounted here; the command has not started then.
+    instead of the ``IMAGE.sha256`` beside it. ``hash_it=False``: the caller hashed this
+    file itself just now (see :func:`envtools.image.verify.verify_fd`). Raises
+    EnvtoolsError (exit 2) if the image is bad or cannot be mounted here; the command
+    has not started then.
     """
     if not command:
         raise EnvtoolsError("no command to run", "give one after --: envtools run IMAGE -- CMD")
     plan(mount_with)  # (what is missing to mount is said before the image is read)
     path, fd = open_image(image)
     try:
-        m = verify_fd(path, fd, expected_sha256)
+        m = verify_fd(path, fd, expected_sha256, hash_it)
         return run_verified(fd, m, list(command), mount_with, env, cwd)
     finally:
         os.close(fd)
@@ -131,7 +119,7 @@ def run_verified(image_fd: int, m: Manifest, command: list[str], mount_with: str
         argv = how.argv(image_fd, err, m.prefix, INNER, command)
         try:
             proc = subprocess.Popen(argv, stderr=w, pass_fds=(image_fd, err), env=env,
-                                    cwd=cwd, preexec_fn=_die_with(os.getpid()))
+                                    cwd=cwd, preexec_fn=die_with_parent())
         except OSError as e:
             raise EnvtoolsError(f"cannot start unshare: {e.strerror}",
                                 "apt-get install util-linux", exit_code=2) from e

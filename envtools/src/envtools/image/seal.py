@@ -40,6 +40,7 @@ from pathlib import Path
 import envtools
 from envtools.base.progress import info
 from envtools.errors import EnvtoolsError
+from envtools.image.children import die_with_parent
 from envtools.image.manifest import (
     COMPRESSION,
     INNER,
@@ -201,7 +202,7 @@ def seal(prefix: str | os.PathLike[str], out: str | os.PathLike[str], force: boo
         info(f"sealing {root} ({packages} packages, {size / 2**20:.0f} MiB) into ", str(out))
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
         output = proc.communicate()[0].decode(errors="replace")
         if proc.returncode != 0 or "Failed to read" in output or "Cannot stat" in output:
             lines = [ln for ln in output.splitlines() if ln.strip()]

@@ -85,9 +85,13 @@ def open_image(image: str | os.PathLike[str]) -> tuple[Path, int]:
     return path, fd
 
 
-def verify_fd(path: Path, fd: int, expected_sha256: str | None = None) -> Manifest:
+def verify_fd(path: Path, fd: int, expected_sha256: str | None = None,
+              hash_it: bool = True) -> Manifest:
     """:func:`verify` on an open descriptor (the one a mount will then use, so the file
-    checked is the file mounted even if the name is replaced meanwhile)."""
+    checked is the file mounted even if the name is replaced meanwhile). ``hash_it``
+    False skips only the whole-file sha256 (size, magic, manifests and platform are
+    still checked): for a caller that hashed this very file just before (ddlrun --env
+    after staging it), where hashing again per rank would cost seconds each."""
     sha = expected_sha256 or read_sha256(path)
     _, json_file = sidecars(path)
     refit = f"copy {json_file.name} together with the image, or seal the env again"
@@ -109,8 +113,11 @@ def verify_fd(path: Path, fd: int, expected_sha256: str | None = None) -> Manife
         raise EnvtoolsError(f"{path} is not a zstd SquashFS image",
                             "give the image file envtools seal wrote", exit_code=2)
     os.lseek(fd, 0, os.SEEK_SET)
-    with os.fdopen(os.dup(fd), "rb") as fh:
-        got = sha256_fileobj(fh)
+    if hash_it:
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            got = sha256_fileobj(fh)
+    else:
+        got = sha
     if got != sha:
         raise EnvtoolsError(
             f"{path} was altered or damaged: its sha256 is {got}, sealed as {sha}",

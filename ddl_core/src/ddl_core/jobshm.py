@@ -22,10 +22,18 @@ the process that made it) is there for people reading /dev/shm. Only directories
 with this user's uid and owned by them are ever touched, so another user's job, and a
 running job of the same user, keep theirs.
 
+A process MPI starts alone (``python train.py`` with no launcher: a singleton) leaves its
+segment even when it ends well, since no launcher's daemon is there to remove it (every
+one of the 71 dead segments found on the test machine was a singleton's). So
+``ddl_core.init()`` gives such a process a directory of its own the same way
+(:class:`Alone`), held for its life and removed at its exit, or by the next run after a
+SIGKILL.
+
 A user who chose a backing directory (``OMPI_MCA_btl_sm_backing_directory``, or
 ``--mca btl_sm_backing_directory`` given to mpirun, which reaches the ranks the same way)
-keeps it, and nothing is done. Standard library only, imported nothing else: the wrapper
-starts with every rank.
+keeps it, and nothing is done. Standard library only, and a module of the library's
+lowest layer that imports nothing of the package: ddlrun's rank wrapper, which starts with
+every rank, loads this file alone.
 """
 
 from __future__ import annotations
@@ -35,6 +43,10 @@ import fcntl
 import os
 import stat
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # not imported at run time: the rank wrapper's start stays short
+    from collections.abc import MutableMapping
 
 #: the job's token: from ddlrun to every rank's wrapper (forwarded like every DDL_ variable)
 ENV = "DDL_JOB_SHM"
@@ -46,6 +58,8 @@ TOKEN_LEN = 16  # hex digits, lowercase
 #: how long ddlrun waits, after its launcher ended, for the ranks on its own node to let
 #: go of the directory before it leaves it to the next run (they are normally gone)
 END_WAIT_S = 5.0
+#: the longest a rank's wrapper waits to join the directory (see _lock_shared)
+JOIN_WAIT_S = 10.0
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -97,7 +111,7 @@ def join(path: str) -> int:
         except FileNotFoundError:  # removed by the last user of a job that just ended
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # a remover holds LOCK_EX only while it deletes
+            _lock_shared(fd, path)
             if _same(path, fd):
                 if made:
                     _write_owner(fd)
@@ -107,6 +121,21 @@ def join(path: str) -> int:
             raise
         os.close(fd)  # it was removed meanwhile: make it again
     raise OSError(errno.EAGAIN, "the directory kept being removed", path)
+
+
+def _lock_shared(fd: int, path: str) -> None:
+    """A shared lock on `fd`. A remover holds the exclusive one only while it deletes, so
+    this waits at most JOIN_WAIT_S (a remover stopped half-way must not hang every rank
+    that starts on the node: the rank then goes without the job's directory)."""
+    deadline = time.monotonic() + JOIN_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise OSError(errno.EAGAIN, "held by a remover for too long", path) from None
+            time.sleep(0.01)
 
 
 def _write_owner(dir_fd: int) -> None:
@@ -255,3 +284,42 @@ def rank_done(joined: tuple[str, int] | None) -> None:
     path, fd = joined
     os.close(fd)
     remove(path)
+
+
+#: what a launcher sets in the processes it starts (Open MPI, PMIx, MPICH): not alone then
+LAUNCHED = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
+
+
+class Alone:
+    """``with Alone(os.environ): MPI_Init()`` in a process no launcher started: its segment
+    goes into a directory of its own, removed at exit (atexit) or, after a SIGKILL, by the
+    next run's reclaim. The setting is taken out of the environment again once MPI has
+    read it, so programs this process starts do not inherit a directory it will remove.
+    Does nothing under a launcher, or where the user chose a directory."""
+
+    def __init__(self, environ: MutableMapping[str, str], base: str = BASE) -> None:
+        self._environ, self._base = environ, base
+        self.joined: tuple[str, int] | None = None
+
+    def __enter__(self) -> Alone:
+        env = self._environ
+        if env.get(MCA) or any(k in env for k in LAUNCHED) or not _usable(self._base):
+            return self
+        import secrets
+
+        reclaim(self._base)
+        path = job_dir(secrets.token_hex(8), self._base)
+        try:
+            self.joined = (path, join(path))
+        except OSError:
+            return self
+        env[MCA] = path
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.joined is None:
+            return
+        self._environ.pop(MCA, None)
+        import atexit
+
+        atexit.register(rank_done, self.joined)

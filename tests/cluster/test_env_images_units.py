@@ -1,0 +1,84 @@
+"""The node side of `ddlrun --env` (stagenode.py) on this machine, without a cluster:
+a stage process keeps its copy while its stream is open and removes it when it ends,
+refuses a bad stream, a foreign or open stage directory, and shared filesystems."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ddl_core.runner import stagenode
+from ddl_core.runner.stage import NODE
+
+DATA = os.urandom(3 << 20) + b"tail"
+MANIFEST = b'{"format": "test"}\n'
+
+
+def _keep(root: Path, sha: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-I", str(NODE), "keep", str(root), "jt-1",
+                             str(len(DATA)), sha, str(len(MANIFEST))], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_a_copy_lives_as_long_as_its_stream(tmp_path: Path) -> None:
+    p = _keep(tmp_path, hashlib.sha256(DATA).hexdigest())
+    assert p.stdin and p.stdout
+    p.stdin.write(DATA + MANIFEST)
+    p.stdin.flush()
+    line = p.stdout.readline().decode().strip()
+    assert line.startswith("READY "), line + p.stderr.read().decode()
+    staged = Path(line[6:])
+    assert staged.read_bytes() == DATA
+    assert staged.with_name(staged.name + ".json").read_bytes() == MANIFEST
+    assert staged.with_name(staged.name + ".sha256").read_text().split()[0] == \
+        hashlib.sha256(DATA).hexdigest()
+    user = tmp_path / f"ddl-stage-{os.geteuid()}"
+    assert staged.parent.parent == user and (user.stat().st_mode & 0o777) == 0o700
+    assert (staged.parent / "conda-meta" / "envtools" / "tmp-owner.json").exists()
+    p.stdin.close()  # the job is over (or ddlrun died)
+    assert p.wait(30) == 0
+    assert list(user.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", ["altered", "short"])
+def test_a_bad_stream_leaves_nothing(tmp_path: Path, how: str) -> None:
+    p = _keep(tmp_path, hashlib.sha256(DATA).hexdigest())
+    body = bytes([DATA[0] ^ 1]) + DATA[1:] if how == "altered" else DATA[:1000]
+    out, _ = p.communicate(body + (MANIFEST if how == "altered" else b""), timeout=60)
+    assert p.returncode == 1
+    line = out.decode().strip()
+    assert line.startswith("ERROR "), line
+    assert ("altered or truncated" if how == "altered" else "stream ended") in line
+    assert list((tmp_path / f"ddl-stage-{os.geteuid()}").iterdir()) == []
+
+
+def test_a_stage_dir_of_someone_else_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("making a directory owned by another uid needs root")
+    d = tmp_path / f"ddl-stage-{os.geteuid()}"
+    d.mkdir(mode=0o700)
+    os.chown(d, 54321, 54321)
+    with pytest.raises(stagenode.StageError, match="not a directory private to uid"):
+        stagenode.check_root(tmp_path, 1)
+    os.chown(d, 0, 0)
+    d.chmod(0o755)  # ours, but open to others
+    with pytest.raises(stagenode.StageError, match="someone else made it"):
+        stagenode.check_root(tmp_path, 1)
+
+
+def test_free_space_is_checked_before_copying(tmp_path: Path) -> None:
+    vfs = os.statvfs(tmp_path)
+    with pytest.raises(stagenode.StageError, match="MiB free, the image needs"):
+        stagenode.check_root(tmp_path, vfs.f_blocks * vfs.f_frsize * 2)
+
+
+def test_filesystem_types() -> None:
+    assert stagenode.fs_type(Path("/proc")) == "proc"
+    for shared in ("nfs", "nfs4", "lustre", "gpfs", "fuse.sshfs", "fuse", "cifs", "beegfs"):
+        assert stagenode.is_shared(shared), shared
+    for local in ("ext4", "xfs", "tmpfs", "btrfs", "overlay"):
+        assert not stagenode.is_shared(local), local
