@@ -26,12 +26,11 @@ import asyncio
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
+from envtools.bench.measure import run_timed
 from envtools.prefix.records import Prefix
 from envtools.solve.adding import channel_sources, recorded_channels
 
@@ -85,13 +84,7 @@ def tiny_channel() -> Path:
 
 
 def _run(cmd: list[str]) -> tuple[float, str]:
-    os.sync()
-    t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    dt = time.perf_counter() - t
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({p.returncode}):\n"
-                           f"{p.stderr[-3000:]}")
+    dt, p = run_timed(cmd)
     return dt, p.stdout
 
 

@@ -75,7 +75,7 @@ from pathlib import Path
 from envtools.base.progress import get_console
 from envtools.bench import add as bench_add
 from envtools.bench import asuser
-from envtools.bench.measure import print_medians, rm_tree, time_cmd
+from envtools.bench.measure import print_medians, rm_tree, run_timed, time_cmd
 from envtools.bench.startup import main as startup_main
 from envtools.bench.validate import main as validate_main
 from envtools.errors import EnvtoolsError
@@ -241,14 +241,10 @@ def _time_install(cmd: list[str]) -> tuple[float, float]:
     """A whole ``envtools install``: (seconds, of which verifying archive sha256s)."""
     import re
 
-    os.sync()
-    t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True,
-                       env={**os.environ, "ENVTOOLS_TIMINGS": "1"})
-    dt = time.perf_counter() - t
+    dt, p = run_timed(cmd, {**os.environ, "ENVTOOLS_TIMINGS": "1"})
     m = re.search(r"verified \d+ archive bytes in ([0-9.]+)s", p.stderr)
-    if p.returncode != 0 or not m:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    if not m:
+        raise RuntimeError(f"{' '.join(cmd)} printed no verify time:\n{p.stderr[-3000:]}")
     return dt, float(m.group(1))
 
 

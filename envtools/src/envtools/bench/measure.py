@@ -21,14 +21,24 @@ def rm_tree(p: Path) -> None:
         shutil.rmtree(p)
 
 
-def time_cmd(cmd: list[str], env: dict | None = None) -> float:
-    os.sync()  # start clean: no writeback left over from the previous command
+def run_timed(cmd: list[str], env: dict | None = None,
+              ok: tuple[int, ...] = (0,)) -> tuple[float, subprocess.CompletedProcess]:
+    """Run one command as a fresh process after a ``sync`` (not timed: no writeback left
+    over from the previous command): its wall-clock seconds and its result; an error
+    naming the command and its stderr's tail when it exits with a status not in ``ok``."""
+    os.sync()
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     dt = time.perf_counter() - t
-    if p.returncode not in (0, 1) or (p.returncode == 1 and "validate" not in cmd):
-        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-    return dt
+    if p.returncode not in ok:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({p.returncode}):\n"
+                           f"{p.stderr[-3000:]}")
+    return dt, p
+
+
+def time_cmd(cmd: list[str], env: dict | None = None) -> float:
+    """The seconds of one command (validate may exit 1: it found something)."""
+    return run_timed(cmd, env, (0, 1) if "validate" in cmd else (0,))[0]
 
 
 def print_medians(title: str, results: dict[str, list[float]], med: dict[str, float]):  # noqa: ANN201

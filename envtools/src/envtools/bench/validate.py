@@ -48,7 +48,7 @@ from pathlib import Path
 
 from envtools.base import elf
 from envtools.base.progress import get_console
-from envtools.bench.measure import print_medians, rm_tree, time_cmd
+from envtools.bench.measure import print_medians, rm_tree, run_timed, time_cmd
 from envtools.prefix.hashing import STAT_CACHE
 from envtools.validate.binaries import elf_candidates
 
@@ -288,12 +288,7 @@ def breaks_table(rows: list[dict]) -> list[str]:
 
 def _validate_timed(cmd: list[str]) -> tuple[float, dict]:
     """(seconds, ``validate --json``'s document) of one validate run, a fresh process."""
-    os.sync()
-    t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    dt = time.perf_counter() - t
-    if p.returncode not in (0, 1):
-        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    dt, p = run_timed(cmd, ok=(0, 1))
     return dt, json.loads(p.stdout)
 
 
