@@ -60,7 +60,7 @@ def test_sealed_twice_gives_the_same_image(sealed):
 def _check_import(p: subprocess.CompletedProcess, kind: str) -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
-    assert f" - {kind} " in lines[0]
+    assert f" - {kind}" in lines[0]
     assert lines[1] == str(POWERAI)
     assert lines[2].startswith(f"{POWERAI}/") and lines[3].startswith(f"{POWERAI}/")
 
@@ -70,7 +70,7 @@ def test_import_torch_and_ddl_core_in_the_image(sealed):
     p = run_envtools("run", img, "--", "sh", "-c",
                      f"grep ' {POWERAI} ' /proc/self/mountinfo; "
                      f"exec {POWERAI}/bin/python -c '{IMPORT}'", check=False)
-    _check_import(p, "squashfs" if os.geteuid() == 0 else "fuse.squashfuse")
+    _check_import(p, "squashfs " if os.geteuid() == 0 else "fuse.squashfuse")
     assert_nothing_left(POWERAI)
 
 

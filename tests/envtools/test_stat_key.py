@@ -176,3 +176,16 @@ def test_an_env_with_the_old_key_format_validates_and_gets_the_new_keys(channel,
     _edit_in_place(_cache_file(site))
     assert _altered(_validate("owner", dest)) == [[EDITED]]
 
+
+
+def test_validate_after_add_hashes_nothing(channel, tmp_path):
+    """``envtools add`` hashes the package it stages and renames its files into the env,
+    which moves their ctime: the keys it stores are taken again after the move, so the
+    next validate hashes none of the added files (and stores nothing)."""
+    site = _site(channel, tmp_path)
+    dest = tmp_path / "dest"
+    _clone("root", site, dest)
+    run_envtools("add", dest, "demo-extra")
+    doc = _validate("root", dest)
+    assert doc["exit_status"] == 0 and doc["checked"]["hashed"] == 0, doc["checked"]
+    assert not (dest / STAT_CACHE / f"{REFRESHED}.marshal").exists()

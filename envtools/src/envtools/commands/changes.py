@@ -17,7 +17,7 @@ from pathlib import Path
 from envtools.base.progress import info
 from envtools.errors import EnvtoolsError
 from envtools.prefix import confine, record_index, txn
-from envtools.prefix.hashing import STAT_CACHE, package_part, write_package_parts
+from envtools.prefix.hashing import STAT_CACHE, package_part, rekey_moved, write_package_parts
 from envtools.prefix.readonly import refuse_readonly
 from envtools.prefix.records import Prefix, Record
 from envtools.solve import adding
@@ -231,15 +231,17 @@ def add(
         report.added = adding.added_names(sol)
         report.removed = [f"{r.name}={r.version}={r.build}" for n, r in sorted(by_name.items())
                           if n in going]
+        parts: list[str] = []
         if staged:
             (t.stage / STAT_CACHE).mkdir(parents=True, exist_ok=True)
-            write_package_parts(t.stage, staged)  # (stat keys survive the rename)
+            parts = [fp.name for fp in write_package_parts(t.stage, staged)]
         _history(prefix, t.stage, cmd, report.added, report.removed)
         report.timings["parts"] = time.monotonic() - t0
         files, dirs = _stage_tree(t.stage)
         dirs, out = _plan_in(prefix, files, dirs, out, report,
                              lambda: Prefix.load(prefix).owned_paths())
         t.commit(out, files, dirs)
+        rekey_moved(prefix, parts)  # (the renames moved the files' ctime)
         report.timings["commit"] = time.monotonic() - t0
         _after(prefix, out)
     report.seconds = time.monotonic() - t0

@@ -69,7 +69,8 @@ def mount(image: str | os.PathLike[str], mount_with: str = "auto") -> str:
             argv = ["mount", "-t", "squashfs", "-o", "loop,ro,nodev,nosuid", src, m.prefix]
         else:
             check_fuse()
-            argv = ["squashfuse", "-o", "ro,allow_other,nodev,nosuid", src, m.prefix]
+            fuse = shutil.which("squashfuse_ll") or "squashfuse"
+            argv = [fuse, "-o", "ro,allow_other,nodev,nosuid", src, m.prefix]
         p = subprocess.run(argv, pass_fds=(fd,), capture_output=True, text=True)
         if p.returncode != 0:
             remove_made(made)
@@ -96,7 +97,7 @@ def umount(image: str | os.PathLike[str]) -> None:
         raise EnvtoolsError(f"cannot read {json_file}: {e.strerror}",
                             "give the image (its .json must be beside it)") from e
     have = mounted_at(m.prefix)
-    if have not in ("squashfs", "fuse.squashfuse"):
+    if have not in ("squashfs", "fuse.squashfuse", "fuse.squashfuse_ll"):
         info(f"nothing of an image is mounted at {m.prefix}")
         return
     p = subprocess.run(["umount", m.prefix], capture_output=True, text=True)

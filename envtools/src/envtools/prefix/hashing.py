@@ -284,6 +284,45 @@ def refresh_part(prefix: str | os.PathLike[str], entries: dict[str, tuple]) -> b
     return True
 
 
+def rekey_moved(prefix: str | os.PathLike[str], names: Iterable[str]) -> None:
+    """The parts ``names`` were written for files that were then renamed into ``prefix``
+    (``envtools add`` stages a package and moves it in): a rename moves the renamed
+    file's ctime, so each entry whose file is still the one it was taken of (same size,
+    mtime and inode) gets the file's ctime and link count now. Without it the next
+    ``validate`` would hash every added file once."""
+    d = Path(prefix) / STAT_CACHE
+    root = str(prefix)
+    for name in names:
+        fp = d / name
+        entries = load_part(fp)
+        if not entries:
+            continue
+        out: dict[str, tuple] = {}
+        for k, e in entries.items():
+            if k.startswith("/"):  # (a package cache file: not moved, its key stands)
+                out[k] = e
+                continue
+            try:
+                st = os.lstat(f"{root}/{k}")
+            except OSError:
+                out[k] = e
+                continue
+            same = stat.S_ISREG(st.st_mode) and e[:3] == (st.st_size, st.st_mtime_ns,
+                                                          st.st_ino)
+            sha = entry_sha(e)
+            out[k] = ((*file_key(st), sha) if sha else file_key(st)) if same else e
+        try:
+            mode = os.stat(fp).st_mode
+            tmp = d / f".{name}.{os.getpid()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, stat.S_IMODE(mode))
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(marshal.dumps((STAT_VERSION, out)))
+            os.replace(tmp, fp)
+        except OSError:
+            continue  # (the part stays as it was: those files are hashed once)
+
+
 def load_stat_cache(prefix: Path) -> dict[str, tuple]:
     """Every part's entries; {} when there is no cache."""
     d = prefix / STAT_CACHE
