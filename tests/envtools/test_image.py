@@ -126,12 +126,28 @@ def procs_with(arg: str) -> list[int]:
     return pids
 
 
-def assert_nothing_left(prefix: Path, wait_s: float = 10.0) -> None:
+def loops_of(image: Path | None) -> list[str]:
+    """Loop devices backed by ``image`` (a kernel mount's; freed with its namespace)."""
+    if image is None:
+        return []
+    found = []
+    for f in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            if f.read_text().strip() == str(image):
+                found.append(f.parts[3])
+        except OSError:
+            pass
+    return found
+
+
+def assert_nothing_left(prefix: Path, wait_s: float = 10.0, image: Path | None = None) -> None:
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and (mounts_at(prefix) or squashfuse_at(prefix)):
+    while time.monotonic() < deadline and (mounts_at(prefix) or squashfuse_at(prefix)
+                                           or loops_of(image)):
         time.sleep(0.05)
     assert not mounts_at(prefix), mounts_at(prefix)
     assert not squashfuse_at(prefix)
+    assert not loops_of(image), loops_of(image)
 
 
 def one_error(p: subprocess.CompletedProcess, *words: str) -> str:
@@ -322,15 +338,20 @@ def test_killed_command_leaves_no_mount(sealed, who):
             "sh", "-c", "kill -9 $$"]
     p = user_run(sealed, *args) if who == "user" else run_envtools(*args, check=False)
     assert p.returncode == 128 + signal.SIGKILL, p.stderr
-    assert_nothing_left(sealed.env)
+    assert_nothing_left(sealed.env, image=sealed.img)
 
 
-@pytest.mark.parametrize("who", ["root", "user"])
+@pytest.mark.parametrize("who", ["root", "user", "root-kernel"])
 def test_killed_envtools_takes_the_command_and_mount_with_it(sealed, who, tmp_path):
     if who == "user":
         needs_fuse_for_others()
         ready = sealed.user.home / f"ready-{os.getpid()}"
         argv, env = sealed.user.envtools("run", "--mount-with", "fuse", sealed.img), sealed.user.env
+    elif who == "root-kernel":
+        if not ROOT or not Path("/dev/loop-control").exists():
+            pytest.skip("the kernel's squashfs needs root and loop devices")
+        ready = tmp_path / "ready"
+        argv, env = [*ENVTOOLS, "run", "--mount-with", "kernel", sealed.img], None
     else:
         ready = tmp_path / "ready"
         argv, env = [*ENVTOOLS, "run", "--mount-with", "fuse", sealed.img], None
@@ -342,10 +363,11 @@ def test_killed_envtools_takes_the_command_and_mount_with_it(sealed, who, tmp_pa
         while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "no start"
-        assert squashfuse_at(sealed.env) and procs_with(marker)
+        assert procs_with(marker)
+        assert loops_of(sealed.img) if who == "root-kernel" else squashfuse_at(sealed.env)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        assert_nothing_left(sealed.env)
+        assert_nothing_left(sealed.env, image=sealed.img)
         deadline = time.monotonic() + 10
         while procs_with(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
