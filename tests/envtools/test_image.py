@@ -270,6 +270,25 @@ def test_seal_refuses_a_broken_env_unless_forced(sealed, tmp_path):
     assert (tmp_path / "b.sqfs").exists()
 
 
+def test_a_file_the_sealer_cannot_read_is_an_error_not_an_empty_file(sealed):
+    """mksquashfs itself would store an unreadable file as empty, and exit 0."""
+    needs_fuse_for_others()
+    if not ROOT:
+        pytest.skip("needs root to make a file another uid cannot read")
+    top = Path(tempfile.mkdtemp(dir=sealed.top))
+    os.chmod(top, 0o755)
+    env = top / "env"
+    run_envtools("clone", sealed.env, env)
+    os.chmod(env / "share" / "demo-meta" / "README", 0o000)
+    out = sealed.user.home / "unreadable.sqfs"
+    for force in ([], ["--force"]):
+        p = user_run(sealed, "seal", env, "--out", out, *force)
+        one_error(p, "cannot be read by you", "share/demo-meta/README")
+        assert not out.exists()
+    assert not [n for n in os.listdir(out.parent) if ".envtools-tmp-" in n]
+    _rmtree(top)
+
+
 def test_seal_refuses_an_out_inside_the_env_or_existing(sealed, tmp_path):
     p = run_envtools("seal", sealed.env, "--out", sealed.env / "x.sqfs", check=False)
     one_error(p, "inside the env")
