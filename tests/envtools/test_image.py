@@ -455,9 +455,20 @@ def test_clone_from_image_is_an_ordinary_env(sealed, who, tmp_path):
     assert "0 errors" in v.stderr
 
 
-def test_clone_from_image_refuses_a_dest_in_its_prefix(sealed):
+def test_clone_from_image_refuses_a_dest_in_its_prefix(sealed, tmp_path):
     p = run_envtools("clone", sealed.img, sealed.env / "sub", check=False)
     one_error(p, "inside the image's prefix")
+    assert_nothing_left(sealed.env)
+    p = run_envtools("clone", sealed.img, tmp_path / "d", "--link-mode", "dirs", check=False)
+    one_error(p, "cannot link to an image")
+    assert not (tmp_path / "d").exists()
+
+
+def test_clone_from_image_with_add(sealed, tmp_path):
+    dest = tmp_path / "more"
+    run_envtools("clone", sealed.img, dest, "--add", "demo-extra")
+    assert (dest / "share" / "demo-extra" / "info.txt").read_text() == f"extra at {dest}\n"
+    assert run_envtools("validate", dest, check=False).returncode == 0
     assert_nothing_left(sealed.env)
 
 
