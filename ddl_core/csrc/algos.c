@@ -106,14 +106,18 @@ ddl_status_t ddl_rd_allreduce_checked(const ddl_mpicomm_t *c, ddl_header_t *hdr,
 
 static size_t max_block(size_t count, int p) { return count / (size_t)p + 1; }
 
+/* A reduce-scatter over one rank is a copy of the input (unless in place): true then. */
+static int alone(const ddl_mpicomm_t *c, const void *in, void *out, size_t bytes) {
+    if (c->size != 1) return 0;
+    if (in != out && bytes) memcpy(out, in, bytes);
+    return 1;
+}
+
 ddl_status_t ddl_ring_reduce_scatter(const ddl_mpicomm_t *c, const void *in, void *out,
                                      size_t count, ddl_dtype_t dtype, ddl_op_t op) {
     int p = c->size, r = c->rank;
     size_t es = ddl_dtype_size(dtype);
-    if (p == 1) {
-        if (in != out && count) memcpy(out, in, count * es);
-        return DDL_SUCCESS;
-    }
+    if (alone(c, in, out, count * es)) return DDL_SUCCESS;
     char *b = out;
     const char *src = in;
     char *tmp = ddl_scratch(DDL_SCRATCH_BLOCK, max_block(count, p) * es);
@@ -163,10 +167,7 @@ ddl_status_t ddl_halving_reduce_scatter(const ddl_mpicomm_t *c, const void *in, 
                                         size_t count, ddl_dtype_t dtype, ddl_op_t op) {
     int p = c->size, r = c->rank;
     size_t es = ddl_dtype_size(dtype);
-    if (p == 1) {
-        if (in != out && count) memcpy(out, in, count * es);
-        return DDL_SUCCESS;
-    }
+    if (alone(c, in, out, count * es)) return DDL_SUCCESS;
     if (p & (p - 1)) return ddl_fail(DDL_ERR_INTERNAL, "halving needs a power-of-two size");
     char *b = out;
     const char *src = in; /* the first step reads the input; later ones the output */

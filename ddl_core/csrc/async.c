@@ -128,6 +128,16 @@ void ddl_req_describe(const struct ddl_request_s *r, char *out, size_t n) {
                  ddl_kind_word[r->kind], (unsigned long long)r->seq + 1);
 }
 
+/* Wait on e->work (e->lock held) for at most `seconds`, or until signalled. */
+static void timed_wait(ddl_engine_t *e, double seconds) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + seconds;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    pthread_cond_timedwait(&e->work, &e->lock, &ts); /* (a timeout is the point) */
+}
+
 /* The cycle time: requests submitted close together join one batch. The wait ends
  * early when the fusion buffer is full or when an application thread blocks on a queued
  * request (ddl_progress_hurry): it can submit nothing more meanwhile, so waiting out the
@@ -137,12 +147,7 @@ static void cycle_wait(ddl_engine_t *e, double wake) {
     while (!e->hurry && !e->stop && !(e->fresh && e->fresh_bytes >= ddl_g.fusion_threshold)) {
         double d = wake - ddl_now();
         if (d <= 0) break;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + d;
-        ts.tv_sec = (time_t)t;
-        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-        pthread_cond_timedwait(&e->work, &e->lock, &ts);
+        timed_wait(e, d);
     }
     pthread_mutex_unlock(&e->lock);
 }
@@ -265,12 +270,7 @@ static void *progress_main(void *arg) {
                 sleep = ddl_g.cycle_time_s;
             double until = now + sleep;
             e->idle_until = until;
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + sleep;
-            ts.tv_sec = (time_t)t;
-            ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-            pthread_cond_timedwait(&e->work, &e->lock, &ts);
+            timed_wait(e, sleep);
             if (e->pending || e->stop || e->cycling || ddl_now() < until) continue;
             if (e->ctx->world.size == 1) { /* no peer to look for */
                 interval = interval * 2 < IDLE_MAX_S ? interval * 2 : IDLE_MAX_S;
@@ -525,64 +525,7 @@ static ddl_status_t submit(ddl_engine_t *e, int kind, const void *send, void *re
     return DDL_SUCCESS;
 }
 
-ddl_status_t ddl_iallreduce(const void *sendbuf, void *recvbuf, size_t count, ddl_dtype_t dtype,
-                            ddl_op_t op, ddl_request_t *req) {
-    return submit(&world_engine, REQ_ALLREDUCE, sendbuf, recvbuf, count, dtype, (int)op, 0, NULL, req,
-                  "ddl_iallreduce");
-}
-
-ddl_status_t ddl_ibroadcast(void *buf, size_t count, ddl_dtype_t dtype, int root,
-                            ddl_request_t *req) {
-    return submit(&world_engine, REQ_BROADCAST, DDL_IN_PLACE, buf, count, dtype, -1, root, NULL, req,
-                  "ddl_ibroadcast");
-}
-
-ddl_status_t ddl_iallgather(const void *sendbuf, void *recvbuf, size_t sendcount,
-                            ddl_dtype_t dtype, ddl_request_t *req) {
-    return submit(&world_engine, REQ_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, -1, 0, NULL, req,
-                  "ddl_iallgather");
-}
-
-ddl_status_t ddl_ireduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
-                                 ddl_dtype_t dtype, ddl_op_t op, ddl_request_t *req) {
-    return submit(&world_engine, REQ_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, (int)op, 0, NULL, req,
-                  "ddl_ireduce_scatter");
-}
-
-ddl_status_t ddl_iallreduce_named(const void *sendbuf, void *recvbuf, size_t count,
-                                  ddl_dtype_t dtype, ddl_op_t op, const ddl_match_t *match,
-                                  ddl_request_t *req) {
-    return submit(&world_engine, REQ_ALLREDUCE, sendbuf, recvbuf, count, dtype, (int)op, 0, match, req,
-                  "ddl_iallreduce_named");
-}
-
-ddl_status_t ddl_ibroadcast_named(void *buf, size_t count, ddl_dtype_t dtype, int root,
-                                  const ddl_match_t *match, ddl_request_t *req) {
-    return submit(&world_engine, REQ_BROADCAST, DDL_IN_PLACE, buf, count, dtype, -1, root, match, req,
-                  "ddl_ibroadcast_named");
-}
-
-ddl_status_t ddl_iallgather_named(const void *sendbuf, void *recvbuf, size_t sendcount,
-                                  ddl_dtype_t dtype, const ddl_match_t *match,
-                                  ddl_request_t *req) {
-    return submit(&world_engine, REQ_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, -1, 0, match, req,
-                  "ddl_iallgather_named");
-}
-
-ddl_status_t ddl_ireduce_scatter_named(const void *sendbuf, void *recvbuf, size_t recvcount,
-                                       ddl_dtype_t dtype, ddl_op_t op, const ddl_match_t *match,
-                                       ddl_request_t *req) {
-    return submit(&world_engine, REQ_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, (int)op, 0, match,
-                  req, "ddl_ireduce_scatter_named");
-}
-
-ddl_status_t ddl_iallgatherv_named(const void *sendbuf, size_t sendcount, ddl_dtype_t dtype,
-                                   const ddl_match_t *match, ddl_request_t *req) {
-    return submit(&world_engine, REQ_ALLGATHERV, sendbuf, NULL, sendcount, dtype, -1, 0, match, req,
-                  "ddl_iallgatherv_named");
-}
-
-/* ---- the same on a communicator: its own engine ---------------------------------------- */
+/* ---- on a communicator: its own engine (the world's: world_engine; world.c) ------------ */
 
 /* Submit to a communicator's engine, after ddl_comm_enter's checks (live, a member); the
  * communicator's timeout becomes the request's deadline. (A communicator made while MPI

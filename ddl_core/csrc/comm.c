@@ -60,6 +60,8 @@ void ddl_comm_world_teardown(void) {
     MPI_Comm_free(&world_comm.p2p);
 }
 
+ddl_comm_t ddl_world_comm(void) { return &world_comm; }
+
 ddl_status_t ddl_comm_world(ddl_comm_t *out) {
     DDL_CHECK(ddl_require_init());
     if (!out) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_comm_world: NULL output pointer");
@@ -345,7 +347,10 @@ static ddl_status_t args_ok(ddl_comm_t c, const void *buf, size_t count, int dty
 ddl_status_t ddl_comm_allreduce(ddl_comm_t c, const void *sendbuf, void *recvbuf, size_t count,
                                 ddl_dtype_t dtype, ddl_op_t op) {
     COMM_CALL(c, "ddl_comm_allreduce",
-              args_ok(c, recvbuf, count, (int)dtype, (int)op, -1, "ddl_comm_allreduce"),
+              sendbuf == NULL && count
+                  ? ddl_fail(DDL_ERR_INVALID_ARG, "ddl_comm_allreduce: NULL send buffer (in "
+                             "place: DDL_IN_PLACE)")
+                  : args_ok(c, recvbuf, count, (int)dtype, (int)op, -1, "ddl_comm_allreduce"),
               ddl_allreduce_ctx(c->ctx, sendbuf, recvbuf, count, dtype, op,
                                 ddl_signature(DDL_COLL_ALLREDUCE, count, dtype, op, 0)));
 }

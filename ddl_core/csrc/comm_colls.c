@@ -218,8 +218,8 @@ static ddl_status_t check_counts(ddl_ctx_t *ctx, const size_t *mine, const size_
     char detail[256] = "";
     if (bad >= 0)
         snprintf(detail, sizeof detail,
-                 "%s: rank %d of the communicator sends %llu elements to rank %d, which "
-                 "expects %zu: the counts must agree on both sides",
+                 "%s: rank %d sends %llu elements to rank %d (ranks of the communicator), "
+                 "which expects %zu: the counts must agree on both sides",
                  coll, bad, (unsigned long long)got[bad], ctx->world.rank, expect[bad]);
     free(got);
     free(sent);

@@ -426,10 +426,6 @@ ddl_status_t ddl_allgather_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbu
 ddl_status_t ddl_reduce_scatter_ctx(ddl_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                     size_t recvcount, ddl_dtype_t dtype, ddl_op_t op);
 ddl_status_t ddl_barrier_ctx(ddl_ctx_t *ctx);
-ddl_status_t ddl_alltoall_counts_ctx(ddl_ctx_t *ctx, const size_t *sendcounts,
-                                     size_t *recvcounts);
-ddl_status_t ddl_alltoallv_ctx(ddl_ctx_t *ctx, const void *sendbuf, const size_t *sendcounts,
-                               void *recvbuf, const size_t *recvcounts, ddl_dtype_t dtype);
 /* The same, checked against `sig` (0: the default signature of the call): the
  * asynchronous requests' signatures also cover their shapes (async.c). */
 ddl_status_t ddl_broadcast_ctx_sig(ddl_ctx_t *ctx, void *buf, size_t count, ddl_dtype_t dtype,
@@ -469,6 +465,8 @@ struct ddl_comm_s {
  * `fn`); then sets the calling thread's deadline to the communicator's timeout. */
 /* The world communicator: made by ddl_init (collective), released by ddl_finalize. */
 ddl_status_t ddl_comm_world_setup(void);
+/* The world communicator (valid after ddl_init; every ddl_comm_* call checks that). */
+ddl_comm_t ddl_world_comm(void);
 void ddl_comm_world_teardown(void);
 ddl_status_t ddl_comm_enter(ddl_comm_t c, const char *fn, double *saved_timeout);
 void ddl_comm_leave(double saved_timeout);

@@ -84,40 +84,51 @@ static ddl_status_t overflow_fail(const ddl_mpicomm_t *c, int src, size_t want) 
 
 /* The deadline passed: name the ranks that have not reached this collective (asked through
  * the liveness watcher), else the peer this rank was waiting for. */
-static ddl_status_t timeout_fail(const ddl_mpicomm_t *c, int peer, const char *what) {
+/* What every timeout's error says: the call, the deadline, and the liveness watcher's
+ * account of the ranks (diagnosed 0: it has none). Marks the job broken. */
+typedef struct {
     char call[96], why[700];
+    double t;
+    int diagnosed;
+} timeout_info_t;
+
+static void timeout_info(timeout_info_t *ti) {
     ddl_liveness_mark_broken();
-    ddl_describe_call(call, sizeof call);
-    double t = ddl_deadline_s();
+    ddl_describe_call(ti->call, sizeof ti->call);
+    ti->t = ddl_deadline_s();
+    ti->diagnosed = ddl_liveness_diagnose(ti->why, sizeof ti->why);
+}
+
+static ddl_status_t timeout_fail(const ddl_mpicomm_t *c, int peer, const char *what) {
+    timeout_info_t ti;
+    timeout_info(&ti);
     const char *which = thread_timeout_s > 0 ? "the timeout set for this call" : "DDL_TIMEOUT";
-    if (ddl_liveness_diagnose(why, sizeof why))
+    if (ti.diagnosed)
         return ddl_fail(DDL_ERR_TIMEOUT,
                         "%s: no progress for %.3g s (%s): %s (raise the timeout if a rank is "
                         "only slow)",
-                        call, t, which, why);
+                        ti.call, ti.t, which, ti.why);
     return ddl_fail(DDL_ERR_TIMEOUT,
                     "%s: no answer from rank %d for %.3g s (%s) while %s: that rank died, hung, "
                     "or is not calling the same collective (raise the timeout if it is only "
                     "slow)",
-                    call, world_rank_of(c, peer), t, which, what);
+                    ti.call, world_rank_of(c, peer), ti.t, which, what);
 }
 
 /* The same for an MPI request (MPI's own collectives): no single peer to name. */
 static ddl_status_t request_timeout(const ddl_mpicomm_t *c, const char *what) {
-    char call[96], why[700];
-    ddl_liveness_mark_broken();
-    ddl_describe_call(call, sizeof call);
-    double t = ddl_deadline_s();
-    if (ddl_liveness_diagnose(why, sizeof why))
+    timeout_info_t ti;
+    timeout_info(&ti);
+    if (ti.diagnosed)
         return ddl_fail(DDL_ERR_TIMEOUT,
                         "%s: %s made no progress for %.3g s: %s (raise the timeout if a rank "
                         "is only slow)",
-                        call, what, t, why);
+                        ti.call, what, ti.t, ti.why);
     return ddl_fail(DDL_ERR_TIMEOUT,
                     "%s: %s did not complete within %.3g s on a communicator of %d ranks: a "
                     "rank died, hung, or is not calling the same collective (raise the "
                     "timeout if it is only slow)",
-                    call, what, t, c->size);
+                    ti.call, what, ti.t, c->size);
 }
 
 /* Every wait below polls (MPI_Test) under a deadline. A wait that lasts more than

@@ -126,12 +126,28 @@ def procs_with(arg: str) -> list[int]:
     return pids
 
 
-def assert_nothing_left(prefix: Path, wait_s: float = 10.0) -> None:
+def loops_of(image: Path | None) -> list[str]:
+    """Loop devices backed by ``image`` (a kernel mount's; freed with its namespace)."""
+    if image is None:
+        return []
+    found = []
+    for f in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            if f.read_text().strip() == str(image):
+                found.append(f.parts[3])
+        except OSError:
+            pass
+    return found
+
+
+def assert_nothing_left(prefix: Path, wait_s: float = 10.0, image: Path | None = None) -> None:
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and (mounts_at(prefix) or squashfuse_at(prefix)):
+    while time.monotonic() < deadline and (mounts_at(prefix) or squashfuse_at(prefix)
+                                           or loops_of(image)):
         time.sleep(0.05)
     assert not mounts_at(prefix), mounts_at(prefix)
     assert not squashfuse_at(prefix)
+    assert not loops_of(image), loops_of(image)
 
 
 def one_error(p: subprocess.CompletedProcess, *words: str) -> str:
@@ -254,6 +270,25 @@ def test_seal_refuses_a_broken_env_unless_forced(sealed, tmp_path):
     assert (tmp_path / "b.sqfs").exists()
 
 
+def test_a_file_the_sealer_cannot_read_is_an_error_not_an_empty_file(sealed):
+    """mksquashfs itself would store an unreadable file as empty, and exit 0."""
+    needs_fuse_for_others()
+    if not ROOT:
+        pytest.skip("needs root to make a file another uid cannot read")
+    top = Path(tempfile.mkdtemp(dir=sealed.top))
+    os.chmod(top, 0o755)
+    env = top / "env"
+    run_envtools("clone", sealed.env, env)
+    os.chmod(env / "share" / "demo-meta" / "README", 0o000)
+    out = sealed.user.home / "unreadable.sqfs"
+    for force in ([], ["--force"]):
+        p = user_run(sealed, "seal", env, "--out", out, *force)
+        one_error(p, "cannot be read by you", "share/demo-meta/README")
+        assert not out.exists()
+    assert not [n for n in os.listdir(out.parent) if ".envtools-tmp-" in n]
+    _rmtree(top)
+
+
 def test_seal_refuses_an_out_inside_the_env_or_existing(sealed, tmp_path):
     p = run_envtools("seal", sealed.env, "--out", sealed.env / "x.sqfs", check=False)
     one_error(p, "inside the env")
@@ -322,15 +357,20 @@ def test_killed_command_leaves_no_mount(sealed, who):
             "sh", "-c", "kill -9 $$"]
     p = user_run(sealed, *args) if who == "user" else run_envtools(*args, check=False)
     assert p.returncode == 128 + signal.SIGKILL, p.stderr
-    assert_nothing_left(sealed.env)
+    assert_nothing_left(sealed.env, image=sealed.img)
 
 
-@pytest.mark.parametrize("who", ["root", "user"])
+@pytest.mark.parametrize("who", ["root", "user", "root-kernel"])
 def test_killed_envtools_takes_the_command_and_mount_with_it(sealed, who, tmp_path):
     if who == "user":
         needs_fuse_for_others()
         ready = sealed.user.home / f"ready-{os.getpid()}"
         argv, env = sealed.user.envtools("run", "--mount-with", "fuse", sealed.img), sealed.user.env
+    elif who == "root-kernel":
+        if not ROOT or not Path("/dev/loop-control").exists():
+            pytest.skip("the kernel's squashfs needs root and loop devices")
+        ready = tmp_path / "ready"
+        argv, env = [*ENVTOOLS, "run", "--mount-with", "kernel", sealed.img], None
     else:
         ready = tmp_path / "ready"
         argv, env = [*ENVTOOLS, "run", "--mount-with", "fuse", sealed.img], None
@@ -342,10 +382,11 @@ def test_killed_envtools_takes_the_command_and_mount_with_it(sealed, who, tmp_pa
         while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "no start"
-        assert squashfuse_at(sealed.env) and procs_with(marker)
+        assert procs_with(marker)
+        assert loops_of(sealed.img) if who == "root-kernel" else squashfuse_at(sealed.env)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        assert_nothing_left(sealed.env)
+        assert_nothing_left(sealed.env, image=sealed.img)
         deadline = time.monotonic() + 10
         while procs_with(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -414,9 +455,20 @@ def test_clone_from_image_is_an_ordinary_env(sealed, who, tmp_path):
     assert "0 errors" in v.stderr
 
 
-def test_clone_from_image_refuses_a_dest_in_its_prefix(sealed):
+def test_clone_from_image_refuses_a_dest_in_its_prefix(sealed, tmp_path):
     p = run_envtools("clone", sealed.img, sealed.env / "sub", check=False)
     one_error(p, "inside the image's prefix")
+    assert_nothing_left(sealed.env)
+    p = run_envtools("clone", sealed.img, tmp_path / "d", "--link-mode", "dirs", check=False)
+    one_error(p, "cannot link to an image")
+    assert not (tmp_path / "d").exists()
+
+
+def test_clone_from_image_with_add(sealed, tmp_path):
+    dest = tmp_path / "more"
+    run_envtools("clone", sealed.img, dest, "--add", "demo-extra")
+    assert (dest / "share" / "demo-extra" / "info.txt").read_text() == f"extra at {dest}\n"
+    assert run_envtools("validate", dest, check=False).returncode == 0
     assert_nothing_left(sealed.env)
 
 

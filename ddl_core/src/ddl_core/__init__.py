@@ -55,7 +55,7 @@ __all__ = [
     "send", "recv", "isend", "irecv",
 ]
 
-ALGORITHMS = ("auto", "ring", "rabenseifner", "recdoubling", "mpi")
+ALGORITHMS: tuple[str, ...] = _ddl.ALGORITHMS  # libddl's names, in its code order
 
 rank = _ddl.rank
 size = _ddl.size

@@ -44,9 +44,6 @@ from ._buffers import (
 from ._ddl import InvalidArgumentError
 from .requests import DONE, Gathered, Handle, P2PHandle, matching, traced
 
-# The kinds py_comm_op (pymodule.c) dispatches on.
-(K_ALLREDUCE, K_BROADCAST, K_ALLGATHER, K_REDUCE_SCATTER, K_BARRIER, K_ALLTOALL, K_ALLTOALLV,
- K_ALLGATHERV, K_GATHER, K_SCATTER, K_REDUCE, K_SEND, K_RECV) = range(13)
 INT64 = DTYPE_CODE["int64"]
 _count = count  # (Comm.scatter's count= keyword shadows the helper there)
 
@@ -124,7 +121,7 @@ class Comm:
         communicator ordered by (key, rank); color None takes no part and gets None."""
         if color is not None and (not isinstance(color, int) or color < 0):
             raise InvalidArgumentError(f"split: color must be an int >= 0 or None, not {color!r}")
-        h = _ddl.comm_split(self.handle, -1 if color is None else int(color), int(key))
+        h = _ddl.comm_split(self.handle, _ddl.UNDEFINED if color is None else int(color), int(key))
         return None if h is None else Comm(h)
 
     def create(self, ranks: Any) -> Comm | None:
@@ -157,12 +154,9 @@ class Comm:
         return d
 
     def _queue(self, on_gpu: bool, name: str | None, shape: Any) -> dict[str, Any]:
-        """The submit keywords of a request: its matching (name=, shape=) and its queue
-        (a communicator's own; the world's is the default)."""
-        kw = {} if name is None and shape is None else matching(on_gpu, name, shape)
-        if not self._world:
-            kw["comm"] = self.handle
-        return kw
+        """The matching keywords of a request (name=, shape=); it goes to this
+        communicator's queue."""
+        return {} if name is None and shape is None else matching(on_gpu, name, shape)
 
     # ---- blocking collectives ------------------------------------------------------
 
@@ -181,7 +175,7 @@ class Comm:
                     out = np.empty_like(x)
                 elif out.dtype != x.dtype:
                     raise TypeError(f"out has dtype {out.dtype} but the input {x.dtype}")
-                _ddl.allreduce(None if out is x else x, out, code, o)
+                _ddl.allreduce(self._h, None if out is x else x, out, code, o)
                 return out
         d = self._device(x, "allreduce")
         if d is not None:
@@ -193,12 +187,7 @@ class Comm:
             return res
         buf, code = as_buffer(x)
         res, rbuf = result(x, buf, code, out, "allreduce", None if self._world else count(buf))
-        send = None if res is x else buf
-        if self._world:
-            _ddl.allreduce(send, rbuf, code, o)
-        else:
-            _ddl.comm_op(K_ALLREDUCE, self.handle, send, rbuf, count(buf), code, o, 0, 0, None,
-                         None)
+        _ddl.allreduce(self.handle, None if res is x else buf, rbuf, code, o)
         return res
 
     def broadcast(self, x: Any, root: int = 0) -> Any:
@@ -208,11 +197,7 @@ class Comm:
             _ddl.dev_broadcast(d.ptr, d.count, d.code, root, d.stream)
             return x
         buf, code = as_buffer(x)
-        if self._world:
-            _ddl.broadcast(buf, code, root)
-        else:
-            _ddl.comm_op(K_BROADCAST, self.handle, None, buf, count(buf), code, 0, root, 0, None,
-                         None)
+        _ddl.broadcast(self.handle, buf, code, root)
         return x
 
     def allgather(self, x: Any, out: Any = None) -> Any:
@@ -231,10 +216,7 @@ class Comm:
         k = count(buf)
         res, rbuf = result(x, buf, code, out, "allgather", None if self._world else k * n,
                            gather_shape(x, n))
-        if self._world:
-            _ddl.allgather(buf, rbuf, code)
-        else:
-            _ddl.comm_op(K_ALLGATHER, self.handle, buf, rbuf, k, code, 0, 0, 0, None, None)
+        _ddl.allgather(self.handle, buf, rbuf, code)
         return res
 
     def reduce_scatter(self, x: Any, op: str = "sum", out: Any = None) -> Any:
@@ -255,19 +237,12 @@ class Comm:
         shape = scatter_shape(x, k, n, "reduce_scatter")
         res, rbuf = result(x, buf, code, out, "reduce_scatter",
                            None if self._world else k // n, shape)
-        if self._world:
-            _ddl.reduce_scatter(buf, rbuf, code, o)
-        else:
-            _ddl.comm_op(K_REDUCE_SCATTER, self.handle, buf, rbuf, k // n, code, o, 0, 0, None,
-                         None)
+        _ddl.reduce_scatter(self.handle, buf, rbuf, code, o)
         return res
 
     def barrier(self) -> None:
         """Wait until every member has called barrier."""
-        if self._world:
-            _ddl.barrier()
-        else:
-            _ddl.comm_op(K_BARRIER, self.handle, None, None, 0, 0, 0, 0, 0, None, None)
+        _ddl.barrier(self.handle)
 
     def alltoall(self, x: Any, out: Any = None) -> Any:
         """Block i of x (`size` equal blocks of flat x) goes to rank i; returns the blocks
@@ -278,21 +253,15 @@ class Comm:
             raise ValueError(f"alltoall: x holds {k} elements, not a multiple of the {n} ranks "
                              "(one equal block each)")
         res, rbuf = result(x, buf, code, out, "alltoall", None if self._world else k)
-        if self._world:
-            _ddl.alltoall(buf, rbuf, code)
-        else:
-            _ddl.comm_op(K_ALLTOALL, self.handle, buf, rbuf, k // n, code, 0, 0, 0, None, None)
+        _ddl.alltoall(self.handle, buf, rbuf, code)
         return res
 
     def alltoall_counts(self, send_counts: Any) -> tuple[int, ...]:
         """What each member will send here in an alltoallv where this rank sends
         send_counts."""
         sc = rank_counts(send_counts, self.size, "alltoall_counts")
-        if self._world:
-            return _ddl.alltoall_counts(sc.tolist())
         rc = np.empty(self.size, dtype=np.int64)
-        _ddl.comm_op(K_ALLTOALL, self.handle, sc.view(np.int64), rc, 1, INT64, 0, 0, 0, None,
-                     None)
+        _ddl.alltoall(self.handle, sc.view(np.int64), rc, INT64)  # (one count per rank)
         return tuple(int(c) for c in rc)
 
     def alltoallv(self, x: Any, send_counts: Any, recv_counts: Any = None,
@@ -319,10 +288,7 @@ class Comm:
             if count(rbuf) < total:
                 raise ValueError(f"alltoallv: out must hold at least {total} elements, not "
                                  f"{count(rbuf)}")
-        if self._world:
-            _ddl.alltoallv(buf, sc.tolist(), rbuf, rc.tolist(), code)
-        else:
-            _ddl.comm_op(K_ALLTOALLV, self.handle, buf, rbuf, 0, code, 0, 0, 0, sc, rc)
+        _ddl.alltoallv(self.handle, buf, sc.view(np.int64), rbuf, rc.view(np.int64), code)
         return res
 
     def allgatherv(self, x: Any, counts: Any = None, out: Any = None) -> Any:
@@ -334,12 +300,11 @@ class Comm:
         k = count(buf)
         if counts is None:
             counts = np.empty(self.size, dtype=np.int64)
-            _ddl.comm_op(K_ALLGATHER, self.handle, np.array([k], dtype=np.int64), counts, 1,
-                         INT64, 0, 0, 0, None, None)
+            _ddl.allgather(self.handle, np.array([k], dtype=np.int64), counts, INT64)
         rc = rank_counts(counts, self.size, "allgatherv")
         total = int(rc.sum())
         res, rbuf = result(x, buf, code, out, "allgatherv", total, (total,))
-        _ddl.comm_op(K_ALLGATHERV, self.handle, buf, rbuf, k, code, 0, 0, 0, None, rc)
+        _ddl.allgatherv(self.handle, buf, rbuf, rc.view(np.int64), code)
         return res
 
     def gather(self, x: Any, root: int = 0, out: Any = None) -> Any:
@@ -351,7 +316,7 @@ class Comm:
         res = rbuf = None
         if self.rank == r:
             res, rbuf = result(x, buf, code, out, "gather", k * self.size, (k * self.size,))
-        _ddl.comm_op(K_GATHER, self.handle, buf, rbuf, k, code, 0, r, 0, None, None)
+        _ddl.gather(self.handle, buf, rbuf, code, r)
         return res
 
     def scatter(self, x: Any, root: int = 0, out: Any = None, *,
@@ -371,8 +336,7 @@ class Comm:
                              f"elements, not {k}")
         m = int(count)
         res, rbuf = result(x, buf, code, out, "scatter", m, (m,))
-        _ddl.comm_op(K_SCATTER, self.handle, buf if self.rank == r else None, rbuf, m, code, 0,
-                     r, 0, None, None)
+        _ddl.scatter(self.handle, buf if self.rank == r else None, rbuf, code, r)
         return res
 
     def reduce(self, x: Any, op: str = "sum", root: int = 0, out: Any = None) -> Any:
@@ -384,7 +348,7 @@ class Comm:
         res = rbuf = None
         if self.rank == r:
             res, rbuf = result(x, buf, code, out, "reduce", count(buf))
-        _ddl.comm_op(K_REDUCE, self.handle, buf, rbuf, count(buf), code, o, r, 0, None, None)
+        _ddl.reduce(self.handle, buf, rbuf, code, o, r)
         return res
 
     # ---- point to point ------------------------------------------------------------
@@ -401,22 +365,20 @@ class Comm:
 
     def send(self, x: Any, dest: int, tag: int = 0) -> None:
         """Send x to `dest`; returns once x may be reused."""
-        if _ddl.p2p_fast(K_SEND, self.handle, x, dest, tag):  # (a plain case, checked in C)
+        if _ddl.send_plain(self.handle, x, dest, tag):  # (a plain case, checked in C)
             return
         d = _rank(dest, self.size, "peer", "send")
         buf, code = _host(x, "send")
-        _ddl.comm_op(K_SEND, self.handle, buf, None, count(buf), code, 0, d, int(tag), None,
-                     None)
+        _ddl.send(self.handle, buf, code, d, int(tag))
 
     def recv(self, out: Any, source: int, tag: int = 0) -> Any:
         """Receive into `out` from `source`: the message must have exactly out's size (else
         MismatchError naming both sizes; the message is consumed). Returns out."""
-        if _ddl.p2p_fast(K_RECV, self.handle, out, source, tag):
+        if _ddl.recv_plain(self.handle, out, source, tag):
             return out
         s = _rank(source, self.size, "peer", "recv")
         buf, code = _host(out, "recv")
-        _ddl.comm_op(K_RECV, self.handle, None, buf, count(buf), code, 0, s, int(tag), None,
-                     None)
+        _ddl.recv(self.handle, buf, code, s, int(tag))
         return out
 
     def isend(self, x: Any, dest: int, tag: int = 0) -> P2PHandle:
@@ -431,12 +393,13 @@ class Comm:
                result: Any) -> P2PHandle:
         """One isend/irecv: the plain numpy case straight to C, else every argument checked
         and named in its error first."""
+        start = _ddl.isend if sending else _ddl.irecv
         code = self._np_fast(x, peer, tag)
         if code >= 0:
-            return P2PHandle(_ddl.p2p(sending, self.handle, x, code, peer, tag), result)
+            return P2PHandle(start(self.handle, x, code, peer, tag), result)
         p = _rank(peer, self.size, "peer", fn)
         buf, code = _host(x, fn)
-        return P2PHandle(_ddl.p2p(sending, self.handle, buf, code, p, int(tag)), result)
+        return P2PHandle(start(self.handle, buf, code, p, int(tag)), result)
 
     # ---- asynchronous collectives (the communicator's queue) -----------------------
 
@@ -460,8 +423,8 @@ class Comm:
         buf, code = as_buffer(x)
         res, rbuf = result(x, buf, code, out, "allreduce_async")
         send = None if res is x else buf
-        return traced(Handle(_ddl.submit(0, send, rbuf, code, o, 0, **kw), res, (x, res)),
-                      "allreduce", name, buf)
+        req = _ddl.iallreduce(self.handle, send, rbuf, code, o, **kw)
+        return traced(Handle(req, res, (x, res)), "allreduce", name, buf)
 
     def broadcast_async(self, x: Any, root: int = 0, *, name: str | None = None,
                         shape: Any = None) -> Handle:
@@ -471,7 +434,7 @@ class Comm:
         if on_gpu:
             return Handle(DONE, self.broadcast(x, root), None)
         buf, code = as_buffer(x)
-        return traced(Handle(_ddl.submit(1, None, buf, code, 0, root, **kw), x, x),
+        return traced(Handle(_ddl.ibroadcast(self.handle, buf, code, root, **kw), x, x),
                       "broadcast", name, buf)
 
     def allgather_async(self, x: Any, out: Any = None, *, name: str | None = None,
@@ -485,7 +448,7 @@ class Comm:
         buf, code = as_buffer(x)
         res, rbuf = result(x, buf, code, out, "allgather_async", None,
                            gather_shape(x, self.size) if out is None else None)
-        return traced(Handle(_ddl.submit(2, buf, rbuf, code, 0, 0, **kw), res, (x, res)),
+        return traced(Handle(_ddl.iallgather(self.handle, buf, rbuf, code, **kw), res, (x, res)),
                       "allgather", name, buf)
 
     def reduce_scatter_async(self, x: Any, op: str = "sum", out: Any = None, *,
@@ -500,8 +463,8 @@ class Comm:
         shape = (scatter_shape(x, count(buf), self.size, "reduce_scatter_async")
                  if out is None else None)
         res, rbuf = result(x, buf, code, out, "reduce_scatter_async", None, shape)
-        return traced(Handle(_ddl.submit(3, buf, rbuf, code, o, 0, **kw), res, (x, res)),
-                      "reduce_scatter", name, buf)
+        req = _ddl.ireduce_scatter(self.handle, buf, rbuf, code, o, **kw)
+        return traced(Handle(req, res, (x, res)), "reduce_scatter", name, buf)
 
     def allgatherv_async(self, x: Any, *, name: str | None = None,
                          shape: Any = None) -> Handle:
@@ -523,9 +486,9 @@ class Comm:
             buf = np.zeros(dims[0], np.uint8)
             if kw.get("shape") is not None:
                 kw["shape"] = (dims[0], 1)
-            return traced(Gathered(_ddl.submit(4, buf, None, DTYPE_CODE["uint8"], 0, 0, **kw),
+            return traced(Gathered(_ddl.iallgatherv(self.handle, buf, DTYPE_CODE["uint8"], **kw),
                                    x, rows_only=True), "allgather", name, buf)
-        return traced(Gathered(_ddl.submit(4, buf, None, code, 0, 0, **kw), x), "allgather",
+        return traced(Gathered(_ddl.iallgatherv(self.handle, buf, code, **kw), x), "allgather",
                       name, buf)
 
 _world: Comm | None = None

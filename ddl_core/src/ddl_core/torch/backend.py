@@ -13,8 +13,11 @@ reducer waits on. A blocking allreduce (async_op=False) runs on the calling thre
 Covered: allreduce (+coalesced), broadcast, allgather (uneven sizes too) /
 all_gather_into_tensor (+coalesced), reduce_scatter / reduce_scatter_tensor (+coalesced),
 all_to_all(_single), gather, scatter, reduce, barrier, send/recv/isend/irecv (tags), and
-`new_group(ranks)` of any ranks on a libddl communicator (whose collectives are blocking
-in libddl 2.0); see _join_as_non_member for how non-members take part in its creation.
+`new_group(ranks)` of any ranks on a libddl communicator, whose collectives this backend
+runs as blocking calls (their Work is complete on return; libddl 2.1 also queues
+asynchronous collectives per communicator, Comm.allreduce_async and its siblings, which the
+backend does not use yet); see _join_as_non_member for how non-members take part in its
+creation.
 
 CUDA tensors (registered for "cuda" through ddl-torch, so `init_process_group("ddl")` alone
 serves a GPU job): allreduce, broadcast, allgather, reduce_scatter, reduce, gather and
@@ -22,7 +25,7 @@ scatter on the world run on libddl's device path (NCCL; staged through host memo
 ranks share a GPU), enqueued on the caller's current stream, as ProcessGroupNCCL orders
 its work after the caller's; `Work.wait()` makes the current stream wait for it (the host
 does not block) and `get_future()` is a CUDA-aware future. all_to_all, send/recv and any
-collective of a subgroup move through host copies of the tensors (libddl 2.0 takes device
+collective of a subgroup move through host copies of the tensors (libddl takes device
 buffers on the world communicator only), and the results are on the GPU when the call (or,
 for recv, the Work) completes. One call's tensors are all on this rank's GPU or all in
 host memory; in a blocking collective, a rank that passes host memory where the others pass
@@ -274,8 +277,8 @@ def _staged(method: Any, self: ProcessGroupDDL, device: torch.device, args: tupl
 
 
 class _Finished:
-    """The handle of work that finished inside the call: collectives on a communicator
-    other than the world are blocking in libddl 2.0."""
+    """The handle of work that finished inside the call: this backend runs collectives on a
+    communicator other than the world, and on CUDA tensors, as blocking calls."""
 
     def wait(self) -> None:
         return None

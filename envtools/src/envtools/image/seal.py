@@ -204,13 +204,22 @@ def seal(prefix: str | os.PathLike[str], out: str | os.PathLike[str], force: boo
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
         output = proc.communicate()[0].decode(errors="replace")
-        if proc.returncode != 0 or "Failed to read" in output or "Cannot stat" in output:
-            lines = [ln for ln in output.splitlines() if ln.strip()]
+        lines = [ln for ln in output.splitlines() if ln.strip()]
+        unread = [ln for ln in lines if "Failed to read" in ln or "Cannot stat" in ln
+                  or "Could not open" in ln]
+        if unread:  # (mksquashfs stores such a file empty, and exits 0)
+            raise EnvtoolsError(
+                f"cannot seal {root}: {len(unread)} of its files cannot be read by you: "
+                f"{unread[0].strip().removesuffix(', creating empty file')}",
+                "every file of an env must be readable by whoever seals it (ls -l shows "
+                "its owner and mode): seal as a user who can read it, or fix its mode",
+                exit_code=1)
+        if proc.returncode != 0:
             raise EnvtoolsError(
                 f"mksquashfs failed (exit {proc.returncode}): "
                 f"{' / '.join(lines[-3:]) or 'no message'}",
-                "every file of the env must be readable by you; and the --out directory "
-                "needs free space about half the env's size", exit_code=1)
+                "the --out directory needs free space (about a third of the env's size) "
+                "and must be writable by you", exit_code=1)
         sha = sha256_file(img)
         m = Manifest(**{**m.inner(), "image_sha256": sha,
                         "image_bytes": os.stat(img).st_size})
