@@ -99,6 +99,7 @@ class Keeper:
     proc: subprocess.Popen[bytes]
     staged: str | None = None
     error: str | None = None
+    expect: int = 1  # READY lines to wait for (an srun step: one per node)
 
 
 #: run as the command inside the staged copy: the image's own mpirun when it has one
@@ -174,15 +175,19 @@ def remote(host: str, agent: str | None, cmd: list[str]) -> list[str]:
 
 
 def _read_answer(k: Keeper) -> None:
+    """Wait for the keeper's READY line(s); the first ERROR line ends the wait."""
     assert k.proc.stdout is not None
+    ready: list[str] = []
     for raw in k.proc.stdout:
         line = raw.decode(errors="replace").rstrip("\n")
-        if line.startswith("READY "):
-            k.staged = line[6:]
-            return
         if line.startswith("ERROR "):
             k.error = line[6:]
             return
+        if line.startswith("READY "):
+            ready.append(line[6:])
+            if len(ready) == k.expect:
+                k.staged = ready[0]
+                return
 
 
 def check_names(root: str, tag: str) -> None:
@@ -235,7 +240,7 @@ def stage(image: str, hosts: list[str], agent: str | None, root: str | None,
             except OSError as e:
                 raise LaunchError(f"--env: cannot start staging on {host}: {e.strerror}"
                                   ) from None
-            st.keepers.append(Keeper(host, p))
+            st.keepers.append(Keeper(host, p, expect=(slurm_nodes or 1) if host != HERE else 1))
         readers = [threading.Thread(target=_read_answer, args=(k,), daemon=True)
                    for k in st.keepers]
         for t in readers:
