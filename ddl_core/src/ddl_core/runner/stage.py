@@ -40,6 +40,7 @@ from pathlib import Path
 
 from .hosts import LaunchError, is_local
 from .probe import agent_argv
+from .stagenode import SESSION, SESSION_ENV
 
 NODE = Path(__file__).with_name("stagenode.py")
 CHUNK = 1 << 22
@@ -129,8 +130,9 @@ class Staging:
     def wrap_mpirun(self, argv: list[str]) -> list[str]:
         """mpirun's argv (argv[0]: ddlrun's mpirun) run inside this node's copy, with the
         image's mpirun in its place where the image has one."""
-        return self.wrap(["env", f"DDL_STAGE_PREFIX={self.prefix}", "sh", "-c", PICK_MPIRUN,
-                          *argv])
+        session = str(Path(self.wrap([])[2]).parent / SESSION)  # see stagenode.SESSION
+        return self.wrap(["env", f"DDL_STAGE_PREFIX={self.prefix}", f"{SESSION_ENV}={session}",
+                          "sh", "-c", PICK_MPIRUN, *argv])
 
     def node_exec(self) -> str:
         """The command that runs what follows it inside the staged copy of the node it

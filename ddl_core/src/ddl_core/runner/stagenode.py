@@ -36,6 +36,13 @@ from pathlib import Path
 
 CHUNK = 1 << 22
 IMAGE_NAME = "image.sqsh"
+#: beside the staged copy: the job's Open MPI session directories on this node
+#: (PRTE_MCA_prte_tmpdir_base). A daemon inside `envtools run` is in a pid namespace, so
+#: it has the same small pid in every job; its session and PMIx directories, named by
+#: pid, collided in the shared /tmp with what a killed job left ("The PMIx server's
+#: listener thread failed to start"). Here they are the job's own, and go with the copy.
+SESSION = "session"
+SESSION_ENV = "PRTE_MCA_prte_tmpdir_base"
 #: what is kept free on the stage filesystem beyond the image itself
 MARGIN = 16 << 20
 
@@ -172,6 +179,7 @@ def keep(root: Path, tag: str, size: int, sha256: str, manifest: int) -> int:
             image = tmp / IMAGE_NAME
             receive(image, size, sha256)
             (tmp / f"{IMAGE_NAME}.json").write_bytes(read_exact(0, manifest))
+            (tmp / SESSION).mkdir(mode=0o700)
             print(f"READY {image}", file=out, flush=True)
             while os.read(0, CHUNK):  # until ddlrun closes the stream (or dies)
                 pass
@@ -204,6 +212,7 @@ def main(argv: list[str]) -> int:
             print(f"ddlrun --env: {e}", file=sys.stderr)
             return 1
         cmd = [argv[3], "run", str(image), "--", *argv[5:]]
+        os.environ[SESSION_ENV] = str(image.parent / SESSION)
         try:
             os.execv(cmd[0], cmd)
         except OSError as e:
