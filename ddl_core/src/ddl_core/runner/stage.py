@@ -40,7 +40,7 @@ from pathlib import Path
 
 from .hosts import LaunchError, is_local
 from .probe import agent_argv
-from .stagenode import SESSION, SESSION_ENV
+from .stagenode import SESSION, SESSION_ENV, run_flags
 
 NODE = Path(__file__).with_name("stagenode.py")
 CHUNK = 1 << 22
@@ -125,12 +125,12 @@ class Staging:
         staged = next((k.staged for k in self.keepers if k.host == HERE), None)
         if staged is None:
             raise LaunchError("internal: no staged copy on this node")
-        return [self.envtools, "run", staged, "--", *argv]
+        return [self.envtools, "run", *run_flags(Path(staged)), staged, "--", *argv]
 
     def wrap_mpirun(self, argv: list[str]) -> list[str]:
         """mpirun's argv (argv[0]: ddlrun's mpirun) run inside this node's copy, with the
         image's mpirun in its place where the image has one."""
-        session = str(Path(self.wrap([])[2]).parent / SESSION)  # see stagenode.SESSION
+        session = str(Path(self.wrap([])[-2]).parent / SESSION)  # see stagenode.SESSION
         return self.wrap(["env", f"DDL_STAGE_PREFIX={self.prefix}", f"{SESSION_ENV}={session}",
                           "sh", "-c", PICK_MPIRUN, *argv])
 
