@@ -7,12 +7,6 @@
 
 #include "py_ddl.h"
 
-int handle_arg(PyObject *o, ddl_comm_t *out) {
-    unsigned long long h = PyLong_AsUnsignedLongLong(o);
-    if (h == (unsigned long long)-1 && PyErr_Occurred()) return -1;
-    *out = handle_of(h);
-    return 0;
-}
 
 static PyObject *handle_or_none(ddl_comm_t c) {
     if (!c) Py_RETURN_NONE;

@@ -30,9 +30,33 @@ PyObject *raise_status(ddl_status_t st);
     } while (0)
 
 /* A C-contiguous buffer of `dtype` elements (writable if asked) and its element count;
- * -1 with a ValueError naming `what` otherwise. */
-int get_buf(PyObject *obj, Py_buffer *view, int writable, int dtype, size_t *count,
-            const char *what);
+ * -1 with a ValueError naming `what` otherwise. (Inline: it is on the 8-byte path.) */
+static inline int get_buf(PyObject *obj, Py_buffer *view, int writable, int dtype,
+                          size_t *count, const char *what) {
+    size_t es = ddl_dtype_size((ddl_dtype_t)dtype);
+    if (es == 0) {
+        PyErr_Format(InvalidArgumentError, "unknown dtype code %d", dtype);
+        return -1;
+    }
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) != 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError,
+                     "%s must be a C-contiguous%s buffer (numpy array, torch CPU tensor, "
+                     "bytearray...): make it contiguous first, e.g. np.ascontiguousarray(x) or "
+                     "x.contiguous()",
+                     what, writable ? ", writable" : "");
+        return -1;
+    }
+    if ((size_t)view->len % es) {
+        PyErr_Format(PyExc_ValueError, "%s holds %zd bytes, not a whole number of %zu-byte "
+                     "elements", what, view->len, es);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    *count = (size_t)view->len / es;
+    return 0;
+}
 /* An int argument of a METH_FASTCALL function, or -1 with an exception set. */
 int int_arg(PyObject *o, int *out);
 /* A grid (ddl_topology, ddl_comm_topology) as a tuple, or the call's error raised. */
@@ -42,7 +66,12 @@ PyObject *grid_tuple(ddl_status_t st, int n, const int *dims);
  * (which never hands out a freed one). */
 static inline ddl_comm_t handle_of(unsigned long long h) { return (ddl_comm_t)(uintptr_t)h; }
 /* The handle argument of a METH_FASTCALL function, or -1 with an exception set. */
-int handle_arg(PyObject *o, ddl_comm_t *out);
+static inline int handle_arg(PyObject *o, ddl_comm_t *out) {
+    unsigned long long h = PyLong_AsUnsignedLongLong(o);
+    if (h == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *out = handle_of(h);
+    return 0;
+}
 
 /* The method tables of the object files, and the Request type's setup (py_request.c). */
 extern PyMethodDef py_comm_methods[], py_request_methods[], py_device_methods[];

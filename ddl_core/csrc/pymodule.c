@@ -28,32 +28,6 @@ PyObject *raise_status(ddl_status_t st) {
     return NULL;
 }
 
-int get_buf(PyObject *obj, Py_buffer *view, int writable, int dtype, size_t *count,
-                   const char *what) {
-    size_t es = ddl_dtype_size((ddl_dtype_t)dtype);
-    if (es == 0) {
-        PyErr_Format(InvalidArgumentError, "unknown dtype code %d", dtype);
-        return -1;
-    }
-    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, view, flags) != 0) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError,
-                     "%s must be a C-contiguous%s buffer (numpy array, torch CPU tensor, "
-                     "bytearray...): make it contiguous first, e.g. np.ascontiguousarray(x) or "
-                     "x.contiguous()",
-                     what, writable ? ", writable" : "");
-        return -1;
-    }
-    if ((size_t)view->len % es) {
-        PyErr_Format(PyExc_ValueError, "%s holds %zd bytes, not a whole number of %zu-byte "
-                     "elements", what, view->len, es);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    *count = (size_t)view->len / es;
-    return 0;
-}
 
 static PyObject *py_init(PyObject *self, PyObject *args) {
     (void)self, (void)args;

@@ -344,3 +344,27 @@ def test_sealed_powerai_runs_the_examples(cluster3: cluster.Cluster, powerai_ima
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "total images/sec" in proc.stdout
     assert _staged(stage) == []
+
+
+def test_env_inside_a_slurm_allocation(image: Path, stage: Path) -> None:
+    """salloc + ddlrun --env: the image staged by one srun step (stdin broadcast to every
+    node), each rank started by srun inside its node's copy, nothing left."""
+    from ddl_tools import slurmcluster
+
+    try:
+        slurmcluster.check_installed()
+    except slurmcluster.SlurmError as e:
+        pytest.skip(f"Slurm: {e}")
+    with cluster.running(f"es{os.getpid() % 100000:05d}"[:8], hosts=2, slurm=True) as c:
+        cmd, env = cluster.run_argv(c, ["salloc", "-N", "2", "-n", "2", str(BIN / "ddlrun"),
+                                        "--env", str(image), "--stage-dir", str(stage),
+                                        "python", str(WORKER)])
+        env.update({"PYTHONUNBUFFERED": "1", "DDL_TIMEOUT": "60"})
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        rows = _rows(proc)
+        assert [r["host"] for r in rows] == c.hosts
+        assert all(r["sum"] == 3.0 and r["prefix"] == _env_prefix(image) for r in rows)
+        assert all(r["fstype"] and r["fstype"][0] in ("squashfs", "fuse.squashfuse")
+                   for r in rows)
+        assert _staged(stage) == []

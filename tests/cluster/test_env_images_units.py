@@ -39,6 +39,10 @@ def test_a_copy_lives_as_long_as_its_stream(tmp_path: Path) -> None:
     user = tmp_path / f"ddl-stage-{os.geteuid()}"
     assert staged.parent.parent == user and (user.stat().st_mode & 0o777) == 0o700
     assert (staged.parent / "conda-meta" / "envtools" / "tmp-owner.json").exists()
+    # the node mounts it without hashing it again while it is the file it hashed...
+    assert stagenode.run_flags(staged) == ["--hashed-by-caller"]
+    staged.chmod(0o600)  # ...and after any change (a write bumps the ctime too) it does
+    assert stagenode.run_flags(staged) == []
     p.stdin.close()  # the job is over (or ddlrun died)
     assert p.wait(30) == 0
     assert list(user.iterdir()) == []

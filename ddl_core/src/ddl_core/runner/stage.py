@@ -40,6 +40,7 @@ from pathlib import Path
 
 from .hosts import LaunchError, is_local
 from .probe import agent_argv
+from .stagenode import SESSION, SESSION_ENV, run_flags
 
 NODE = Path(__file__).with_name("stagenode.py")
 CHUNK = 1 << 22
@@ -99,6 +100,7 @@ class Keeper:
     proc: subprocess.Popen[bytes]
     staged: str | None = None
     error: str | None = None
+    expect: int = 1  # READY lines to wait for (an srun step: one per node)
 
 
 #: run as the command inside the staged copy: the image's own mpirun when it has one
@@ -123,13 +125,14 @@ class Staging:
         staged = next((k.staged for k in self.keepers if k.host == HERE), None)
         if staged is None:
             raise LaunchError("internal: no staged copy on this node")
-        return [self.envtools, "run", staged, "--", *argv]
+        return [self.envtools, "run", *run_flags(Path(staged)), staged, "--", *argv]
 
     def wrap_mpirun(self, argv: list[str]) -> list[str]:
         """mpirun's argv (argv[0]: ddlrun's mpirun) run inside this node's copy, with the
         image's mpirun in its place where the image has one."""
-        return self.wrap(["env", f"DDL_STAGE_PREFIX={self.prefix}", "sh", "-c", PICK_MPIRUN,
-                          *argv])
+        session = str(Path(self.wrap([])[-2]).parent / SESSION)  # see stagenode.SESSION
+        return self.wrap(["env", f"DDL_STAGE_PREFIX={self.prefix}", f"{SESSION_ENV}={session}",
+                          "sh", "-c", PICK_MPIRUN, *argv])
 
     def node_exec(self) -> str:
         """The command that runs what follows it inside the staged copy of the node it
@@ -174,15 +177,19 @@ def remote(host: str, agent: str | None, cmd: list[str]) -> list[str]:
 
 
 def _read_answer(k: Keeper) -> None:
+    """Wait for the keeper's READY line(s); the first ERROR line ends the wait."""
     assert k.proc.stdout is not None
+    ready: list[str] = []
     for raw in k.proc.stdout:
         line = raw.decode(errors="replace").rstrip("\n")
-        if line.startswith("READY "):
-            k.staged = line[6:]
-            return
         if line.startswith("ERROR "):
             k.error = line[6:]
             return
+        if line.startswith("READY "):
+            ready.append(line[6:])
+            if len(ready) == k.expect:
+                k.staged = ready[0]
+                return
 
 
 def check_names(root: str, tag: str) -> None:
@@ -235,7 +242,7 @@ def stage(image: str, hosts: list[str], agent: str | None, root: str | None,
             except OSError as e:
                 raise LaunchError(f"--env: cannot start staging on {host}: {e.strerror}"
                                   ) from None
-            st.keepers.append(Keeper(host, p))
+            st.keepers.append(Keeper(host, p, expect=(slurm_nodes or 1) if host != HERE else 1))
         readers = [threading.Thread(target=_read_answer, args=(k,), daemon=True)
                    for k in st.keepers]
         for t in readers:

@@ -8,7 +8,8 @@ the ddl_core package would load libddl and MPI into a process that only copies a
   node), write it under ROOT into a directory
   private to the user and the job (`ROOT/ddl-stage-<uid>/.<TAG>-<host>.envtools-tmp-*`,
   the user's directory 0700), check its sha256 as it is written, write `IMAGE.sha256`
-  and `IMAGE.json` beside it (what `envtools run` checks before mounting), print
+  and `IMAGE.json` beside it (what `envtools run` checks before mounting; its whole-file
+  sha256 is skipped while the copy's stat key is the one taken here), print
   `READY <path>`, and then wait until stdin ends: ddlrun closes it when the job is
   over, and a ddlrun that dies (SIGKILL included) closes it too, so the copy is
   removed in every case this process lives through. The directory carries envtools'
@@ -36,6 +37,15 @@ from pathlib import Path
 
 CHUNK = 1 << 22
 IMAGE_NAME = "image.sqsh"
+#: beside the staged copy: the job's Open MPI session directories on this node
+#: (PRTE_MCA_prte_tmpdir_base). A daemon inside `envtools run` is in a pid namespace, so
+#: it has the same small pid in every job; its session and PMIx directories, named by
+#: pid, collided in the shared /tmp with what a killed job left ("The PMIx server's
+#: listener thread failed to start"). Here they are the job's own, and go with the copy.
+SESSION = "session"
+#: beside the staged copy: its stat key when it was hashed (see run_flags)
+STAT = "stat"
+SESSION_ENV = "PRTE_MCA_prte_tmpdir_base"
 #: what is kept free on the stage filesystem beyond the image itself
 MARGIN = 16 << 20
 
@@ -155,6 +165,25 @@ def receive(dest: Path, size: int, sha256: str, src: int = 0) -> None:
                          "truncated after it was sealed; seal it again (envtools seal)")
     os.chmod(dest, 0o400)
     (dest.parent / f"{dest.name}.sha256").write_text(f"{sha256}  {dest.name}\n")
+    (dest.parent / f"{dest.name}.{STAT}").write_text(stat_key(dest))
+
+
+def stat_key(path: Path) -> str:
+    """What changes when a file is written to, renamed over or chmod-ed: its inode,
+    size and ctime (set by the kernel, not by the writer)."""
+    st = os.stat(path)
+    return f"{st.st_ino} {st.st_size} {st.st_ctime_ns}"
+
+
+def run_flags(image: Path) -> list[str]:
+    """`envtools run` flags for a staged copy: --hashed-by-caller while the copy is the
+    file this node hashed as it was written (same stat key); after any change the whole
+    sha256 is checked again before mounting (and an altered copy is refused)."""
+    try:
+        same = (image.parent / f"{image.name}.{STAT}").read_text() == stat_key(image)
+    except OSError:
+        same = False
+    return ["--hashed-by-caller"] if same else []
 
 
 def keep(root: Path, tag: str, size: int, sha256: str, manifest: int) -> int:
@@ -172,6 +201,7 @@ def keep(root: Path, tag: str, size: int, sha256: str, manifest: int) -> int:
             image = tmp / IMAGE_NAME
             receive(image, size, sha256)
             (tmp / f"{IMAGE_NAME}.json").write_bytes(read_exact(0, manifest))
+            (tmp / SESSION).mkdir(mode=0o700)
             print(f"READY {image}", file=out, flush=True)
             while os.read(0, CHUNK):  # until ddlrun closes the stream (or dies)
                 pass
@@ -203,7 +233,8 @@ def main(argv: list[str]) -> int:
         except StageError as e:
             print(f"ddlrun --env: {e}", file=sys.stderr)
             return 1
-        cmd = [argv[3], "run", str(image), "--", *argv[5:]]
+        cmd = [argv[3], "run", *run_flags(image), str(image), "--", *argv[5:]]
+        os.environ[SESSION_ENV] = str(image.parent / SESSION)
         try:
             os.execv(cmd[0], cmd)
         except OSError as e:
