@@ -127,15 +127,22 @@ def _lock_shared(fd: int, path: str) -> None:
     """A shared lock on `fd`. A remover holds the exclusive one only while it deletes, so
     this waits at most JOIN_WAIT_S (a remover stopped half-way must not hang every rank
     that starts on the node: the rank then goes without the job's directory)."""
-    deadline = time.monotonic() + JOIN_WAIT_S
+    if not _flock_within(fd, fcntl.LOCK_SH, JOIN_WAIT_S, 0.01):
+        raise OSError(errno.EAGAIN, "held by a remover for too long", path)
+
+
+def _flock_within(fd: int, mode: int, wait_s: float, poll_s: float) -> bool:
+    """Take flock `mode` on `fd`, trying for at most `wait_s` (flock itself has no
+    timeout, and a blocking one could hang a rank for ever). True when taken."""
+    deadline = time.monotonic() + wait_s
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                raise OSError(errno.EAGAIN, "held by a remover for too long", path) from None
-            time.sleep(0.01)
+                return False
+            time.sleep(poll_s)
 
 
 def _write_owner(dir_fd: int) -> None:
@@ -160,15 +167,8 @@ def remove(path: str, wait_s: float = 0.0) -> bool:
     except OSError:
         return False  # another user's, or not a directory: never touched
     try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.05)
+        if not _flock_within(fd, fcntl.LOCK_EX, wait_s, 0.05):
+            return False
         if not _same(path, fd):
             return True  # someone else removed it (and maybe a new job made it again)
         _empty(fd)
