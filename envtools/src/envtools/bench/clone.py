@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import hashlib
 import json
 import os
@@ -360,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
 
     cache = read_prefix_info(src).get("package_cache")
     work = Path(tempfile.mkdtemp(prefix="clones-", dir=a.workdir or src.parent))
+    # a round's trees are several GB: a run that fails half-way (a full disk, a command
+    # that fails) must not leave them beside the env
+    atexit.register(rm_tree, work)
+    if tmp_root is not None:
+        atexit.register(rm_tree, tmp_root)
     os.chmod(work, 0o755)
     user, why_not = _non_owner(work, src, cache)
     if user is None:
