@@ -287,8 +287,6 @@ def main(argv: list[str]) -> None:
         returncode = child.wait()
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_IGN if sig != signal.SIGCONT else signal.SIG_DFL)
-    if shm:
-        shm.rank_done(joined)  # the last rank of the job on this node removes the dir
     os.close(note_w)
     os.set_blocking(note_r, False)  # a forked grandchild may still hold the write end
     try:
@@ -302,6 +300,11 @@ def main(argv: list[str]) -> None:
         if not _send(report, value):
             print(f"ddlrun: rank {report.rank} could not report its exit status to ddlrun",
                   file=sys.stderr)
+    # after the report: once a rank has failed, srun (--kill-on-bad-exit) may SIGKILL this
+    # wrapper at any moment, and a report lost is a failure ddlrun cannot name, while a
+    # directory left behind is reclaimed by the next job on this node
+    if shm:
+        shm.rank_done(joined)  # the last rank of the job on this node removes the dir
     _end_like(returncode)
 
 
