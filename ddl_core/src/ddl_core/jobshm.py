@@ -238,15 +238,12 @@ class JobShm:
             return None
         import secrets
 
-        reclaim(base)
         token = secrets.token_hex(8)
-        path = job_dir(token, base)
-        try:
-            fd = join(path)
-        except OSError:
+        joined = _reclaim_and_join(token, base)
+        if joined is None:
             return None
         environ[ENV] = token
-        return cls(path, fd, token)
+        return cls(*joined, token)
 
     def close(self, wait_s: float = END_WAIT_S) -> bool:
         """Let go and remove the directory once no rank on this node holds it (waiting up
@@ -266,14 +263,21 @@ def for_rank(env: dict[str, str], base: str = BASE) -> tuple[str, int] | None:
     token = parse_token(env.get(ENV))
     if token is None or env.get(MCA) or not _usable(base):
         return None
+    joined = _reclaim_and_join(token, base)
+    if joined is not None:
+        env[MCA] = joined[0]
+    return joined
+
+
+def _reclaim_and_join(token: str, base: str) -> tuple[str, int] | None:
+    """What ddlrun and each rank's wrapper do on their node first: reclaim dead jobs'
+    directories, then join (or make) this job's. None when it cannot be made."""
     reclaim(base)
     path = job_dir(token, base)
     try:
-        fd = join(path)
+        return path, join(path)
     except OSError:
         return None
-    env[MCA] = path
-    return path, fd
 
 
 def rank_done(joined: tuple[str, int] | None) -> None:
