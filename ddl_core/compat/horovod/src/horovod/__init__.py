@@ -6,3 +6,7 @@ collectives, so Horovod scripts run unchanged under `ddlrun` (or `horovodrun`).
 """
 
 __version__ = "0.28.1"
+
+from horovod.common.worker_env import export_launch_env as _export_launch_env
+
+_export_launch_env()

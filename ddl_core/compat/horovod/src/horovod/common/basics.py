@@ -13,7 +13,9 @@ import ddl_core
 from ddl_core import timeline
 
 from . import process_sets as _ps
+from . import worker_env
 from .engine import BARRIER
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from .process_sets import (  # noqa: F401 - Horovod's API
     ProcessSet,
     add_process_set,
@@ -34,10 +36,6 @@ Product = "product"
 _DDL_OP = {Average: "avg", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
 
 _cross: tuple[int, int] | None = None
-
-
-class HorovodInternalError(RuntimeError):
-    """Raised where upstream Horovod raises it (a collective failed)."""
 
 
 def ddl_op(op: Any = None, average: bool | None = None) -> str:
@@ -69,13 +67,36 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         except ImportError:
             pass
     ddl_core.init()
-    # cross_rank: my index among the ranks with my local_rank (Horovod's definition).
-    local = ddl_core.allgather(np.array([ddl_core.local_rank()], dtype=np.int64))
-    me, lr = ddl_core.rank(), ddl_core.local_rank()
-    _cross = (int(np.sum(local[:me] == lr)), int(np.sum(local == lr)))
+    _cross = _layout()
+    worker_env.export_layout(ddl_core.rank(), ddl_core.size(), ddl_core.local_rank(),
+                             ddl_core.local_size(), *_cross)
     timeline.start_from_env("HOROVOD_TIMELINE")
     timeline.start_from_env("DDL_TIMELINE")
     _ps.setup(process_sets)
+
+
+def _layout() -> tuple[int, int]:
+    """(cross_rank, cross_size) on the current world: my index among the ranks with my
+    local_rank, and how many there are (Horovod's definition); collective."""
+    local = ddl_core.allgather(np.array([ddl_core.local_rank()], dtype=np.int64))
+    me, lr = ddl_core.rank(), ddl_core.local_rank()
+    return int(np.sum(local[:me] == lr)), int(np.sum(local == lr))
+
+
+def elastic_reset() -> None:
+    """What Horovod's shutdown() + init() do at an elastic reset, on DDL: the process
+    sets are dropped (without a collective: the old world may have lost members), the
+    world becomes the communicator of the ranks still alive (ddl_core.shrink_world() in a
+    fault-tolerant job, i.e. under `ddlrun --elastic` / elastic `horovodrun`) with any
+    ranks the launcher has added since merged in, and the node layout is learnt again.
+    Collective over the survivors."""
+    global _cross
+    from . import elastic_world
+
+    _need_init()
+    _ps.forget_all()
+    elastic_world.rebuild()
+    _cross = _layout()
 
 
 def _need_init() -> None:
@@ -251,7 +272,8 @@ def stop_timeline() -> None:
 
 __all__ = [
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set",
-    "HorovodInternalError", "init", "shutdown", "is_initialized", "rank", "size",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "init", "shutdown", "is_initialized",
+    "rank", "size",
     "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",

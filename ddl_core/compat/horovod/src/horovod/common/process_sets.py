@@ -232,6 +232,17 @@ def shutdown_all() -> None:
     global_process_set.invalidate()
 
 
+def forget_all() -> None:
+    """Drop every set without a collective: at an elastic reset the old world may have
+    lost members, so a set's close (collective over its members) could never finish. The
+    sets' daemon threads end with the process; their communicators go with the old
+    world. Horovod, too, keeps no process set across a reset."""
+    for sid in sorted(_sets):
+        _sets.pop(sid).invalidate()
+    global _next_id
+    _next_id = 1
+
+
 def member_engines() -> list[Engine]:
     """The engines of the registered sets this rank is a member of."""
     return [ps._engine for ps in _sets.values() if ps._engine is not None]

@@ -1,3 +1,4 @@
-"""hvd.elastic: not supported by horovod-ddl (see horovod.common.elastic)."""
+"""`horovod.keras`'s hvd.elastic: Keras 3 is tf.keras here (horovod.tensorflow.keras)."""
 
-from horovod.common.elastic import __getattr__  # noqa: F401
+from horovod.tensorflow.keras.elastic import *  # noqa: F403
+from horovod.tensorflow.keras.elastic import __all__  # noqa: F401

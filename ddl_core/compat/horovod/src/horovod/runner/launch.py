@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 
 from ddl_core.runner import run as ddlrun
@@ -34,10 +35,22 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--autotune", action="store_true", help="accepted, ignored")
     ap.add_argument("-cb", "--check-build", action="store_true",
                     help="print the frameworks, controllers and tensor operations available")
-    for flag in ("--min-np", "--max-np", "--host-discovery-script", "--slots-per-host",
-                 "--elastic-timeout", "--reset-limit", "--blacklist-cooldown-range"):
-        ap.add_argument(flag, dest="elastic", action="append", default=[],
-                        help="refused: elastic Horovod is not supported")
+    el = ap.add_argument_group("elastic (Horovod's options; run as ddlrun --elastic)")
+    el.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int,
+                    help="fewest ranks the job goes on with after losing some (default: -np)")
+    el.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int,
+                    help="most ranks the job grows to on hosts the discovery script adds")
+    el.add_argument("--host-discovery-script", dest="discovery",
+                    help="an executable printing the available 'host[:slots]' lines")
+    el.add_argument("--slots-per-host", "--slots", dest="slots", type=int,
+                    help="slots of a host the discovery script lists without a count")
+    el.add_argument("--elastic-timeout", type=int, help="accepted, ignored (ranks are not "
+                    "re-launched at a reset, so there is no start-up to wait for)")
+    el.add_argument("--reset-limit", type=int,
+                    help="end the job after this many resets (HOROVOD_RESET_LIMIT)")
+    el.add_argument("--blacklist-cooldown-range", dest="cooldown", type=int, nargs=2,
+                    metavar=("MIN_S", "MAX_S"), help="accepted, ignored (a failed host is "
+                    "left for the rest of the job)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the ddlrun command")
     ap.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     ap.add_argument("-x", dest="forward", action="append", default=[], metavar="VAR[=VALUE]",
@@ -49,13 +62,9 @@ def parser() -> argparse.ArgumentParser:
 def translate(argv: list[str]) -> list[str]:
     """The ddlrun argument list for a horovodrun argument list."""
     a = parser().parse_args(argv)
-    if a.elastic:
-        raise SystemExit("horovodrun: elastic Horovod (--min-np, --max-np, "
-                         "--host-discovery-script, ...) is not supported by horovod-ddl: a DDL "
-                         "job has a fixed size; run -np N and restart from a checkpoint")
     if a.gloo:
         raise SystemExit("horovodrun: --gloo is not available; horovod-ddl runs on MPI")
-    out: list[str] = []
+    out: list[str] = _elastic_args(a)
     if a.np is not None:
         out += ["-n", str(a.np)]
     if a.hosts:
@@ -83,6 +92,65 @@ def translate(argv: list[str]) -> list[str]:
     if not command:
         raise SystemExit("horovodrun: no command to run")
     return [*out, "--", *command]
+
+
+def is_elastic(a: argparse.Namespace) -> bool:
+    """Horovod's rule: a discovery script or --min-np makes the job elastic."""
+    return a.discovery is not None or a.min_np is not None
+
+
+def _elastic_args(a: argparse.Namespace) -> list[str]:
+    """ddlrun's elastic options for Horovod's, after Horovod's checks (elastic options
+    without an elastic job, and sizes that cannot hold, are refused before anything runs;
+    -np defaults to --min-np)."""
+    def refuse(why: str) -> SystemExit:
+        return SystemExit(f"horovodrun: {why}")
+
+    if not is_elastic(a):
+        stray = [flag for flag, v in (("--max-np", a.max_np), ("--slots-per-host", a.slots),
+                                      ("--reset-limit", a.reset_limit),
+                                      ("--blacklist-cooldown-range", a.cooldown)) if v is not None]
+        if stray:
+            raise refuse(f"{', '.join(stray)} only apply to an elastic job: add "
+                         "--min-np N or --host-discovery-script SCRIPT")
+        return []
+    if a.np is None:
+        if a.min_np is None:
+            raise refuse("an elastic job needs -np N (the ranks to start with) or --min-np")
+        a.np = a.min_np
+    min_np = a.np if a.min_np is None else a.min_np
+    for flag, v in (("-np", a.np), ("--min-np", min_np), ("--max-np", a.max_np),
+                    ("--slots-per-host", a.slots)):
+        if v is not None and v < 1:
+            raise refuse(f"{flag} {v}: must be at least 1")
+    if min_np > a.np:
+        raise refuse(f"--min-np {min_np} is above -np {a.np}: the job would start below "
+                     "its own minimum; lower --min-np or raise -np")
+    if a.max_np is not None and a.max_np < a.np:
+        raise refuse(f"--max-np {a.max_np} is below -np {a.np}: raise --max-np or lower -np")
+    if a.reset_limit is not None and a.reset_limit < 0:
+        raise refuse(f"--reset-limit {a.reset_limit}: must be 0 or more")
+    if a.cooldown is not None and not 0 <= a.cooldown[0] <= a.cooldown[1]:
+        raise refuse(f"--blacklist-cooldown-range {a.cooldown[0]} {a.cooldown[1]}: give "
+                     "MIN MAX seconds with 0 <= MIN <= MAX")
+    if a.discovery is not None:
+        if a.hosts or a.hostfile:
+            raise refuse("give either --host-discovery-script or -H/--hostfile, not both: "
+                         "the script says which hosts the job has")
+        if not os.path.isfile(a.discovery) or not os.access(a.discovery, os.X_OK):
+            raise refuse(f"--host-discovery-script {a.discovery}: not an executable file "
+                         f"(chmod +x it, or give its path)")
+    out = ["--elastic", "--min-np", str(min_np)]
+    if a.max_np is not None:
+        out += ["--max-np", str(a.max_np)]
+    if a.discovery is not None:
+        out += ["--host-discovery-script", os.path.abspath(a.discovery)]
+    if a.slots is not None:
+        out += ["--slots-per-host", str(a.slots)]
+    if a.reset_limit is not None:
+        out += ["-x", f"HOROVOD_RESET_LIMIT={a.reset_limit}"]
+    out += ["-x", "HOROVOD_ELASTIC=1"]
+    return out
 
 
 def _importable(module: str) -> bool:

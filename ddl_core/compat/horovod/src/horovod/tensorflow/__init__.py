@@ -36,7 +36,7 @@ from ..common.basics import join as _join
 from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST
 from ..common.matching import alltoall_parts, op_name, submit_alltoall
 from ..common.process_sets import engine_of
-from . import elastic  # noqa: F401 - hvd.elastic raises "not supported"
+from . import elastic  # noqa: F401 - hvd.elastic: Horovod's elastic API
 from .util import _executing_eagerly  # noqa: F401 - Horovod exposes it as hvd._executing_eagerly
 
 

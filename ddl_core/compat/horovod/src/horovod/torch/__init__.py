@@ -46,7 +46,7 @@ from ..common.basics import join as _join
 from ..common.engine import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST
 from ..common.matching import alltoall_parts, op_name, submit_alltoall
 from ..common.process_sets import engine_of
-from . import elastic  # noqa: F401 - hvd.elastic raises "not supported"
+from . import elastic  # noqa: F401 - hvd.elastic: Horovod's elastic API
 
 _handles: dict[int, tuple[Any, Any]] = {}
 _ids = itertools.count(1)

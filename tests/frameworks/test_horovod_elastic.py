@@ -1,0 +1,95 @@
+"""horovod-ddl's elastic Horovod: hvd.elastic's state and run-loop semantics in a real
+2-rank job, and horovodrun's elastic options (-np, --min-np, --max-np,
+--host-discovery-script, --reset-limit) checked and translated to ddlrun --elastic as
+Horovod defines them."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from conftest import WORKERS, mpirun, need, ok_lines
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_elastic_state_and_run_loop_on_a_healthy_job() -> None:
+    need("torch")
+    proc = mpirun(2, WORKERS / "hvd_elastic.py", env={"DDL_TIMEOUT": "30"})
+    assert ok_lines(proc, "hvd_elastic") == 2, proc.stdout
+
+
+def _translate(*argv: str) -> list[str]:
+    from horovod.runner.launch import translate
+
+    return translate(list(argv))
+
+
+def _script(tmp_path: Path) -> str:
+    s = tmp_path / "discover.sh"
+    s.write_text("#!/bin/sh\necho localhost:2\n")
+    s.chmod(s.stat().st_mode | stat.S_IXUSR)
+    return str(s)
+
+
+def test_horovodrun_elastic_options_become_ddlrun_elastic(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    out = _translate("-np", "2", "--min-np", "1", "--max-np", "4", "--host-discovery-script",
+                     script, "--reset-limit", "3", "python", "train.py")
+    assert out[:out.index("--")] == [
+        "--elastic", "--min-np", "1", "--max-np", "4", "--host-discovery-script", script,
+        "-x", "HOROVOD_RESET_LIMIT=3", "-x", "HOROVOD_ELASTIC=1", "-n", "2"]
+    assert out[out.index("--") + 1:] == ["python", "train.py"]
+    # Horovod's defaults: --min-np alone makes a job elastic, -np defaults to it; the
+    # minimum defaults to -np when only the script is given.
+    assert _translate("--min-np", "2", "-H", "a:2,b:2", "x")[:5] == [
+        "--elastic", "--min-np", "2", "-x", "HOROVOD_ELASTIC=1"]
+    assert "-n" in (o := _translate("--min-np", "2", "x")) and o[o.index("-n") + 1] == "2"
+    o = _translate("-np", "3", "--host-discovery-script", script, "x")
+    assert o[:3] == ["--elastic", "--min-np", "3"]
+    # Horovod's long spellings
+    assert _translate("-np", "2", "--min-num-proc", "2", "--max-num-proc", "2", "x")[:5] == [
+        "--elastic", "--min-np", "2", "--max-np", "2"]
+    # a fixed-size job is unchanged
+    assert _translate("-np", "2", "x") == ["-n", "2", "--", "x"]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["-np", "2", "--min-np", "3"], "--min-np 3 is above -np 2"),
+    (["-np", "4", "--min-np", "2", "--max-np", "3"], "--max-np 3 is below -np 4"),
+    (["-np", "2", "--min-np", "0"], "--min-np 0: must be at least 1"),
+    (["-np", "2", "--min-np", "1", "--reset-limit", "-1"], "--reset-limit -1"),
+    (["-np", "2", "--max-np", "4"], "only apply to an elastic job"),
+    (["-np", "2", "--reset-limit", "2"], "only apply to an elastic job"),
+    (["--host-discovery-script", "/nonexistent/discover.sh"], "needs -np N"),
+    (["-np", "2", "--host-discovery-script", "/nonexistent/discover.sh"],
+     "not an executable file"),
+    (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "5", "1"], "0 <= MIN <= MAX"),
+])
+def test_horovodrun_refuses_elastic_options_that_cannot_hold(argv: list[str], words: str
+                                                              ) -> None:
+    with pytest.raises(SystemExit) as e:
+        _translate(*argv, "python", "train.py")
+    assert words in str(e.value), e.value
+
+
+def test_horovodrun_refuses_a_script_together_with_fixed_hosts(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="not both"):
+        _translate("-np", "2", "--host-discovery-script", _script(tmp_path), "-H", "a:2", "x")
+
+
+def test_worker_env_comes_from_the_launcher() -> None:
+    from horovod.common.worker_env import export_launch_env
+
+    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+           "HOROVOD_HOSTNAME": "given"}
+    export_launch_env(env)
+    assert (env["HOROVOD_RANK"], env["HOROVOD_SIZE"], env["HOROVOD_LOCAL_RANK"],
+            env["HOROVOD_LOCAL_SIZE"], env["HOROVOD_HOSTNAME"]) == ("3", "4", "1", "2", "given")
+    plain: dict[str, str] = {}
+    export_launch_env(plain)
+    assert plain == {}, "a process no launcher started got HOROVOD_* variables"
+    assert os.environ.get("HOROVOD_RESET_LIMIT") is None
