@@ -6,11 +6,13 @@ Horovod defines them."""
 from __future__ import annotations
 
 import os
+import re
 import stat
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import WORKERS, mpirun, need, ok_lines
+from conftest import BIN, WORKERS, mpirun, need, ok_lines, run_job
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -19,6 +21,42 @@ def test_elastic_state_and_run_loop_on_a_healthy_job() -> None:
     need("torch")
     proc = mpirun(2, WORKERS / "hvd_elastic.py", env={"DDL_TIMEOUT": "30"})
     assert ok_lines(proc, "hvd_elastic") == 2, proc.stdout
+
+
+def _need_fault_tolerance() -> None:
+    import ddl_core
+
+    if not hasattr(ddl_core, "shrink_world"):
+        pytest.skip("this ddl_core has no fault tolerance (ddl_core.shrink_world)")
+
+
+def _survivors(proc: object, n: int) -> list[str]:
+    out = proc.stdout  # type: ignore[attr-defined]
+    lines = re.findall(r"^OK hvd_elastic_kill .*$", out, re.M)
+    assert len(lines) == n, out[-4000:] + proc.stderr[-4000:]  # type: ignore[attr-defined]
+    digests = {line.rsplit("params=", 1)[1] for line in lines}
+    assert len(digests) == 1, lines
+    return lines
+
+
+@pytest.mark.parametrize("n,args,survivors", [
+    (3, ["20", "5"], 2),          # the last rank
+    (4, ["20", "5", "0"], 3),     # rank 0, the one the state is synchronised from
+    (4, ["20", "3", "1,2"], 2),   # two at once
+])
+def test_training_goes_on_through_a_sigkill_under_ulfm(n: int, args: list[str],
+                                                        survivors: int) -> None:
+    """mpirun --with-ft ulfm (what ddlrun --elastic runs): the survivors of SIGKILLed
+    ranks restore the last commit, shrink the world, finish every step, and end with the
+    same parameters."""
+    need("torch")
+    _need_fault_tolerance()
+    proc = run_job([str(BIN / "mpirun"), "--with-ft", "ulfm", "-n", str(n), "--map-by",
+                    ":OVERSUBSCRIBE", "--mca", "mpi_yield_when_idle", "1", sys.executable,
+                    str(WORKERS / "hvd_elastic_kill.py"), *args],
+                   env={"DDL_TIMEOUT": "60"}, check=False, timeout=300)
+    lines = _survivors(proc, survivors)
+    assert all(f"size={survivors}" in line for line in lines), lines
 
 
 def _translate(*argv: str) -> list[str]:
