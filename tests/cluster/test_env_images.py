@@ -173,7 +173,9 @@ def test_sigkill_of_ddlrun_removes_every_staged_copy(cluster3: cluster.Cluster,
                            stderr=subprocess.DEVNULL, text=True,
                            env=dict(os.environ, PYTHONUNBUFFERED="1", DDL_TIMEOUT="60"))
     try:
-        _wait_for(lambda: len(_staged(stage)) == 3, 240, "3 staged copies")
+        # a copy is complete (received and hashed) once its stat key is written beside it
+        _wait_for(lambda: sum((p / "image.sqsh.stat").exists() for p in _staged(stage)) == 3,
+                  240, "3 staged copies")
         assert job.stdout is not None
         ups = 0
         while ups < 2:
@@ -198,7 +200,9 @@ def test_copies_left_by_sigkill_are_reclaimed_by_gc_and_the_next_run(
                            stderr=subprocess.DEVNULL,
                            env=dict(os.environ, DDL_TIMEOUT="60"))
     try:
-        _wait_for(lambda: len(_staged(stage)) == 3, 240, "3 staged copies")
+        # a copy is complete (received and hashed) once its stat key is written beside it
+        _wait_for(lambda: sum((p / "image.sqsh.stat").exists() for p in _staged(stage)) == 3,
+                  240, "3 staged copies")
         _kill_all(str(stage))  # ddlrun among them
     finally:
         job.kill()
@@ -285,7 +289,9 @@ def test_altered_staged_copy_is_not_mounted(cluster3: cluster.Cluster, image: Pa
                            stderr=subprocess.DEVNULL,
                            env=dict(os.environ, DDL_TIMEOUT="60"))
     try:
-        _wait_for(lambda: len(_staged(stage)) == 3, 240, "3 staged copies")
+        # a copy is complete (received and hashed) once its stat key is written beside it
+        _wait_for(lambda: sum((p / "image.sqsh.stat").exists() for p in _staged(stage)) == 3,
+                  240, "3 staged copies")
         h1 = cluster3.hosts[1]
         (copy,) = [p for p in _staged(stage) if _on(p) == h1]
         img = copy / "image.sqsh"
@@ -368,3 +374,47 @@ def test_env_inside_a_slurm_allocation(image: Path, stage: Path) -> None:
         assert all(r["fstype"] and r["fstype"][0] in ("squashfs", "fuse.squashfuse")
                    for r in rows)
         assert _staged(stage) == []
+
+
+def test_staging_reads_the_image_with_few_requests(image: Path, tmp_path: Path) -> None:
+    """The launch node's whole share of the shared filesystem's metadata traffic for one
+    job: the image and IMAGE.json, each looked up and opened once (<= 10 requests, the
+    issue's budget per node, whatever the ranks and the env's size)."""
+    why = metafs.skip_reason()
+    if why:
+        pytest.skip(f"emulated shared filesystem: {why}")
+    from ddl_core.runner.stage import stage as stage_image
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for side in ("", ".json"):  # IMAGE.sha256 is for people (sha256sum -c), not read
+        os.link(str(image) + side, src / f"env.sqsh{side}")
+    out = tmp_path / "stage"
+    out.mkdir()
+    with metafs.mounted(src, tmp_path / "shared", latency_us=0) as fs:
+        before = fs.counts()
+        st = stage_image(str(tmp_path / "shared" / "env.sqsh"), [], None, str(out))
+        try:
+            after = fs.counts()
+        finally:
+            st.close()
+    asked = {k: after[k] - before[k] for k in before if after[k] != before[k]}
+    assert asked["metadata"] <= 10, asked
+    assert asked["read"] > 0  # the data did come through the shared filesystem
+    assert _staged(out) == []  # and the copy went with the job
+
+
+def test_image_longer_than_sealed_is_refused(cluster3: cluster.Cluster, image: Path,
+                                             tmp_path: Path, stage: Path) -> None:
+    """Bytes appended to a sealed image: its size no longer matches IMAGE.json, so ddlrun
+    refuses it (naming both sizes) and no node keeps a copy."""
+    bad = tmp_path / "long.sqsh"
+    shutil.copyfile(image, bad)
+    shutil.copyfile(image.with_name(image.name + ".json"), bad.with_name(bad.name + ".json"))
+    with open(bad, "ab") as fh:
+        fh.write(b"\0" * 4096)
+    proc = ddlrun(*_args(cluster3, bad, stage), "python", str(WORKER), timeout=120)
+    assert proc.returncode == 2
+    err = proc.stderr.strip().splitlines()[-1]
+    assert "altered or truncated" in err and str(image.stat().st_size) in err, proc.stderr
+    assert _staged(stage) == []

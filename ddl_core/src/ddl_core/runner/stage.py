@@ -26,7 +26,6 @@ sbcast copy has no owner, so nothing reclaims it after a kill).
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import shlex
 import shutil
@@ -40,7 +39,7 @@ from pathlib import Path
 
 from .hosts import LaunchError, is_local
 from .probe import agent_argv
-from .stagenode import SESSION, SESSION_ENV, run_flags
+from .stagenode import SESSION, SESSION_ENV, run_flags, widen_pipe
 
 NODE = Path(__file__).with_name("stagenode.py")
 CHUNK = 1 << 22
@@ -63,33 +62,46 @@ def find_envtools() -> str:
                       "beside ddlrun, put it on PATH, or set DDL_ENVTOOLS")
 
 
-def read_image(image: Path) -> tuple[str, str, bytes]:
-    """(sha256, prefix, IMAGE.json's bytes) from what `envtools seal` wrote beside the
-    image, read and checked by envtools' own manifest reader."""
+def _read_small(path: Path, limit: int = 1 << 20) -> bytes:
+    """A small file's bytes by raw reads: one lookup, one open and one attribute check on
+    a shared filesystem (Python's open() and read_bytes() add an fstat per call, each a
+    metadata request there)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        parts: list[bytes] = []
+        while data := os.read(fd, limit):
+            parts.append(data)
+            if sum(map(len, parts)) > limit:
+                raise OSError(0, f"larger than {limit} bytes", str(path))
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def read_image(image: Path) -> tuple[str, int, str, bytes]:
+    """(sha256, size, prefix, IMAGE.json's bytes) from the manifest `envtools seal` wrote
+    beside the image, read and checked by envtools' own manifest reader. Only IMAGE.json
+    is read (it names the image's sha256 and size; IMAGE.sha256 says the same for
+    sha256sum): on a shared filesystem every file looked at is metadata requests."""
     try:
         from envtools.errors import EnvtoolsError
         from envtools.image.manifest import parse, sidecars
     except ImportError:
         raise LaunchError("--env needs envtools (its image manifests and `envtools run`): "
                           "install envtools beside ddlrun") from None
-    sha_file, json_file = sidecars(image)
+    json_file = sidecars(image)[1]
     try:
-        sha_text = sha_file.read_text()
-        data = json_file.read_bytes()
+        data = _read_small(json_file)
     except OSError as e:
-        raise LaunchError(f"--env {image}: cannot read {Path(e.filename or '').name} beside "
-                          f"it ({e.strerror}); staged images are checked against what "
+        raise LaunchError(f"--env {image}: cannot read {json_file.name} beside it "
+                          f"({e.strerror}); staged images are checked against what "
                           "`envtools seal` writes there: seal the env with envtools seal "
                           "PREFIX --out IMAGE") from None
-    m = re.match(r"([0-9a-f]{64})  ", sha_text)
     try:
         manifest = parse(data, str(json_file), beside=True)
     except EnvtoolsError as e:
         raise LaunchError(f"--env {image}: {e}") from None
-    if not m or m.group(1) != manifest.image_sha256:
-        raise LaunchError(f"--env {image}: {sha_file.name} and {json_file.name} beside it "
-                          "disagree on its sha256: seal the env again (envtools seal)")
-    return manifest.image_sha256, manifest.prefix, data
+    return manifest.image_sha256, manifest.image_bytes, manifest.prefix, data
 
 
 @dataclass
@@ -118,6 +130,7 @@ class Staging:
     tag: str  # the job's private name
     envtools: str
     prefix: str
+    size: int = 0  # the image's bytes
     keepers: list[Keeper] = field(default_factory=list)  # this node's first
 
     def wrap(self, argv: list[str]) -> list[str]:
@@ -212,7 +225,7 @@ def stage(image: str, hosts: list[str], agent: str | None, root: str | None,
         raise LaunchError(f"--env {image}: cannot open it ({e.strerror}); make an image "
                           "with envtools seal PREFIX --out IMAGE") from None
     try:
-        sha, prefix, manifest = read_image(path)
+        sha, size, prefix, manifest = read_image(path)
     except BaseException:
         os.close(fd)
         raise
@@ -224,9 +237,8 @@ def stage(image: str, hosts: list[str], agent: str | None, root: str | None,
     except BaseException:
         os.close(fd)
         raise
-    st = Staging(path, root, tag, envtools, prefix)
+    st = Staging(path, root, tag, envtools, prefix, size)
     try:
-        size = os.fstat(fd).st_size
         cmd = keeper_cmd(root, tag, size, sha, len(manifest))
         starts = [(HERE, cmd)] if here else []
         if slurm_nodes:
@@ -242,12 +254,18 @@ def stage(image: str, hosts: list[str], agent: str | None, root: str | None,
             except OSError as e:
                 raise LaunchError(f"--env: cannot start staging on {host}: {e.strerror}"
                                   ) from None
+            if p.stdin:
+                widen_pipe(p.stdin.fileno())
             st.keepers.append(Keeper(host, p, expect=(slurm_nodes or 1) if host != HERE else 1))
         readers = [threading.Thread(target=_read_answer, args=(k,), daemon=True)
                    for k in st.keepers]
         for t in readers:
             t.start()
-        _stream(fd, size, manifest, st.keepers)
+        actual = _stream(fd, size, manifest, st.keepers)
+        if actual is not None:
+            raise LaunchError(f"--env {image}: the image is {actual} bytes, its "
+                              f"{path.name}.json says {size}: it was altered or truncated "
+                              "after it was sealed; seal the env again (envtools seal)")
         deadline = time.monotonic() + READY_S
         for t in readers:
             t.join(max(0.1, deadline - time.monotonic()))
@@ -264,38 +282,44 @@ def stage(image: str, hosts: list[str], agent: str | None, root: str | None,
     return st
 
 
-def _stream(fd: int, size: int, tail: bytes, keepers: list[Keeper]) -> None:
+def _stream(fd: int, size: int, tail: bytes, keepers: list[Keeper]) -> int | None:
     """Read the image once and write every chunk, then ``tail`` (its manifest), to every
-    keeper still listening."""
+    keeper still listening. The image's size when it is not the ``size`` sealed (the
+    streams are then ended short: no keeper keeps a copy), else None."""
     left = size
     alive = [k for k in keepers if k.proc.stdin]
 
-    def send(data: bytes) -> None:
+    def send(data: bytes | memoryview) -> None:
         for k in list(alive):
             try:
                 k.proc.stdin.write(data)  # type: ignore[union-attr]
             except OSError:
                 alive.remove(k)
 
+    buf = bytearray(CHUNK)  # one buffer, reused: a fresh one per chunk costs page faults
     while left and alive:
-        data = os.read(fd, min(CHUNK, left))
-        if not data:
+        n = os.readv(fd, [memoryview(buf)[:min(CHUNK, left)]])
+        if not n:
             break
-        left -= len(data)
-        send(data)
-    if left:  # the file shrank while read: end the streams, the keepers say so
+        left -= n
+        with memoryview(buf) as view:
+            send(view[:n])
+    if not alive:
+        return None  # every keeper stopped: their ERROR lines say why
+    if left or os.read(fd, 1):  # shorter or longer than sealed
         for k in keepers:
             try:
                 k.proc.stdin.close()  # type: ignore[union-attr]
             except OSError:
                 pass
-        return
+        return os.fstat(fd).st_size
     send(tail)
     for k in alive:
         try:
             k.proc.stdin.flush()  # type: ignore[union-attr]
         except OSError:
             pass
+    return None
 
 
 def launch(st: Staging, launcher: str, flavor: str | None, cmd: list[str]) -> list[str]:

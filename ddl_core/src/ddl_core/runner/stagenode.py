@@ -27,12 +27,17 @@ the ddl_core package would load libddl and MPI into a process that only copies a
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import hashlib
 import os
+import queue
 import signal
 import socket
 import stat
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 CHUNK = 1 << 22
@@ -135,29 +140,104 @@ def read_exact(src: int, n: int) -> bytes:
     return b"".join(parts)
 
 
+def widen_pipe(fd: int) -> None:
+    """Give a pipe the largest buffer an unprivileged process may (fs.pipe-max-size, 1 MiB
+    by default) instead of 64 KiB: the image then moves in 1 MiB pieces, a sixteenth of
+    the system calls and wake-ups. Not a pipe (ssh's socket, a file): left as it is."""
+    try:
+        with open("/proc/sys/fs/pipe-max-size") as fh:
+            size = int(fh.read())
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _writeback() -> Callable[[int, int, int], None]:
+    """sync_file_range(fd, offset, n, SYNC_FILE_RANGE_WRITE): start writing a range of the
+    copy to disk without waiting for it. Why: attaching a loop device to a file first
+    writes back all of its dirty pages (measured: 0.35-0.4 s for a freshly written 723 MiB
+    image, 0.00 s once synced), and that wait sat between staging and the job's start;
+    begun chunk by chunk, the writeback runs while the rest of the image streams in. A
+    no-op where libc has no sync_file_range."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return lambda fd, off, n: None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return lambda fd, off, n: fn(fd, off, n, 2) and None
+
+
+def _fill(src: int, buf: bytearray, n: int) -> int:
+    """Read up to ``n`` bytes from ``src`` into ``buf`` (fewer only at the end of the
+    stream); how many."""
+    view, got = memoryview(buf), 0
+    try:
+        while got < n:
+            k = os.readv(src, [view[got:n]])
+            if not k:
+                break
+            got += k
+    finally:
+        view.release()
+    return got
+
+
+#: buffers in flight between the reading/writing thread and the hashing one
+BUFFERS = 4
+
+
 def receive(dest: Path, size: int, sha256: str, src: int = 0) -> None:
-    """Copy exactly ``size`` bytes from fd ``src`` into ``dest``, checking their sha256."""
+    """Copy exactly ``size`` bytes from fd ``src`` into ``dest``, checking their sha256.
+
+    The hash runs in a thread of its own while this one reads and writes (hashlib and
+    the system calls release the GIL), so a node stages at about the speed of the
+    slower of the two rather than their sum. A few buffers go round between them: a fresh
+    4 MiB buffer per chunk costs its page faults every time (measured: copy and hash of
+    a 723 MiB image 1.6 s with new buffers, 1.0 s with reused ones)."""
     h = hashlib.sha256()
-    left = size
+    full: queue.Queue[tuple[bytearray, int] | None] = queue.Queue()
+    free: queue.Queue[bytearray] = queue.Queue()
+    for _ in range(BUFFERS):
+        free.put(bytearray(CHUNK))
+
+    def hasher() -> None:
+        while (item := full.get()) is not None:
+            buf, n = item
+            with memoryview(buf) as view:
+                h.update(view[:n])
+            free.put(buf)
+
+    widen_pipe(src)
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
+    thread = threading.Thread(target=hasher, name="stage-sha256", daemon=True)
+    thread.start()
+    left = size
+    writeback = _writeback()
     try:
         while left:
-            data = os.read(src, min(CHUNK, left))
-            if not data:
+            buf = free.get()
+            got = _fill(src, buf, min(CHUNK, left))
+            if not got:
                 raise StageError(f"the image stream ended after {size - left} of {size} "
                                  "bytes (ddlrun stopped, or the link to it broke)")
-            h.update(data)
-            view = memoryview(data)
-            while view:
-                try:
-                    n = os.write(fd, view)
-                except OSError as e:
-                    raise StageError(f"writing the staged copy failed: {e.strerror} (stage "
-                                     "dir full?); nothing was kept") from None
-                view = view[n:]
-            left -= len(data)
+            with memoryview(buf) as whole:
+                view = whole[:got]
+                while view:
+                    try:
+                        n = os.write(fd, view)
+                    except OSError as e:
+                        raise StageError(f"writing the staged copy failed: {e.strerror} "
+                                         "(stage dir full?); nothing was kept") from None
+                    view = view[n:]
+                view.release()
+            full.put((buf, got))
+            writeback(fd, size - left, got)
+            left -= got
     finally:
+        full.put(None)
+        thread.join()
         os.close(fd)
     if h.hexdigest() != sha256:
         raise StageError(f"the staged copy's sha256 is {h.hexdigest()[:16]}..., its "

@@ -9,7 +9,9 @@ server at ``--latency-us``, default 500 us, and counted), the nodes by the emula
 cluster (network namespaces: ddl_tools.cluster). Every row is one job of ``--ranks`` ranks
 on ``--hosts`` hosts running ``python -c "import torch, ddl_core"`` in every rank
 (``--code``), timed by wall clock from ddlrun's start to its end (median of ``--reps``),
-with the requests the shared filesystem served during it:
+with the requests the shared filesystem served during it. ddlrun starts on the job's first
+host, as a batch script's does on a real cluster (so that node is one of the job's, not an
+extra node that would stage an image of its own):
 
 * ``local``: the env where it is, on local disk (the baseline: no metadata server);
 * ``(a) shared``: the same env seen through metafs at its own prefix (a bind mount in
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -56,11 +59,16 @@ class Row:
     ranks: int
     seconds: list[float] = field(default_factory=list)
     requests: list[int] = field(default_factory=list)
-    stage_s: float | None = None  # (b): the unpack per node
+    stage_s: float | None = None  # (b): the unpack per node; (c): a plain copy's time
+    staging: list[float] = field(default_factory=list)  # (c): ddlrun's staging, per job
 
     @property
     def median_s(self) -> float:
         return statistics.median(self.seconds) if self.seconds else float("nan")
+
+    @property
+    def median_staging(self) -> float:
+        return statistics.median(self.staging) if self.staging else float("nan")
 
     @property
     def median_requests(self) -> int:
@@ -73,6 +81,12 @@ def _bin(name: str) -> str:
 
 
 def _run(argv: list[str], timeout: float = 1800, env: dict[str, str] | None = None) -> float:
+    return _run_err(argv, timeout, env)[0]
+
+
+def _run_err(argv: list[str], timeout: float = 1800,
+             env: dict[str, str] | None = None) -> tuple[float, str]:
+    """Seconds ``argv`` took, and its stderr."""
     t = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
@@ -80,7 +94,7 @@ def _run(argv: list[str], timeout: float = 1800, env: dict[str, str] | None = No
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(argv[:6])} ... failed ({proc.returncode}):\n"
                            f"{proc.stderr[-3000:]}")
-    return dt
+    return dt, proc.stderr
 
 
 def _prepare_image(prefix: Path, image: Path | None, work: Path) -> Path:
@@ -142,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print("envtools.bench --startup: needs the repository's tools (pip install -e tools)",
               file=sys.stderr)
         return 2
-    repo = Path(__file__).resolve().parents[3]
+    repo = Path(__file__).resolve().parents[4]
     prefix = (a.prefix or repo / "envs" / "powerai").absolute()
     if not (prefix / "conda-meta").is_dir():
         print(f"envtools.bench --startup: {prefix} is not an env (make channel makes "
@@ -171,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             return metafs.mounted(src, at, a.latency_us)
 
         unpacked: dict[int, tuple[float, int]] = {}
+        copied: dict[int, float] = {}  # hosts -> a plain copy of the image to each
         # configuration by configuration, every mode in turn: the rows compared with each
         # other ran minutes apart at most, under the same load
         for hosts, ranks in configs:
@@ -185,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                     with shared(work / "shared-src", work / "shared") as fs:
                         unpacked[hosts] = (_unpack(c, names, work, pack),  # type: ignore
                                            fs.counts()["metadata"])
-                argv = _job(mode, base, prefix, work, image, code)
+                argv = c.exec_argv(names[0], _job(mode, base, prefix, work, image, code))
                 for _ in range(a.reps):
                     src = {"a": prefix, "c": work / "shared-src"}.get(mode)
                     at = work / ("shared-env" if mode == "a" else "shared")
@@ -196,14 +211,22 @@ def main(argv: list[str] | None = None) -> int:
                         else:
                             with shared(src, at) as fs:
                                 before = fs.counts()["metadata"]
-                                row.seconds.append(_run(argv, env={"DDL_TIMEOUT": "600"}))
+                                dt, err = _run_err(argv, env={"DDL_TIMEOUT": "600"})
+                                row.seconds.append(dt)
                                 row.requests.append(fs.counts()["metadata"] - before)
+                            if mode == "c":
+                                row.staging.append(_staged_s(err))
                     except RuntimeError as e:
                         print(f"# {LABEL[mode]} {hosts}x{ranks}: {e}", flush=True)
                         ok = False
                         break
                 if mode == "b":
                     row.stage_s = unpacked[hosts][0]
+                if mode == "c":
+                    if hosts not in copied:
+                        with shared(work / "shared-src", work / "shared"):
+                            copied[hosts] = _plain_copy(c, names, work, image)  # type: ignore
+                    row.stage_s = copied[hosts]
                 rows.append(row)
                 print(_line(row, rows), flush=True)
                 if a.json:  # after every row: a run cut short keeps what it measured
@@ -239,8 +262,34 @@ def _job(mode: str, base: list[str], prefix: Path, work: Path, image: Path | Non
     if mode == "b":
         return [*base, "sh", "-c", f'exec "{work}/nodes/$(hostname)/env/bin/python" "$@"',
                 "sh", "-c", code]
-    return [*base[:1], "--env", str(work / "shared" / image.name), *base[1:],  # type: ignore
-            "python", "-c", code]
+    return [*base[:1], "-v", "--env", str(work / "shared" / image.name),  # type: ignore
+            *base[1:], "python", "-c", code]
+
+
+def _staged_s(stderr: str) -> float:
+    """ddlrun -v's own figure: how long staging took (every node's copy checked)."""
+    m = re.search(r"^# --env .*: staged .* in ([0-9.]+) s", stderr, re.M)
+    if not m:
+        raise RuntimeError(f"ddlrun -v printed no staging time:\n{stderr[-2000:]}")
+    return float(m.group(1))
+
+
+def _plain_copy(c, hosts: list[str], work: Path, image: Path) -> float:
+    """The baseline for staging: ``cp`` of the image from the shared FS to every node's
+    local storage at once (what a job script would do by hand; no check), in seconds."""
+    procs = []
+    t = time.monotonic()
+    for h in hosts:
+        dest = work / "copies" / h
+        dest.mkdir(parents=True, exist_ok=True)
+        procs.append(subprocess.Popen(c.exec_argv(h, ["cp", str(work / "shared" / image.name),
+                                                      str(dest / image.name)])))
+    ok = all(p.wait() == 0 for p in procs)
+    dt = time.monotonic() - t
+    shutil.rmtree(work / "copies", ignore_errors=True)
+    if not ok:
+        raise RuntimeError("the plain copy of the image failed on a node")
+    return dt
 
 
 def _unpack(c, hosts: list[str], work: Path, pack: Path) -> float:
@@ -269,10 +318,25 @@ def _line(row: Row, rows: list[Row]) -> str:
                   (row.hosts, row.ranks)), None)
     vs = f"{row.median_s / local.median_s:5.2f}x local" if local and local.median_s else ""
     stage = f"  unpack {row.stage_s:6.1f} s/job" if row.stage_s is not None else ""
+    if row.mode == "c" and row.staging:
+        stage = f"  {_staging_note(row, local)}"
     return (f"{LABEL[row.mode]:<18} {row.hosts} host(s) x {row.ranks // row.hosts} = "
             f"{row.ranks:2d} ranks  {row.median_requests:8d} req/job "
             f"{row.median_requests // row.hosts:8d} req/node  {row.median_s:7.1f} s  {vs}"
             f"{stage}")
+
+
+def _staging_note(row: Row, local: Row | None) -> str:
+    """(c)'s staging, against a plain copy of the image to the same nodes, and the job's
+    start-up once staged against local disk (the figure the metadata server's cost is
+    judged by; staging has its own: <= 2x a plain copy)."""
+    st = row.median_staging
+    note = f"staging {st:.1f} s, {st / row.stage_s:.2f}x a plain copy" if row.stage_s else \
+        f"staging {st:.1f} s"
+    if local and local.median_s:
+        after = statistics.median(s - g for s, g in zip(row.seconds, row.staging, strict=True))
+        note += f"; once staged {after:.1f} s = {after / local.median_s:.2f}x local"
+    return note
 
 
 def _table(rows: list[Row], latency_us: int, load0, load1) -> str:
@@ -285,6 +349,8 @@ def _table(rows: list[Row], latency_us: int, load0, load1) -> str:
                       (r.hosts, r.ranks)), None)
         vs = f"{r.median_s / local.median_s:.2f}x" if local and local.median_s else "-"
         extra = f" (+{r.stage_s:.1f} s unpack)" if r.stage_s is not None else ""
+        if r.mode == "c" and r.staging:
+            extra = f" ({_staging_note(r, local)})"
         out.append(f"| {LABEL[r.mode]} | {r.hosts} x {r.ranks // r.hosts} | "
                    f"{r.median_requests} | {r.median_requests // r.hosts} | "
                    f"{r.median_s:.1f}{extra} | {vs} |")
