@@ -86,3 +86,27 @@ def test_filesystem_types() -> None:
         assert stagenode.is_shared(shared), shared
     for local in ("ext4", "xfs", "tmpfs", "btrfs", "overlay"):
         assert not stagenode.is_shared(local), local
+
+
+def test_bare_gc_reclaims_a_killed_jobs_copy(tmp_path: Path) -> None:
+    """A keeper killed with SIGKILL (no clean-up runs) leaves its copy in the default stage
+    dir; a plain `envtools gc`, run from anywhere, looks there and removes it."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    p = _keep(tmp, hashlib.sha256(DATA).hexdigest())
+    assert p.stdin and p.stdout
+    p.stdin.write(DATA + MANIFEST)
+    p.stdin.flush()
+    assert p.stdout.readline().startswith(b"READY ")
+    p.kill()
+    p.wait(30)
+    user = tmp / f"ddl-stage-{os.geteuid()}"
+    assert len(list(user.iterdir())) == 1  # what the kill left
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    envtools = Path(sys.executable).with_name("envtools")
+    proc = subprocess.run([str(envtools), "gc"], cwd=elsewhere, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, TMPDIR=str(tmp)))
+    assert proc.returncode == 0, proc.stderr
+    assert "removed" in proc.stdout, proc.stdout + proc.stderr
+    assert list(user.iterdir()) == []

@@ -182,9 +182,9 @@ def _cmd_gc(a: argparse.Namespace) -> int:
     hosts' directories, and anything without envtools' owner record. Every envtools
     install or clone also does this for the directory it writes into.
     """
-    from envtools.commands.gc import collect
+    from envtools.commands.gc import collect, default_dirs
 
-    collect(a.dirs, a.dry_run)
+    collect(a.dirs or default_dirs(), a.dry_run)
     return 0
 
 
@@ -303,9 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     register(sub, _subcommand)
 
     p = _subcommand(sub, "gc", _cmd_gc)
-    p.add_argument("dirs", nargs="*", type=Path, default=[Path(".")], metavar="DIR",
+    p.add_argument("dirs", nargs="*", type=Path, metavar="DIR",
                    help="directories that hold envs, or temporary directories themselves "
-                   "[default: .]")
+                   "[default: . and ddlrun --env's default stage dirs, TMPDIR/ddl-stage-UID "
+                   "and /dev/shm/ddl-stage-UID]")
     p.add_argument("-n", "--dry-run", action="store_true",
                    help="only say what would be removed")
     return ap

@@ -3,11 +3,34 @@ only where the owner is certainly gone (the rule is :mod:`envtools.prefix.tempdi
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 from envtools.base.progress import info
 from envtools.errors import EnvtoolsError
 from envtools.prefix.tempdirs import find_leftovers, inspect, remove_leftover, tree_bytes
+
+#: where `ddlrun --env` keeps a job's staged image on a node: ROOT/ddl-stage-<uid>/, ROOT
+#: its --stage-dir (default the temp dir; /dev/shm allowed). The copies carry envtools'
+#: owner record, so a killed job's are leftovers like any other.
+STAGE_ROOTS = (None, "/dev/shm")  # None: the temp dir
+
+
+def stage_dirs() -> list[Path]:
+    """This user's stage directories under the default stage roots that exist here."""
+    found = []
+    for root in STAGE_ROOTS:
+        d = Path(root or tempfile.gettempdir()) / f"ddl-stage-{os.geteuid()}"
+        if d.is_dir() and d not in found:
+            found.append(d)
+    return found
+
+
+def default_dirs() -> list[Path]:
+    """What a bare `envtools gc` looks at: the current directory, and where ddlrun --env
+    stages images by default (a job killed with SIGKILL leaves its copy there)."""
+    return [Path("."), *stage_dirs()]
 
 
 def collect(dirs: list[Path], dry_run: bool) -> None:
