@@ -2,6 +2,8 @@
 the ones below it):
 
     run.py          ddlrun: the command line, the plan, the job (ddl_core.runner.run:main)
+    elastic.py      --elastic: its bounds, the survivors' status, the lost ranks named
+    discovery.py    --host-discovery-script polled, and the host-update channel to the ranks
     launchcheck.py  a plan's settings checked before anything starts
     tfconfig.py     TF_CONFIG per rank for TensorFlow's MultiWorkerMirroredStrategy (run as a file)
     launcher.py     a plan as an mpirun, srun or jsrun argv
@@ -16,6 +18,7 @@ the ones below it):
 Nothing in the library (comm, settings, model, the framework layers) imports this
 package; it imports them. Kept light: importing it loads nothing, and exitreport.py and
 tfconfig.py import nothing from it at their top, so they run as plain files inside a rank.
+The ranks' side of the host-update channel is ddl_core.hostupdates (outside this package).
 The emulated cluster the repository's tests launch on is not here: it is the tools/
 distribution (ddl_tools.cluster), which reaches its hosts through --launch-agent.
 """

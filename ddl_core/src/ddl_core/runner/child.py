@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 #: how long a child may take to exit after SIGINT/SIGTERM was passed on to it
@@ -32,10 +33,12 @@ class ChildExit:
         return 128 - self.returncode if self.returncode < 0 else self.returncode
 
 
-def run_forwarding(argv: list[str], env: dict[str, str], grace_s: float = GRACE_S
-                   ) -> ChildExit:
+def run_forwarding(argv: list[str], env: dict[str, str], grace_s: float = GRACE_S,
+                   stop: Callable[[], bool] | None = None) -> ChildExit:
     """Run ``argv`` and wait for it, passing SIGINT and SIGTERM on; kill it when it
-    outlives the first of them by ``grace_s``. Raises OSError when it cannot start."""
+    outlives the first of them by ``grace_s``. ``stop``, asked about twice a second, ends
+    the child the same way (SIGTERM, then the grace period) when it says so: ddlrun's
+    elastic jobs end once too few ranks are left. Raises OSError when it cannot start."""
     proc = subprocess.Popen(argv, env=env)
     signalled: list[float] = []
 
@@ -47,8 +50,10 @@ def run_forwarding(argv: list[str], env: dict[str, str], grace_s: float = GRACE_
     try:
         while True:
             try:
-                return ChildExit(proc.wait(timeout=0.5), False)
+                return ChildExit(proc.wait(timeout=0.5 if stop is None else 0.2), False)
             except subprocess.TimeoutExpired:
+                if not signalled and stop is not None and stop():
+                    forward(signal.SIGTERM, None)
                 if signalled and time.monotonic() - signalled[0] > grace_s:
                     proc.kill()
                     return ChildExit(proc.wait(), True)

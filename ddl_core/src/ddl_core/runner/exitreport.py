@@ -14,9 +14,17 @@ a process that only waits):
   collector over TCP (the addresses, port and token are in DDL_EXIT_REPORT, which ddlrun
   forwards like the other DDL_ variables), with ` lost` appended when the rank said it
   failed only because a peer was lost (ddl_core writes that into the pipe named by
-  DDL_EXIT_NOTE_FD when it dies of an unhandled PeerLostError), then
+  DDL_EXIT_NOTE_FD when it dies of an unhandled PeerLostError), and ` host=<name>` and
+  ` job=<n>` (its Open MPI job: 1 for the ranks ddlrun launched, 2 and on for ranks the
+  job spawned later), then
 - ends the way the child ended (the same exit code, or the same signal), so the launcher
-  sees what it would have seen without it.
+  sees what it would have seen without it. Under `ddlrun --elastic` (DDL_ELASTIC=1) a rank
+  that failed ends by SIGKILL instead: Open MPI's fault tolerance treats a killed process
+  as a failure the survivors recover from, but a non-zero exit as the whole job's abort
+  (seen here: the survivors then never learn of it and the job hangs). ddlrun has the
+  real status from the report. Under --elastic the wrapper also sends `<token> <rank>
+  start <pid> host=... job=...` when its rank starts, so ddlrun knows where every rank
+  runs (a host that dies sends no end report).
 
 The collector (ddlrun's side) keeps the reports in the order they arrive, and
 `job_status()` turns them into ddlrun's exit status: the status of the first rank that
@@ -32,6 +40,7 @@ the command and passes its status on.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -39,6 +48,8 @@ import sys
 from types import ModuleType
 
 ENV = "DDL_EXIT_REPORT"
+ELASTIC_ENV = "DDL_ELASTIC"
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 NOTE_ENV = "DDL_EXIT_NOTE_FD"
 RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID",
              "JSM_NAMESPACE_RANK")
@@ -52,13 +63,15 @@ class Report:
     failed only because a peer was lost (PeerLostError). A plain class: the wrapper starts
     with every rank, so it imports nothing it can do without (dataclasses, secrets)."""
 
-    __slots__ = ("rank", "kind", "number", "lost")
+    __slots__ = ("rank", "kind", "number", "lost", "host", "job")
 
-    def __init__(self, rank: int, kind: str, number: int, lost: bool = False) -> None:
+    def __init__(self, rank: int, kind: str, number: int, lost: bool = False,
+                 host: str = "", job: int = 1) -> None:
         self.rank, self.kind, self.number, self.lost = rank, kind, number, lost
+        self.host, self.job = host, job
 
-    def _key(self) -> tuple[int, str, int, bool]:
-        return (self.rank, self.kind, self.number, self.lost)
+    def _key(self) -> tuple[int, str, int, bool, str, int]:
+        return (self.rank, self.kind, self.number, self.lost, self.host, self.job)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Report) and self._key() == other._key()
@@ -71,7 +84,13 @@ class Report:
 
     @property
     def failed(self) -> bool:
-        return self.kind == "signal" or self.number != 0
+        return self.kind == "signal" or (self.kind == "exit" and self.number != 0)
+
+    @property
+    def name(self) -> str:
+        """How ddlrun names the rank: its launch rank, or its rank in a later spawn."""
+        return f"rank {self.rank}" if self.job <= 1 else \
+            f"spawned rank {self.rank} (job {self.job})"
 
     @property
     def status(self) -> int:
@@ -134,8 +153,14 @@ class Collector:
             elif stopping:
                 return
 
+    def snapshot(self) -> list[Report]:
+        """The reports so far (the collector goes on reading)."""
+        with self._lock:
+            return list(self.reports)
+
     def _read(self, conn: socket.socket) -> None:
-        """One line `<token> <rank> exit|signal <number>`; anything else is dropped."""
+        """One line `<token> <rank> exit|signal|start <number> [lost] [host=H] [job=N]`;
+        anything else is dropped."""
         import hmac
 
         conn.settimeout(2)
@@ -151,15 +176,26 @@ class Collector:
         finally:
             conn.close()
         parts = data.decode("ascii", "replace").split()
-        if (len(parts) not in (4, 5) or not hmac.compare_digest(parts[0], self.token)
-                or parts[2] not in ("exit", "signal") or parts[4:] not in ([], ["lost"])):
+        if (not 4 <= len(parts) <= 7 or not hmac.compare_digest(parts[0], self.token)
+                or parts[2] not in ("exit", "signal", "start")):
             return
+        lost, host, job = False, "", 1
+        for extra in parts[4:]:
+            key, eq, value = extra.partition("=")
+            if extra == "lost":
+                lost = True
+            elif eq and key == "host" and _HOST.fullmatch(value):
+                host = value
+            elif eq and key == "job" and value.isdigit() and len(value) < 10:
+                job = int(value)
+            else:
+                return
         try:
             rank, number = int(parts[1]), int(parts[3])
         except ValueError:
             return
         with self._lock:
-            self.reports.append(Report(rank, parts[2], number, len(parts) == 5))
+            self.reports.append(Report(rank, parts[2], number, lost, host, job))
 
     def close(self) -> list[Report]:
         """Read what is still queued, stop listening; the reports in arrival order."""
@@ -179,12 +215,13 @@ def job_status(reports: list[Report], launcher_status: int) -> tuple[int, str | 
         return launcher_status, None
     first = next((r for r in failed if not r.lost), failed[0])
     others = [r for r in failed if r is not first]
-    line = f"ddlrun: rank {first.rank} {first.describe()}"
+    line = f"ddlrun: {first.name} {first.describe()}"
     if others:
-        by_what: dict[str, list[int]] = {}
+        by_what: dict[str, list[str]] = {}
         for r in others:
-            by_what.setdefault(r.describe(), []).append(r.rank)
-        rest = "; ".join(f"rank{'s' if len(v) > 1 else ''} {','.join(map(str, sorted(v)))} {k}"
+            by_what.setdefault(r.describe(), []).append(str(r.rank) if r.job <= 1 else
+                                                        f"{r.rank} of job {r.job}")
+        rest = "; ".join(f"rank{'s' if len(v) > 1 else ''} {','.join(sorted(v))} {k}"
                          for k, v in by_what.items())
         line += f"; {rest}"
     return first.status, line + f"; exit status {first.status}"
@@ -198,6 +235,18 @@ def _rank() -> int:
         if value.isdigit():
             return int(value)
     return -1
+
+
+def _job() -> int:
+    """The rank's Open MPI job number (PMIX_NAMESPACE ends in @<job>): 1 for the launch,
+    more for ranks spawned later; 1 where it is not told."""
+    tail = os.environ.get("PMIX_NAMESPACE", "").rpartition("@")[2]
+    return int(tail) if tail.isdigit() and len(tail) < 10 else 1
+
+
+def _where() -> str:
+    host = socket.gethostname()
+    return f" host={host}" if _HOST.fullmatch(host) else ""
 
 
 def _job_shm() -> ModuleType | None:
@@ -231,7 +280,7 @@ def _send(report: Report, value: str) -> bool:
     """Report to the first of the collector's addresses that answers."""
     addrs, port, token = (value.rsplit(":", 2) + ["", ""])[:3]
     line = (f"{token} {report.rank} {report.kind} {report.number}"
-            + (" lost" if report.lost else "") + "\n").encode()
+            + (" lost" if report.lost else "") + _where() + f" job={report.job}\n").encode()
     for addr in filter(None, addrs.split(",")):
         try:
             with socket.create_connection((addr, int(port)), timeout=CONNECT_S) as s:
@@ -272,6 +321,8 @@ def main(argv: list[str]) -> None:
         print("exitreport.py: no command given", file=sys.stderr)
         os._exit(2)
     note_r, note_w = os.pipe()
+    value = os.environ.get(ENV)
+    elastic = os.environ.get(ELASTIC_ENV) == "1"
     env = dict(os.environ, **{NOTE_ENV: str(note_w)})
     shm = _job_shm()
     joined = shm.for_rank(env) if shm else None  # Open MPI's segments in the job's dir
@@ -284,6 +335,8 @@ def main(argv: list[str]) -> None:
     else:
         for sig in FORWARDED:
             signal.signal(sig, lambda s, _f: child.send_signal(s))
+        if elastic and value:
+            _send(Report(_rank(), "start", child.pid, job=_job()), value)
         returncode = child.wait()
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_IGN if sig != signal.SIGCONT else signal.SIG_DFL)
@@ -293,10 +346,9 @@ def main(argv: list[str]) -> None:
         note = os.read(note_r, 64)
     except BlockingIOError:
         note = b""
-    value = os.environ.get(ENV)
     if value:
-        report = (Report(_rank(), "signal", -returncode) if returncode < 0
-                  else Report(_rank(), "exit", returncode, b"lost" in note))
+        report = (Report(_rank(), "signal", -returncode, job=_job()) if returncode < 0
+                  else Report(_rank(), "exit", returncode, b"lost" in note, job=_job()))
         if not _send(report, value):
             print(f"ddlrun: rank {report.rank} could not report its exit status to ddlrun",
                   file=sys.stderr)
@@ -305,6 +357,8 @@ def main(argv: list[str]) -> None:
     # directory left behind is reclaimed by the next job on this node
     if shm:
         shm.rank_done(joined)  # the last rank of the job on this node removes the dir
+    if elastic and returncode != 0:
+        _end_like(-signal.SIGKILL)  # a failure the survivors recover from (see above)
     _end_like(returncode)
 
 

@@ -171,6 +171,8 @@ def build_command(plan: Plan, mpirun: str, flavor: str, environ: dict[str, str],
             cmd += ["--map-by", ":OVERSUBSCRIBE", *yield_options(plan.extra, bind=False)]
         for name, value in fwd:
             cmd += ["-x", f"{name}={value}" if value is not None else name]
+        if plan.elastic and "--with-ft" not in plan.extra:
+            cmd += ["--with-ft", "ulfm"]  # a dead rank is the survivors' error, not the end
         cmd += recoverable_extra(plan.extra)
     else:
         if plan.launch_agent:  # Hydra's ssh launcher, with the agent in ssh's place
@@ -233,12 +235,16 @@ def build_srun(plan: Plan, environ: dict[str, str],
     Uniform placements become --nodes/--ntasks/--ntasks-per-node (block: consecutive
     ranks share a node); uneven ones an arbitrary distribution (SLURM_HOSTFILE, one line
     per rank: Slurm's rankfile). A failing rank ends the step (--kill-on-bad-exit), as
-    mpirun ends the job. Values given with -x travel in srun's environment: --export
-    splits on commas, so a value holding one cannot be written there."""
+    mpirun ends the job; with --elastic it does not (--no-kill, and Open MPI's ULFM on
+    through OMPI_MCA_mpi_ft_enable). Values given with -x travel in srun's environment:
+    --export splits on commas, so a value holding one cannot be written there."""
     cmd, env = ["srun"], {}
     if mpi and not any(a == "--mpi" or a.startswith("--mpi=") for a in plan.extra):
         cmd.append(f"--mpi={mpi}")
-    cmd.append("--kill-on-bad-exit=1")
+    if plan.elastic:  # the step outlives a failed task or node (elastic.py)
+        cmd += ["--kill-on-bad-exit=0", "--no-kill"]
+    else:
+        cmd.append("--kill-on-bad-exit=1")
     placement = plan.placement
     if placement:
         np_ = sum(n for _, n in placement)
@@ -263,7 +269,10 @@ def build_srun(plan: Plan, environ: dict[str, str],
             cmd += ["--ntasks-per-node", str(plan.accelerators)]
         cmd += ["--distribution", "block"]
     names = []
-    for n, v in env_to_forward(plan, environ):
+    fwd = env_to_forward(plan, environ)
+    if plan.elastic and not any(n == "OMPI_MCA_mpi_ft_enable" for n, _ in fwd):
+        fwd.append(("OMPI_MCA_mpi_ft_enable", "1"))
+    for n, v in fwd:
         if v is not None:
             env[n] = v
         names.append(n)

@@ -39,6 +39,8 @@ class Plan:
     placement: list[tuple[str, int]] | None = None
     # CPUs per host where the host check found them: a rankfile's slots wrap around them
     host_cpus: dict[str, int] = field(default_factory=dict)
+    # ddlrun --elastic: survivors of a lost rank go on (ULFM; srun --no-kill)
+    elastic: bool = False
 
 
 def plan_hosts(plan: Plan) -> list[Host]:

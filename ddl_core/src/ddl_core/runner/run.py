@@ -32,19 +32,30 @@ signal that killed it), in every launcher mode (`mpirun --runtime-options recove
 itself exits 0 for ranks killed by signals); ranks run under exitreport.py, which reports
 their status here. With `--runtime-options recoverable` Open MPI's fault tolerance is turned
 on too (see launcher.recoverable_extra).
+
+With --elastic (or --min-np / --max-np / --host-discovery-script) a lost rank does not end
+the job: the survivors recover on Open MPI's ULFM, the exit status is theirs, and ddlrun
+names the ranks it lost; below --min-np it ends the job (elastic.py). A discovery script
+is polled and its new slots announced to the ranks, which spawn onto them (discovery.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..jobshm import JobShm
 from ..netaddr import local_addresses
 from .child import run_forwarding
+from .discovery import ENV as UPDATES_ENV
+from .discovery import DiscoveryError, HostUpdates, Poller, run_discovery
+from .elastic import Elastic, elastic_status, running_per_host, too_few_left
 from .exitreport import ENV as EXIT_ENV
 from .exitreport import Collector, job_status
 from .hosts import Host, LaunchError, parse_hostfile, parse_hosts
@@ -100,6 +111,24 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--stage-dir", metavar="DIR", help="where each node keeps the image "
                     "(a node-local directory, the same path on every node; default: the "
                     "temp dir; /dev/shm allowed)")
+    el = ap.add_argument_group("elastic jobs (survivors of a lost rank go on; see "
+                               "ddl_core.runner.elastic)")
+    el.add_argument("--elastic", action="store_true", help="start the job so that a lost "
+                    "rank or host does not end it (Open MPI ULFM; srun --no-kill)")
+    el.add_argument("--min-np", type=count_type("--min-np"), help="end the job with an error "
+                    "once fewer ranks are left (default 1; implies --elastic)")
+    el.add_argument("--max-np", type=count_type("--max-np"), help="never run more ranks than "
+                    "this, however many slots discovery reports (implies --elastic)")
+    el.add_argument("--host-discovery-script", metavar="SCRIPT", help="prints the usable "
+                    "hosts, one host:slots a line; polled; new slots get new ranks, spawned "
+                    "by the survivors at their next reset (implies --elastic)")
+    el.add_argument("--slots-per-host", type=count_type("--slots-per-host"), default=1,
+                    help="slots of a host the script prints without :slots (default 1)")
+    el.add_argument("--discovery-interval", type=float, default=1.0, metavar="S",
+                    help="seconds between runs of the discovery script (default 1)")
+    el.add_argument("--discovery-timeout", type=float, default=10.0, metavar="S",
+                    help="a run of the script that takes longer is killed and skipped "
+                    "(default 10)")
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="print the placement and the exact launcher command before running")
     ap.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
@@ -123,12 +152,43 @@ def make_plan(args: argparse.Namespace) -> Plan:
         agent_argv(args.launch_agent)  # a program that exists, or a clear error now
     if args.accelerators is not None and args.accelerators < 1:
         raise LaunchError(f"--accelerators {args.accelerators}: at least 1 rank per host")
+    if args.host_discovery_script and (hosts or args.hostfile):
+        raise LaunchError("--host-discovery-script gives the hosts: leave -H / --hostfile out "
+                          "(or list those hosts in the script's output)")
     return Plan(command=command, np=args.np, hosts=hosts, hostfile=args.hostfile,
                 topology=parse_topology(args.topology) if args.topology else None,
                 forward=args.forward, extra=[a for s in args.mpi_args for a in shlex.split(s)],
                 accelerators=args.accelerators, racks=args.racks,
                 launch_agent=args.launch_agent,
-                oversubscribe=args.oversubscribe)
+                oversubscribe=args.oversubscribe,
+                elastic=bool(args.elastic or args.min_np or args.max_np
+                             or args.host_discovery_script))
+
+
+def start_elastic(args: argparse.Namespace, plan: Plan) -> Elastic | None:
+    """--elastic: its bounds checked, and with a discovery script its first run, which
+    gives the hosts (a failure here is an error: there is nothing to start on)."""
+    if not plan.elastic:
+        return None
+    el = Elastic(min_np=args.min_np or 1, max_np=args.max_np,
+                 discovery=args.host_discovery_script, interval_s=args.discovery_interval,
+                 timeout_s=args.discovery_timeout, slots_per_host=args.slots_per_host)
+    el.check(args.np)
+    if el.discovery:
+        if args.env:
+            raise LaunchError("--env with --host-discovery-script: not supported (a host "
+                              "added later has no staged copy); stage with --env and a fixed "
+                              "host list, or leave --env out")
+        try:
+            found = run_discovery(el.discovery, el.timeout_s, el.slots_per_host)
+        except DiscoveryError as e:
+            raise LaunchError(f"the host-discovery script's first run: {e}") from None
+        plan.hosts = [Host(h, n) for h, n in found.items()]
+        if plan.np is None:
+            total = sum(found.values())
+            plan.np = min(total, el.max_np) if el.max_np else total
+        el.check(plan.np)
+    return el
 
 
 def use_allocation(plan: Plan, launcher: str, environ: dict[str, str]) -> None:
@@ -171,12 +231,24 @@ def main(argv: list[str] | None = None) -> int:
     collector = None
     shm: JobShm | None = None  # the job's Open MPI shared-memory directory (jobshm.py)
     staging: Staging | None = None
+    elastic: Elastic | None = None
+    updates: HostUpdates | None = None
     try:
         plan = make_plan(args)
         # Every rank starts through exitreport.py, which reports its exit status here: the
         # launcher's own status is not to be trusted (see exitreport.py).
         plan.command = [sys.executable, str(Path(__file__).with_name("exitreport.py")),
                         *plan.command]
+        elastic = start_elastic(args, plan)
+        if elastic is not None:
+            environ.update(elastic.environ())
+            # ranks spawned later get the variables mpirun forwards by name (-x NAME), not
+            # those given a value on its command line (-x NAME=value): seen with PRRTE 5.0
+            for i, item in enumerate(plan.forward):
+                name, eq, value = item.partition("=")
+                if eq:
+                    environ[name], plan.forward[i] = value, name
+            environ["DDL_ELASTIC_COMMAND"] = json.dumps(plan.command)
         if not args.dry_run:
             try:
                 collector = Collector(local_addresses())
@@ -193,6 +265,15 @@ def main(argv: list[str] | None = None) -> int:
         use_allocation(plan, launcher, environ)
         resolve(plan, launcher, check=not (args.no_host_check or args.dry_run))
         check_plan(plan, launcher, environ)
+        if elastic is not None:
+            elastic.hosts = {r: h for r, h in enumerate(
+                h for h, n in (plan.placement or []) for _ in range(n))}
+            elastic.check(launched(plan))
+            if elastic.discovery and not args.dry_run:
+                updates = HostUpdates(local_addresses(), {h.name: h.slots or 1
+                                                          for h in plan.hosts},
+                                      elastic.max_np, running_per_host([], elastic.hosts))
+                environ[UPDATES_ENV] = updates.env_value
         if not args.no_tf_config and launcher != "jsrun":
             add_tf_config(plan, environ)
         if launcher == "mpirun":
@@ -215,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         if staging is not None:
             cmd = launch(staging, launcher, flavor, cmd)
     except LaunchError as e:
+        if updates is not None:
+            updates.close()
         if shm is not None:
             shm.close()
         if staging is not None:
@@ -235,15 +318,40 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     env = launch_environ(environ)
     env.update(extra_env)
+    stopped: list[bool] = []
+    stop = None
+    poller = None
+    if elastic is not None and collector is not None:
+        el, col, np_ = elastic, collector, launched(plan)
+
+        def stop() -> bool:  # fewer than --min-np ranks left: end the job now
+            if too_few_left(col.snapshot(), np_, el.min_np):
+                stopped.append(True)
+                print(f"ddlrun: elastic: fewer than --min-np {el.min_np} ranks left; "
+                      "ending the job", file=sys.stderr, flush=True)
+            return bool(stopped)
+
+        if updates is not None and el.discovery:
+            poller = Poller(el.discovery, el.interval_s, el.timeout_s, el.slots_per_host,
+                            updates, lambda: running_per_host(col.snapshot(), el.hosts,
+                                                             set(updates.hosts)))
     try:
-        status = _run_launcher(cmd, env)
+        status = _run_launcher(cmd, env, stop)
     finally:
+        if poller is not None:
+            poller.close()
+        if updates is not None:
+            updates.close()
         if staging is not None:
             staging.close()  # every node's copy removed
     reports = collector.close() if collector is not None else []
     if shm is not None:
         shm.close()  # after the launcher: however the job ended
-    status, summary = job_status(reports, status)
+    if elastic is not None and collector is not None:
+        status, summary = elastic_status(reports, status, elastic, launched(plan),
+                                         bool(stopped))
+    else:
+        status, summary = job_status(reports, status)
     if summary:
         print(summary, file=sys.stderr, flush=True)
     return status
@@ -262,19 +370,35 @@ def start_env(args: argparse.Namespace, plan: Plan, launcher: str, flavor: str |
     hosts = [h for h, _ in plan.placement] if plan.placement else \
         [h.name for h in plan_hosts(plan)]
     slurm = len(plan.allocation.nodes) if plan.allocation is not None else None
+    t0 = time.monotonic()
     st = stage(args.env, hosts, plan.launch_agent, args.stage_dir, slurm_nodes=slurm,
                here=launcher == "mpirun")
+    if args.verbose:
+        nodes = sum(k.expect for k in st.keepers)
+        print(f"# --env {args.env}: staged {st.size / 2**20:.0f} MiB to {nodes} "
+              f"node{'s' if nodes != 1 else ''} in {time.monotonic() - t0:.2f} s (sha256 "
+              "checked on each)", file=sys.stderr, flush=True)
     st.activate(environ)
     if per_rank(launcher, flavor):
         plan.command = wrap_ranks(st, plan.command)
     return st
 
 
-def _run_launcher(cmd: list[str], env: dict[str, str]) -> int:
+def launched(plan: Plan) -> int:
+    """How many ranks the launch starts (what --min-np is counted against)."""
+    if plan.np:
+        return plan.np
+    if plan.placement:
+        return sum(n for _, n in plan.placement)
+    return 1
+
+
+def _run_launcher(cmd: list[str], env: dict[str, str],
+                  stop: Callable[[], bool] | None = None) -> int:
     """Run the launcher as a child (not exec: its exit status is only part of the
     answer), passing Ctrl-C on (child.py). The status: its exit code, or 128+signal."""
     try:
-        return run_forwarding(cmd, env).status
+        return run_forwarding(cmd, env, stop=stop).status
     except OSError as e:
         print(f"ddlrun: error: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
         return 127

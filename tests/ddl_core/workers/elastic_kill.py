@@ -1,0 +1,77 @@
+"""Worker for test_elastic_launch.py: under `ddlrun --elastic`, one rank ends mid-loop and
+the survivors go on.
+
+    elastic_kill.py API VICTIM HOW
+
+API: mpi4py (ULFM directly: ERRORS_RETURN, Shrink) or ddl (ddl_core's ProcessFailedError
+and shrink_world). HOW: kill (SIGKILL) or exit3 (exit status 3 without MPI_Finalize, as a
+crash would). Each survivor checks an allreduce on the shrunk world and prints
+`OK <size> <seconds from the victim's end to that allreduce done>`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+api, victim, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+stamp = f"/dev/shm/ddl-elastic-{os.environ.get('DDL_EXIT_REPORT', 'x').rsplit(':', 1)[-1]}"
+
+
+def end() -> None:
+    with open(stamp, "w") as fh:  # the moment of the end (same host, same clock)
+        fh.write(repr(time.time()))
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(3)
+
+
+def since_end() -> float:
+    with open(stamp) as fh:
+        return time.time() - float(fh.read())
+
+
+if api == "mpi4py":
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    world.Set_errhandler(MPI.ERRORS_RETURN)
+    me = world.Get_rank()
+    try:
+        for i in range(10000):
+            if i == 10 and me == victim:
+                end()
+            world.allreduce(1)
+            time.sleep(0.01)
+        raise SystemExit("no failure seen")
+    except MPI.Exception as e:
+        assert e.Get_error_class() in (MPI.ERR_PROC_FAILED, MPI.ERR_REVOKED), e
+        world.Revoke()
+        new = world.Shrink()
+        size = new.Get_size()
+        assert new.allreduce(me) == sum(range(size + 1)) - victim, "wrong sum"
+        print(f"OK {size} {since_end():.3f}", flush=True)
+        new.Free()
+else:
+    import numpy as np
+
+    import ddl_core as ddl
+
+    ddl.init()
+    assert ddl.fault_tolerant(), "DDL_ELASTIC jobs run with ULFM"
+    me, n = ddl.rank(), ddl.size()
+    try:
+        for i in range(10000):
+            if i == 10 and me == victim:
+                end()
+            ddl.allreduce(np.ones(4))
+            time.sleep(0.01)
+        raise SystemExit("no failure seen")
+    except ddl.ProcessFailedError as e:
+        assert victim in e.ranks, e.ranks
+        ddl.shrink_world()
+        out = ddl.allreduce(np.full(4, float(me)))
+        assert ddl.size() == n - 1 and out[0] == sum(range(n)) - victim, out
+        print(f"OK {ddl.size()} {since_end():.3f}", flush=True)
