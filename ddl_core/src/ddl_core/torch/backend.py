@@ -72,6 +72,7 @@ import ddl_core
 from ddl_core import _ddl
 from ddl_core.netaddr import local_addresses
 
+from . import torchrun_join
 from ._async import COMPLETER, DONE, Outcome, completed, completed_on, when_done
 from ._tensors import chain, cuda_device, prepare
 
@@ -299,11 +300,12 @@ class ProcessGroupDDL(dist.ProcessGroup):
         if (rank, size) != have and comm is None and not under_mpi():
             raise RuntimeError(
                 f"init_process_group('ddl') as rank {rank} of {size} in a process that no MPI "
-                f"launcher started (torchrun, or plain python: libddl sees a job of "
-                f"{have[1]}). The ddl backend runs on MPI and separately started processes "
-                f"cannot join one MPI job, so launch with ddlrun, mpirun or srun instead "
-                f"(ddlrun -n {size} python script.py), or use backend='gloo' under torchrun. "
-                "See docs/frameworks.md, 'torchrun', in DDL-CE.")
+                f"launcher started, after libddl was initialised alone (libddl sees a job of "
+                f"{have[1]}): under torchrun the ranks become one MPI job inside "
+                "init_process_group, before MPI starts, so call it before ddl_core.init() "
+                "or anything that initialises MPI (mpi4py, horovod.init), or launch with "
+                f"ddlrun -n {size} python script.py. See docs/frameworks.md, 'torchrun', "
+                "in DDL-CE.")
         if (rank, size) != have:
             raise ValueError(
                 f"a ddl process group with rank {rank} of {size} on a communicator where "
@@ -806,6 +808,8 @@ def _create(opts: Any, backend_options: Any = None) -> Any:  # noqa: ARG001
     torch calls this on the group's members only; the others take their part in the
     communicator's creation in _new_process_group_helper (see _join_as_non_member)."""
     rank, size = opts.group_rank, opts.group_size
+    if torchrun_join.wanted(size):  # (torchrun: its processes become one MPI job first)
+        torchrun_join.join(opts.store, rank, size, opts.timeout)
     comm = group_comm(list(opts.global_ranks_in_group))
     impl = ProcessGroupDDL(rank, size, opts.timeout, comm=comm)
     cpp = cpp_backend()
