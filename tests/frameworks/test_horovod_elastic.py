@@ -44,19 +44,37 @@ def _survivors(proc: object, n: int) -> list[str]:
     (4, ["20", "5", "0"], 3),     # rank 0, the one the state is synchronised from
     (4, ["20", "3", "1,2"], 2),   # two at once
 ])
-def test_training_goes_on_through_a_sigkill_under_ulfm(n: int, args: list[str],
-                                                        survivors: int) -> None:
-    """mpirun --with-ft ulfm (what ddlrun --elastic runs): the survivors of SIGKILLed
+def test_training_goes_on_through_a_sigkill(n: int, args: list[str], survivors: int) -> None:
+    """horovodrun -np N --min-np 2 (ddlrun --elastic: ULFM): the survivors of SIGKILLed
     ranks restore the last commit, shrink the world, finish every step, and end with the
-    same parameters."""
+    same parameters; the job's status is theirs (0) and ddlrun names the ranks lost."""
     need("torch")
     _need_fault_tolerance()
-    proc = run_job([str(BIN / "mpirun"), "--with-ft", "ulfm", "-n", str(n), "--map-by",
-                    ":OVERSUBSCRIBE", "--mca", "mpi_yield_when_idle", "1", sys.executable,
+    _need_ddlrun_elastic()
+    proc = run_job([str(BIN / "horovodrun"), "-np", str(n), "--min-np", "2", "--mpi-args",
+                    "--mca mpi_yield_when_idle 1", sys.executable,
                     str(WORKERS / "hvd_elastic_kill.py"), *args],
                    env={"DDL_TIMEOUT": "60"}, check=False, timeout=300)
     lines = _survivors(proc, survivors)
     assert all(f"size={survivors}" in line for line in lines), lines
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{n - survivors} rank{'s' if n - survivors > 1 else ''} lost" in proc.stderr, \
+        proc.stderr[-3000:]
+
+
+def test_a_job_below_min_np_fails() -> None:
+    """--min-np 3 of 3: a death leaves too few, and the job ends with an error."""
+    need("torch")
+    _need_fault_tolerance()
+    _need_ddlrun_elastic()
+    proc = run_job([str(BIN / "horovodrun"), "-np", "3", "--min-np", "3", "--mpi-args",
+                    "--mca mpi_yield_when_idle 1", sys.executable,
+                    str(WORKERS / "hvd_elastic_kill.py"), "20", "5"],
+                   env={"DDL_TIMEOUT": "60"}, check=False, timeout=300)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    # (ddlrun ends the job when it sees too few left; survivors quicker than that may
+    # finish first, which does not change the job's status)
+    assert "--min-np 3" in proc.stderr, proc.stderr[-3000:]
 
 
 def _translate(*argv: str) -> list[str]:
@@ -72,7 +90,15 @@ def _script(tmp_path: Path) -> str:
     return str(s)
 
 
+def _need_ddlrun_elastic() -> None:
+    from ddl_core.runner import run
+
+    if "--elastic" not in run.parser()._option_string_actions:
+        pytest.skip("this ddl_core's ddlrun has no --elastic")
+
+
 def test_horovodrun_elastic_options_become_ddlrun_elastic(tmp_path: Path) -> None:
+    _need_ddlrun_elastic()
     script = _script(tmp_path)
     out = _translate("-np", "2", "--min-np", "1", "--max-np", "4", "--host-discovery-script",
                      script, "--reset-limit", "3", "python", "train.py")
@@ -111,6 +137,18 @@ def test_horovodrun_refuses_elastic_options_that_cannot_hold(argv: list[str], wo
     with pytest.raises(SystemExit) as e:
         _translate(*argv, "python", "train.py")
     assert words in str(e.value), e.value
+
+
+def test_horovodrun_elastic_says_when_ddlrun_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ddl_core whose ddlrun predates elastic jobs: a clear refusal, not ddlrun's usage
+    error."""
+    import argparse
+
+    from ddl_core.runner import run
+
+    monkeypatch.setattr(run, "parser", lambda: argparse.ArgumentParser())
+    with pytest.raises(SystemExit, match="has no --elastic"):
+        _translate("-np", "2", "--min-np", "1", "x")
 
 
 def test_horovodrun_refuses_a_script_together_with_fixed_hosts(tmp_path: Path) -> None:

@@ -66,7 +66,15 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
                 raise NotImplementedError("horovod-ddl runs on MPI_COMM_WORLD only")
         except ImportError:
             pass
-    ddl_core.init()
+    if ddl_core.is_initialized():
+        ddl_core.init()
+    else:
+        from . import elastic_world
+
+        # a rank spawned onto a host the discovery script added starts on the world it
+        # was merged into (the survivors and the other new ranks)
+        joined = elastic_world.join_if_spawned()
+        ddl_core.init(comm=joined) if joined is not None else ddl_core.init()
     _cross = _layout()
     worker_env.export_layout(ddl_core.rank(), ddl_core.size(), ddl_core.local_rank(),
                              ddl_core.local_size(), *_cross)

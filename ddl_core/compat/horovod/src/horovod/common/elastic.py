@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import queue
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -34,10 +37,28 @@ class WorkerNotificationManager:
     def __init__(self) -> None:
         self._listeners: list[Any] = []
         self._lock = threading.Lock()
+        self._poll_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
     def init(self) -> None:
-        """Kept for Horovod's interface: there is no service to start (updates are polled
-        from the launcher at each check)."""
+        """Under ddlrun --elastic with a discovery script, start the thread that hands
+        ddlrun's host updates to the listeners as they come (as Horovod's notification
+        service does; check_host_updates also polls)."""
+        with self._lock:
+            if self._thread is not None or not os.environ.get("DDL_HOST_UPDATES"):
+                return
+            self._thread = threading.Thread(target=self._loop, daemon=True,
+                                            name="horovod-host-updates")
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self.poll()
+            except Exception as exc:  # noqa: BLE001 - a lost channel ends the updates only
+                print(f"horovod: host updates stopped: {exc}", file=sys.stderr, flush=True)
+                return
+            time.sleep(POLL_S)
 
     def register_listener(self, listener: Any) -> None:
         with self._lock:
@@ -57,11 +78,16 @@ class WorkerNotificationManager:
 
     def poll(self) -> None:
         """Hand every update the launcher has announced since the last poll on."""
-        for timestamp, res in elastic_world.poll_host_updates():
+        with self._poll_lock:
+            updates = elastic_world.poll_host_updates()
+        for timestamp, res in updates:
             self.handle_hosts_updated(timestamp, HostUpdateResult(int(res)))
 
 
 notification_manager = WorkerNotificationManager()
+
+#: seconds between two looks at ddlrun's host updates (a non-blocking read)
+POLL_S = 0.1
 
 
 class State:

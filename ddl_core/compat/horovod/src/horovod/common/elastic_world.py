@@ -61,31 +61,101 @@ def count_reset() -> None:
 
 
 def rebuild() -> None:
-    """Make the world the ranks still alive (plus any the launcher added): collective
-    over them. In a job without fault tolerance the world stays as it is."""
-    if fault_tolerant():
-        ddl_core.shrink_world()
-        grow = _grow_hook()
-        if grow is not None:
-            grow()
+    """Make the world the ranks still alive, plus the ranks the launcher asks for on
+    hosts the discovery script added (ddlrun's host-update channel, rank 0's latest
+    state, agreed by broadcast): collective over the survivors. In a job without fault
+    tolerance the world stays as it is."""
+    global _mpi_world
+    if not fault_tolerant():
+        return
+    ddl_core.shrink_world()
+    plan = _agreed_spawn()  # (on the survivors' world: the old one may have lost ranks)
+    if not plan:
+        return
+    from ddl_core import hostupdates
+
+    # MPI's view of the same survivors, for MPI_Comm_spawn (ddl_core's world is libddl's)
+    survivors = _current_mpi_world().Shrink()
+    merged = hostupdates.spawn(survivors, plan, known_hosts=_known_hosts)
+    _known_hosts.update(h for h, _ in plan)
+    survivors.Free()
+    ddl_core.replace_world(merged)
+    _mpi_world = merged
 
 
-def _grow_hook() -> Any:
-    """ddlrun's regrow step, when this ddl_core has one: merges ranks started on hosts
-    the discovery script added into the world (ddl_core.replace_world)."""
-    try:
-        from ddl_core.runner import elastic as runner_elastic  # type: ignore[attr-defined]
-    except ImportError:
+#: the mpi4py communicator the world was last made of (None: MPI_COMM_WORLD, or the
+#: survivors ddl_core.shrink_world() found, which MPI_COMM_WORLD's Shrink finds again)
+_mpi_world: Any = None
+_known_hosts: set[str] = set()
+_watch: Any = None
+_seen_generation: int | None = None
+
+
+def _current_mpi_world() -> Any:
+    from mpi4py import MPI
+
+    return _mpi_world if _mpi_world is not None else MPI.COMM_WORLD
+
+
+def join_if_spawned() -> Any:
+    """In a rank the survivors spawned onto a new host: the communicator it was merged
+    into (the world to start on), else None. Only under ddlrun --elastic with a discovery
+    script (DDL_HOST_UPDATES set), so a plain job never imports mpi4py here."""
+    global _mpi_world
+    if not os.environ.get("DDL_HOST_UPDATES"):
         return None
-    return getattr(runner_elastic, "grow_world", None)
+    from ddl_core import hostupdates
+
+    merged = hostupdates.join()
+    if merged is not None:
+        _mpi_world = merged
+    return merged
+
+
+def _host_watch() -> Any:
+    global _watch
+    if _watch is None and os.environ.get("DDL_HOST_UPDATES"):
+        from ddl_core import hostupdates
+
+        _watch = hostupdates.HostWatch.from_env()
+    return _watch
+
+
+def _agreed_spawn() -> list[list[Any]]:
+    """The [host, n] ranks to start now, as rank 0 sees ddlrun's latest state."""
+    watch = _host_watch() if ddl_core.rank() == 0 else None
+    state = watch.latest() if watch is not None else None
+    from ddl_core.objects import broadcast_object
+
+    state = broadcast_object(state, 0)
+    if not state:
+        return []
+    if not _known_hosts:
+        _known_hosts.update(state.get("running", {}))
+    return [[str(h), int(n)] for h, n in state.get("spawn", []) if int(n) > 0]
 
 
 def poll_host_updates() -> list[tuple[float, int]]:
-    """Host updates the launcher has announced since the last call, as (timestamp,
-    HostUpdateResult flags); [] when the launcher announces none."""
-    try:
-        from ddl_core.runner import elastic as runner_elastic  # type: ignore[attr-defined]
-    except ImportError:
+    """Host updates ddlrun has announced since the last call, as (timestamp,
+    HostUpdateResult flags); [] outside an elastic ddlrun job with a discovery script."""
+    global _seen_generation
+    from .exceptions import HostUpdateResult
+
+    watch = _host_watch()
+    state = watch.latest() if watch is not None else None
+    if not state:
         return []
-    fn = getattr(runner_elastic, "host_updates", None)
-    return list(fn()) if fn is not None else []
+    gen = int(state["generation"])
+    if _seen_generation is None:  # the state at start: no update yet
+        _seen_generation = gen
+        _known_hosts.update(state.get("running", {}) or state.get("hosts", {}))
+        return []
+    if gen <= _seen_generation:
+        return []
+    _seen_generation = gen
+    flags = HostUpdateResult.no_update
+    if state.get("added") or state.get("spawn"):
+        flags |= HostUpdateResult.added
+    if state.get("removed"):
+        flags |= HostUpdateResult.removed
+    return [(float(state.get("time", gen)), int(flags or HostUpdateResult.added))]

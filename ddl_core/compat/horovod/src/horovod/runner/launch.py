@@ -140,6 +140,13 @@ def _elastic_args(a: argparse.Namespace) -> list[str]:
         if not os.path.isfile(a.discovery) or not os.access(a.discovery, os.X_OK):
             raise refuse(f"--host-discovery-script {a.discovery}: not an executable file "
                          f"(chmod +x it, or give its path)")
+    wanted = ["--elastic", "--min-np", "--max-np", "--host-discovery-script"]
+    if a.slots is not None:
+        wanted.append("--slots-per-host")
+    missing = [f for f in wanted if f not in ddlrun.parser()._option_string_actions]
+    if missing:
+        raise refuse(f"this ddl_core's ddlrun has no {', '.join(missing)}, which elastic "
+                     "Horovod runs on: install a ddl_core with elastic jobs (ddlrun --elastic)")
     out = ["--elastic", "--min-np", str(min_np)]
     if a.max_np is not None:
         out += ["--max-np", str(a.max_np)]
