@@ -77,6 +77,32 @@ def test_a_job_below_min_np_fails() -> None:
     assert "--min-np 3" in proc.stderr, proc.stderr[-3000:]
 
 
+def test_a_host_update_grows_the_job(tmp_path: Path) -> None:
+    """horovodrun --host-discovery-script: the script reports a third slot after epoch 0;
+    the job grows from 2 ranks to 3 at the next commit (the new rank spawned, merged,
+    synchronised) and all three finish with the same parameters."""
+    need("torch")
+    need("mpi4py")
+    _need_fault_tolerance()
+    _need_ddlrun_elastic()
+    flag = tmp_path / "epoch1"
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\nif [ -e {flag} ]; then echo localhost:3; "
+                      "else echo localhost:2; fi\n")
+    script.chmod(0o755)
+    proc = run_job([str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "3",
+                    "--host-discovery-script", str(script), "--mpi-args",
+                    "--mca mpi_yield_when_idle 1", sys.executable,
+                    str(WORKERS / "hvd_elastic_grow.py"), str(flag), "3"],
+                   env={"DDL_TIMEOUT": "60"}, check=False, timeout=300)
+    lines = re.findall(r"^OK hvd_elastic_grow .*$", proc.stdout, re.M)
+    assert proc.returncode == 0 and len(lines) == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert all("size=3" in x and "same=True" in x and "epoch=3" in x for x in lines), lines
+    assert sorted(x.split()[2] for x in lines) == ["start_rank=0", "start_rank=1",
+                                                  "start_rank=2"], lines
+    assert sum("resets=[3]" in x for x in lines) == 2, lines  # the two that were there
+
+
 def _translate(*argv: str) -> list[str]:
     from horovod.runner.launch import translate
 

@@ -3,6 +3,7 @@ torch, tensorflow and keras front ends."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -72,9 +73,16 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         from . import elastic_world
 
         # a rank spawned onto a host the discovery script added starts on the world it
-        # was merged into (the survivors and the other new ranks)
+        # was merged into (the survivors and the other new ranks), made the world by the
+        # same call the survivors make (replace_world), so the two sides match
         joined = elastic_world.join_if_spawned()
-        ddl_core.init(comm=joined) if joined is not None else ddl_core.init()
+        ddl_core.init()
+        if joined is not None:
+            ddl_core.replace_world(joined)
+            # its launch variables were its spawn's (rank 0 of 1): the job's are these
+            for name in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
+                         "HOROVOD_LOCAL_SIZE"):
+                os.environ.pop(name, None)
     _cross = _layout()
     worker_env.export_layout(ddl_core.rank(), ddl_core.size(), ddl_core.local_rank(),
                              ddl_core.local_size(), *_cross)
