@@ -237,7 +237,7 @@ static ddl_status_t root_side(const record_t *mine, int p, double timeout, recor
         int flag = 0;
         MPI_Message msg;
         MPI_Status st;
-        MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, TAG_RECORD, MPI_COMM_WORLD, &flag, &msg, &st));
+        MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, TAG_RECORD, ddl_base_comm, &flag, &msg, &st));
         if (flag) {
             int bytes = 0, src = st.MPI_SOURCE;
             MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
@@ -254,7 +254,7 @@ static ddl_status_t root_side(const record_t *mine, int p, double timeout, recor
             rec[src] = r;
             arrived[src] = 1;
             got++;
-            MPI_CHECK(MPI_Isend(&ack, 1, MPI_INT, src, TAG_ACK, MPI_COMM_WORLD, &acks[src]));
+            MPI_CHECK(MPI_Isend(&ack, 1, MPI_INT, src, TAG_ACK, ddl_base_comm, &acks[src]));
             spin = 0;
             continue;
         }
@@ -274,7 +274,7 @@ static ddl_status_t root_side(const record_t *mine, int p, double timeout, recor
     for (int i = 0; i < p; i++) {
         sends[i] = MPI_REQUEST_NULL;
         if (i > 0 && arrived[i])
-            MPI_CHECK(MPI_Isend(v, sizeof *v, MPI_BYTE, i, TAG_VERDICT, MPI_COMM_WORLD, &sends[i]));
+            MPI_CHECK(MPI_Isend(v, sizeof *v, MPI_BYTE, i, TAG_VERDICT, ddl_base_comm, &sends[i]));
     }
     /* Small messages to ranks that are waiting for them: they complete at once, but a
      * rank that died since is not waited for past the deadline. */
@@ -298,9 +298,9 @@ out:
 static ddl_status_t other_side(const record_t *mine, double timeout, record_t *v) {
     MPI_Request send, ack_req, verdict_req;
     int ack = 0, done = 0;
-    MPI_CHECK(MPI_Irecv(&ack, 1, MPI_INT, 0, TAG_ACK, MPI_COMM_WORLD, &ack_req));
-    MPI_CHECK(MPI_Irecv(v, sizeof *v, MPI_BYTE, 0, TAG_VERDICT, MPI_COMM_WORLD, &verdict_req));
-    MPI_CHECK(MPI_Isend(mine, sizeof *mine, MPI_BYTE, 0, TAG_RECORD, MPI_COMM_WORLD, &send));
+    MPI_CHECK(MPI_Irecv(&ack, 1, MPI_INT, 0, TAG_ACK, ddl_base_comm, &ack_req));
+    MPI_CHECK(MPI_Irecv(v, sizeof *v, MPI_BYTE, 0, TAG_VERDICT, ddl_base_comm, &verdict_req));
+    MPI_CHECK(MPI_Isend(mine, sizeof *mine, MPI_BYTE, 0, TAG_RECORD, ddl_base_comm, &send));
     DDL_CHECK(poll_until(&ack_req, ddl_now() + timeout, &done));
     if (!done) {
         abandon(&ack_req);
@@ -335,8 +335,8 @@ static ddl_status_t other_side(const record_t *mine, double timeout, record_t *v
 
 ddl_status_t ddl_init_agree(const ddl_config_t *cfg, ddl_status_t local, const char *local_error) {
     int rank = 0, p = 1;
-    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &p));
+    MPI_CHECK(MPI_Comm_rank(ddl_base_comm, &rank));
+    MPI_CHECK(MPI_Comm_size(ddl_base_comm, &p));
     if (p == 1) return local == DDL_SUCCESS ? DDL_SUCCESS : ddl_fail_verbatim(local, local_error);
     record_t mine, v;
     memset(&mine, 0, sizeof mine);

@@ -620,6 +620,8 @@ ddl_status_t ddl_request_gathered(ddl_request_t req, const void **buf, const siz
 }
 
 static ddl_status_t request_status(ddl_request_t req) {
+    if (req->status == DDL_ERR_PROC_FAILED)
+        ddl_ft_note(req->eng && req->eng->ctx ? req->eng->ctx->owner : req->comm);
     if (req->status != DDL_SUCCESS) return ddl_fail_verbatim(req->status, req->error);
     return DDL_SUCCESS;
 }

@@ -36,6 +36,19 @@ ddl_status_t ddl_comm_enter(ddl_comm_t c, const char *fn, double *saved) {
     DDL_CHECK(ddl_require_init());
     if (!c || c->magic != DDL_COMM_MAGIC || c->freed) return bad_handle(c, fn);
     *saved = -1.0;
+    ddl_cur_comm = c;
+    ddl_cur.cctx = NULL;
+    /* A communicator that lost a member (ft.c) answers only its local queries now. */
+    if (c->ft_failed && !ddl_ft_exempt(fn)) {
+        char list[256] = "";
+        ddl_format_ranks(list, sizeof list, c->failed, c->nfailed);
+        ddl_ft_note(c);
+        return ddl_fail(DDL_ERR_PROC_FAILED,
+                        "%s: this communicator lost member%s %s: shrink it (comm.shrink(), "
+                        "ddl_core.shrink_world()) to go on without %s",
+                        fn, c->nfailed == 1 ? "" : "s", c->nfailed ? list : "(not known yet)",
+                        c->nfailed == 1 ? "it" : "them");
+    }
     if (c->timeout_s > 0) {
         *saved = ddl_thread_timeout();
         ddl_set_thread_timeout(c->timeout_s);
@@ -54,7 +67,8 @@ void ddl_comm_leave(double saved) {
 ddl_status_t ddl_comm_world_setup(void) {
     world_comm.is_world = 1;
     world_comm.ctx = &ddl_g.app;
-    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world_comm.p2p));
+    ddl_g.app.owner = ddl_g.progress.owner = &world_comm;
+    MPI_CHECK(MPI_Comm_dup(ddl_base_comm, &world_comm.p2p));
     MPI_CHECK(MPI_Comm_set_errhandler(world_comm.p2p, MPI_ERRORS_RETURN));
     world_comm.world_ranks = NULL;
     pthread_mutex_init(&world_comm.recv_lock, NULL);
@@ -192,6 +206,7 @@ static ddl_status_t comm_setup(ddl_comm_t c, MPI_Comm newcomm) {
     MPI_CHECK(MPI_Comm_size(newcomm, &cw->size));
     c->own.id = -1; /* liveness: its members only (dooms() in liveness.c), no diagnosis */
     c->ctx = &c->own;
+    c->own.owner = c->prog.owner = c;
     int dims[DDL_MAX_LEVELS], nlevels = 1, key = 0;
     DDL_CHECK(restricted_grid(newcomm, cw->size, dims, &nlevels, &key));
     MPI_Comm base;
@@ -298,15 +313,12 @@ ddl_status_t ddl_comm_create(ddl_comm_t parent, const int *ranks, int n, ddl_com
     return ddl_comm_split(parent, color, key, out);
 }
 
-ddl_status_t ddl_comm_free(ddl_comm_t *cp) {
-    if (!cp) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_comm_free: NULL pointer");
-    ddl_comm_t c = *cp;
-    double saved;
-    DDL_CHECK(ddl_comm_enter(c, "ddl_comm_free", &saved));
-    ddl_comm_leave(saved);
-    if (c->is_world)
-        return ddl_fail(DDL_ERR_INVALID_ARG,
-                        "ddl_comm_free: the world communicator is freed by ddl_finalize");
+/* ---- fault tolerance (ft.c), groups made by their members, foreign communicators ---- */
+
+ddl_status_t ddl_comm_setup_from(ddl_comm_t c, MPI_Comm newcomm) { return comm_setup(c, newcomm); }
+
+/* What ddl_comm_free releases, for a communicator comm_setup built completely. */
+void ddl_comm_teardown(ddl_comm_t c) {
     c->freed = 1;
     ddl_engine_destroy(c->eng); /* what is queued on it runs (or fails) first */
     c->eng = NULL;
@@ -321,6 +333,102 @@ ddl_status_t ddl_comm_free(ddl_comm_t *cp) {
     free(c->world_ranks);
     c->world_ranks = NULL;
     c->own.members = NULL;
+    free(c->failed);
+    c->failed = NULL;
+    c->nfailed = 0;
+}
+
+/* The tag MPI_Comm_create_group's own messages carry on the parent's point-to-point
+ * communicator: above the users' tags (0..32767), so they never meet a user message. */
+#define CREATE_GROUP_TAG 40961
+
+ddl_status_t ddl_comm_create_group(ddl_comm_t parent, const int *ranks, int n, ddl_comm_t *out) {
+    double saved;
+    DDL_CHECK(ddl_comm_enter(parent, "ddl_comm_create_group", &saved));
+    ddl_comm_leave(saved);
+    int size = parent->ctx->world.size, me = parent->ctx->world.rank, mine = 0;
+    if (!out || n <= 0 || !ranks)
+        return ddl_fail(DDL_ERR_INVALID_ARG,
+                        "ddl_comm_create_group: NULL output, or an empty or NULL rank list");
+    *out = NULL;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= size)
+            return ddl_fail(DDL_ERR_INVALID_ARG,
+                            "ddl_comm_create_group: rank %d is not in the parent communicator "
+                            "(0..%d)", ranks[i], size - 1);
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i])
+                return ddl_fail(DDL_ERR_INVALID_ARG,
+                                "ddl_comm_create_group: rank %d is listed twice", ranks[i]);
+        if (ranks[i] == me) mine = 1;
+    }
+    if (!mine)
+        return ddl_fail(DDL_ERR_INVALID_ARG,
+                        "ddl_comm_create_group: rank %d is not in the list: only the members "
+                        "call it (ddl_comm_create is the call every rank makes)", me);
+    MPI_Group pg, g;
+    MPI_CHECK(MPI_Comm_group(parent->p2p, &pg));
+    int rc = MPI_Group_incl(pg, n, ranks, &g);
+    MPI_Group_free(&pg);
+    if (rc != MPI_SUCCESS) return ddl_mpi_fail(rc, "MPI_Group_incl");
+    MPI_Comm nc = MPI_COMM_NULL;
+    rc = MPI_Comm_create_group(parent->p2p, g, CREATE_GROUP_TAG, &nc);
+    MPI_Group_free(&g);
+    if (rc != MPI_SUCCESS) return ddl_mpi_fail(rc, "MPI_Comm_create_group");
+    ddl_comm_t c = calloc(1, sizeof *c);
+    if (!c) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for a communicator");
+    DDL_CHECK(comm_setup(c, nc));
+    c->timeout_s = parent->timeout_s;
+    *out = c;
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_comm_from_mpi(intptr_t mpi_comm, ddl_comm_t *out) {
+    DDL_CHECK(ddl_require_init());
+    if (!out) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_comm_from_mpi: NULL argument");
+    *out = NULL;
+    MPI_Comm given = ddl_comm_of_handle(mpi_comm), nc;
+    if (given == MPI_COMM_NULL)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_comm_from_mpi: MPI_COMM_NULL");
+    int inter = 0;
+    MPI_CHECK(MPI_Comm_test_inter(given, &inter));
+    if (inter)
+        return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_comm_from_mpi: an intercommunicator; merge "
+                        "it first (MPI_Intercomm_merge)");
+    MPI_CHECK(MPI_Comm_dup(given, &nc));
+    ddl_comm_t c = calloc(1, sizeof *c);
+    if (!c) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for a communicator");
+    DDL_CHECK(comm_setup(c, nc));
+    /* Members from another MPI world (spawned and merged) have no rank in this one:
+     * world_ranks says -1 for them, and the liveness watcher, which knows this world's
+     * ranks only, leaves them to ULFM. */
+    MPI_Group g, w;
+    MPI_CHECK(MPI_Comm_group(nc, &g));
+    MPI_CHECK(MPI_Comm_group(ddl_base_comm, &w));
+    int size = c->own.world.size, *seq = malloc(sizeof(int) * (size_t)size);
+    if (!seq) return ddl_fail(DDL_ERR_NO_MEMORY, "no memory for a communicator");
+    for (int i = 0; i < size; i++) seq[i] = i;
+    int rc = MPI_Group_translate_ranks(g, size, seq, w, c->world_ranks);
+    free(seq);
+    MPI_Group_free(&g);
+    MPI_Group_free(&w);
+    if (rc != MPI_SUCCESS) return ddl_mpi_fail(rc, "MPI_Group_translate_ranks");
+    for (int i = 0; i < size; i++)
+        if (c->world_ranks[i] == MPI_UNDEFINED) c->world_ranks[i] = -1;
+    *out = c;
+    return DDL_SUCCESS;
+}
+
+ddl_status_t ddl_comm_free(ddl_comm_t *cp) {
+    if (!cp) return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_comm_free: NULL pointer");
+    ddl_comm_t c = *cp;
+    double saved;
+    DDL_CHECK(ddl_comm_enter(c, "ddl_comm_free", &saved));
+    ddl_comm_leave(saved);
+    if (c->is_world)
+        return ddl_fail(DDL_ERR_INVALID_ARG,
+                        "ddl_comm_free: the world communicator is freed by ddl_finalize");
+    ddl_comm_teardown(c);
     /* The struct itself is kept (a few hundred bytes) so a stale handle is reported. */
     *cp = NULL;
     return DDL_SUCCESS;

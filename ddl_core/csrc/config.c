@@ -45,6 +45,7 @@ static const setting_t settings[] = {
     {"DDL_NCCL", WORD, 0, 0, NULL, "auto", 1},
     {"DDL_NCCL_OUTER", WORD, 0, 0, NULL, "nccl", 1},
     {"DDL_LIVENESS", NUM_INT, 0, 1, "0 or 1", "1", 1},
+    {"DDL_ELASTIC", NUM_INT, 0, 1, "0 or 1", "0", 1},
     {"DDL_SHM", NUM_INT, 0, 1, "0 or 1", "1", 1},
     {"DDL_CMA", NUM_INT, 0, 1, "0 or 1", "1", 0},
     {"DDL_TIMEOUT", NUM_REAL, 0.001, 1e9, "seconds", "300", 0},
@@ -221,6 +222,8 @@ static ddl_status_t parse_one(const setting_t *s, const char *text, ddl_config_t
         cfg->log_level = (int)d;
     } else if (!strcmp(n, "DDL_LIVENESS")) {
         cfg->liveness = (int)d;
+    } else if (!strcmp(n, "DDL_ELASTIC")) {
+        cfg->elastic = (int)d;
     } else if (!strcmp(n, "DDL_SHM")) {
         cfg->shm = (int)d;
     } else if (!strcmp(n, "DDL_CMA")) {
@@ -318,6 +321,8 @@ size_t ddl_config_agreed(const ddl_config_t *cfg, char *out, size_t n) {
             snprintf(canon, sizeof canon, "%d", cfg->nccl_outer_mpi);
         } else if (!strcmp(nm, "DDL_LIVENESS")) {
             snprintf(canon, sizeof canon, "%d", cfg->liveness);
+        } else if (!strcmp(nm, "DDL_ELASTIC")) {
+            snprintf(canon, sizeof canon, "%d", cfg->elastic);
         } else if (!strcmp(nm, "DDL_SHM")) {
             snprintf(canon, sizeof canon, "%d", cfg->shm);
         }
@@ -346,6 +351,7 @@ void ddl_config_apply(const ddl_config_t *cfg) {
     ddl_g.segment_bytes = cfg->segment_bytes;
     ddl_g.forced_algo = cfg->algo;
     ddl_g.liveness = cfg->liveness;
+    ddl_elastic = cfg->elastic;
     ddl_g.shm = cfg->shm;
     ddl_g.cma = cfg->cma;
     ddl_gpu_configure(cfg->nccl, cfg->nccl_outer_mpi);

@@ -213,6 +213,8 @@ typedef struct {
      * first reduce on this context asks, then a segment or none for good. */
     struct ddl_shm_s *shm;
     int shm_state; /* 0 unknown, 1 shm set, -1 none */
+    struct ddl_comm_s *owner; /* the communicator this context serves (ft.c revokes all of
+                                 its MPI communicators when a member fails) */
 } ddl_ctx_t;
 
 /* ---- shared memory between the two ranks of a node-local pair (shm.c) ------------------ */
@@ -274,6 +276,7 @@ typedef struct {
     const char *name;
     const int *members; /* the context's (a communicator's members), NULL for the world */
     int nmembers;
+    ddl_ctx_t *cctx;    /* the context itself (ft.c: whose communicator failed) */
 } ddl_coll_t;
 extern _Thread_local ddl_coll_t ddl_cur;
 
@@ -374,6 +377,7 @@ typedef struct {
     int nccl;           /* DDL_NCCL: DDL_NCCL_OFF / _AUTO / _REQUIRE */
     int nccl_outer_mpi; /* DDL_NCCL_OUTER=mpi */
     int liveness;       /* DDL_LIVENESS: the liveness watcher (liveness.c) on or off */
+    int elastic;        /* DDL_ELASTIC: fault-tolerant mode wanted (ft.c; with ULFM on) */
     int shm;            /* DDL_SHM: shared memory between the ranks of a node (shm.c) */
     int cma;            /* DDL_CMA: direct copies between a node-local pair (shm.c) */
 } ddl_config_t;
@@ -460,6 +464,11 @@ struct ddl_comm_s {
      * matched in that order, as MPI matches receives (p2p_requests.c) */
     pthread_mutex_t recv_lock;
     struct ddl_request_s *recvs;
+    /* Fault tolerance (ft.c): set once a member's failure was seen here; then every call
+     * but the local queries and ddl_comm_shrink fails with DDL_ERR_PROC_FAILED. */
+    int ft_failed;
+    int nfailed;
+    int *failed; /* the failed members' ranks in this communicator, sorted */
 };
 /* DDL_SUCCESS when `c` is a live communicator this rank belongs to (else one error naming
  * `fn`); then sets the calling thread's deadline to the communicator's timeout. */
@@ -484,6 +493,40 @@ int ddl_progress_running(void);
 struct ddl_engine_s;
 ddl_status_t ddl_engine_create(ddl_ctx_t *ctx, struct ddl_engine_s **out);
 void ddl_engine_destroy(struct ddl_engine_s *e);
+
+/* ---- fault tolerance on ULFM (ft.c) ------------------------------------------------- */
+
+/* 1 when the job runs with ULFM enabled (mpirun --with-ft ulfm), decided by ddl_init. */
+extern int ddl_ft;
+extern int ddl_elastic; /* DDL_ELASTIC (config.c) */
+void ddl_ft_detect(void);
+/* The MPI communicator libddl's world is a duplicate of: MPI_COMM_WORLD, or the one given
+ * to ddl_init_comm. */
+extern MPI_Comm ddl_base_comm;
+/* An MPI_Comm from its value as an intptr_t (ddl_init_comm, ddl_comm_from_mpi). */
+MPI_Comm ddl_comm_of_handle(intptr_t h);
+/* The communicator the calling thread works on (ddl_comm_enter), for failures seen where
+ * only an MPI return code is at hand. */
+extern _Thread_local struct ddl_comm_s *ddl_cur_comm;
+/* Whether an MPI error code is a ULFM failure (a process failed, or the communicator was
+ * revoked); always 0 outside FT mode. */
+int ddl_ft_error(int mpi_rc);
+/* FT mode: a member of the communicator of the calling thread's context failed (seen as
+ * an MPI error `mpi_rc`, or 0: by the liveness watcher). Revokes every MPI communicator of
+ * it (so no member stays blocked), records which members failed and returns
+ * DDL_ERR_PROC_FAILED naming them. */
+ddl_status_t ddl_ft_fail(int mpi_rc, const char *what);
+/* The same for a given communicator. */
+ddl_status_t ddl_ft_fail_comm(struct ddl_comm_s *c, int mpi_rc, const char *what);
+/* Makes c's failed ranks the calling thread's (ddl_last_failed_ranks). */
+void ddl_ft_note(struct ddl_comm_s *c);
+/* Revoke every MPI communicator of c (FT mode). */
+void ddl_ft_revoke(struct ddl_comm_s *c);
+/* Whether `fn` may still be called on a communicator that lost a member. */
+int ddl_ft_exempt(const char *fn);
+/* The liveness watcher's dead world ranks among c's members, as c's ranks (out holds
+ * c's size entries); returns how many. */
+int ddl_liveness_dead_members(const struct ddl_comm_s *c, int *out);
 
 /* ---- GPU buffers: run-time loading (dlsearch.c, cuda_rt.c, nccl.c) and paths (gpu.c) ---- */
 

@@ -28,6 +28,7 @@ const char *ddl_status_string(ddl_status_t status) {
     case DDL_ERR_CUDA: return "CUDA error";
     case DDL_ERR_NCCL: return "NCCL error";
     case DDL_ERR_PEER_LOST: return "a peer exited, died or finalized";
+    case DDL_ERR_PROC_FAILED: return "a member of the communicator failed";
     }
     return "unknown status";
 }
@@ -53,7 +54,11 @@ ddl_status_t ddl_fail_verbatim(ddl_status_t status, const char *msg) {
 ddl_status_t ddl_mpi_fail(int mpi_rc, const char *what) {
     /* An MPI error after a peer was lost (Open MPI may report the broken connection) is
      * that loss: say which rank went instead of the transport's words. */
-    if (ddl_liveness_gen() && ddl_liveness_verdict() != DDL_SUCCESS) return DDL_ERR_PEER_LOST;
+    if (ddl_ft_error(mpi_rc)) return ddl_ft_fail(mpi_rc, "MPI");
+    if (ddl_liveness_gen()) {
+        ddl_status_t v = ddl_liveness_verdict();
+        if (v != DDL_SUCCESS) return v;
+    }
     char text[MPI_MAX_ERROR_STRING] = "";
     int len = 0;
     if (MPI_Error_string(mpi_rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "?");

@@ -13,8 +13,10 @@
 
 #include "ddl_internal.h"
 
+MPI_Comm ddl_base_comm = MPI_COMM_NULL;
+
 static ddl_status_t dup_world(ddl_mpicomm_t *c) {
-    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c->comm));
+    MPI_CHECK(MPI_Comm_dup(ddl_base_comm, &c->comm));
     c->piece = 0;
     /* Errors come back as codes so they become exceptions, not aborts. */
     MPI_CHECK(MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN));
@@ -86,7 +88,28 @@ static ddl_status_t share_model(void) {
     return DDL_SUCCESS;
 }
 
-ddl_status_t ddl_init(void) {
+static ddl_status_t init_on(const MPI_Comm *given);
+
+ddl_status_t ddl_init(void) { return init_on(NULL); }
+
+MPI_Comm ddl_comm_of_handle(intptr_t h) {
+    MPI_Comm c;
+    if (sizeof c == sizeof h) {
+        memcpy(&c, &h, sizeof c);
+    } else { /* an int handle (MPICH) */
+        int i = (int)h;
+        memset(&c, 0, sizeof c);
+        memcpy(&c, &i, sizeof c < sizeof i ? sizeof c : sizeof i);
+    }
+    return c;
+}
+
+ddl_status_t ddl_init_comm(intptr_t mpi_comm) {
+    MPI_Comm c = ddl_comm_of_handle(mpi_comm);
+    return init_on(&c);
+}
+
+static ddl_status_t init_on(const MPI_Comm *given) {
     if (ddl_g.initialized) return DDL_SUCCESS;
     if (ddl_g.finalized)
         return ddl_fail(DDL_ERR_NOT_INITIALIZED,
@@ -109,6 +132,22 @@ ddl_status_t ddl_init(void) {
         ddl_g.we_initialized_mpi = 1;
     } else {
         MPI_CHECK(MPI_Query_thread(&provided));
+    }
+    ddl_ft_detect();
+    if (given) {
+        if (*given == MPI_COMM_NULL)
+            return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_init_comm: MPI_COMM_NULL");
+        int inter = 0;
+        MPI_CHECK(MPI_Comm_test_inter(*given, &inter));
+        if (inter)
+            return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_init_comm: an intercommunicator; merge "
+                                                 "it first (MPI_Intercomm_merge)");
+        /* libddl's own copy: its messages (the settings agreement below) never meet the
+         * caller's on the given communicator. */
+        MPI_CHECK(MPI_Comm_dup(*given, &ddl_base_comm));
+        MPI_CHECK(MPI_Comm_set_errhandler(ddl_base_comm, MPI_ERRORS_RETURN));
+    } else {
+        ddl_base_comm = MPI_COMM_WORLD;
     }
     ddl_status_t agreed = ddl_init_agree(&cfg, local, local_error);
     if (agreed != DDL_SUCCESS) {

@@ -50,7 +50,7 @@
 
 #include "ddl_internal.h"
 
-_Thread_local ddl_coll_t ddl_cur = {-1, 0, "init", NULL, 0};
+_Thread_local ddl_coll_t ddl_cur = {-1, 0, "init", NULL, 0, NULL};
 unsigned ddl_live_gen = 0;
 int ddl_live_checks = 1;
 
@@ -133,6 +133,7 @@ static struct {
 /* ---- collective numbering --------------------------------------------------------- */
 
 void ddl_coll_begin(ddl_ctx_t *ctx, const char *name, int bump) {
+    ddl_cur.cctx = ctx;
     if (!ddl_live_checks) return; /* the benchmark's "off" arm: none of this runs */
     uint64_t s = __atomic_load_n(&ctx->seq, __ATOMIC_RELAXED) + 1;
     if (bump) __atomic_store_n(&ctx->seq, s, __ATOMIC_RELAXED);
@@ -250,8 +251,24 @@ ddl_status_t ddl_liveness_verdict(void) {
     if (nlater)
         snprintf(tail, sizeof tail, "; since then rank%s %s %s gone too", nlater > 1 ? "s" : "",
                  ll, nlater > 1 ? "have" : "has");
-    return ddl_fail(DDL_ERR_PEER_LOST, "%s: rank %d %s, while rank%s %s waited for it%s", what,
-                    p, gone, nwait > 1 ? "s" : "", wl, tail);
+    ddl_status_t st = ddl_fail(DDL_ERR_PEER_LOST, "%s: rank %d %s, while rank%s %s waited for it%s",
+                               what, p, gone, nwait > 1 ? "s" : "", wl, tail);
+    /* Fault-tolerant mode: the same departure is a failure of the communicator, reported
+     * (and revoked) as ULFM's own are, so either detector gives every survivor one error. */
+    if (ddl_ft && kind == DIED) return ddl_ft_fail(0, "the liveness watcher");
+    return st;
+}
+
+int ddl_liveness_dead_members(const struct ddl_comm_s *c, int *out) {
+    if (!L.gone || !ddl_live_checks) return 0;
+    int n = 0, size = c->ctx->world.size;
+    pthread_mutex_lock(&L.lock);
+    for (int i = 0; i < size; i++) {
+        int wr = c->is_world ? i : c->world_ranks ? c->world_ranks[i] : -1;
+        if (wr >= 0 && wr < L.size && L.gone[wr] == DIED) out[n++] = i;
+    }
+    pthread_mutex_unlock(&L.lock);
+    return n;
 }
 
 /* How world rank r has left: 0 while alive (or unknown), else a phrase for messages. */

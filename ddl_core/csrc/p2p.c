@@ -57,7 +57,7 @@ static int world_rank_of(const ddl_mpicomm_t *c, int peer) {
     MPI_Group g, w;
     int out = peer;
     if (MPI_Comm_group(c->comm, &g) != MPI_SUCCESS) return peer;
-    if (MPI_Comm_group(MPI_COMM_WORLD, &w) == MPI_SUCCESS) {
+    if (MPI_Comm_group(ddl_base_comm, &w) == MPI_SUCCESS) {
         if (MPI_Group_translate_ranks(g, 1, &peer, w, &out) != MPI_SUCCESS) out = peer;
         MPI_Group_free(&w);
     }
@@ -177,11 +177,18 @@ static poller_t poller(size_t bytes) {
 /* One poll done: pause if the wait is long, and 1 once the deadline has passed. POLL_LOST
  * when a peer this collective needs is gone (the error is recorded). */
 #define POLL_LOST 2
+/* What the liveness verdict said when a poll returned POLL_LOST: DDL_ERR_PEER_LOST, or in
+ * fault-tolerant mode DDL_ERR_PROC_FAILED (ft.c). */
+static _Thread_local ddl_status_t lost_status = DDL_ERR_PEER_LOST;
 static int poll_next(poller_t *p, unsigned spin) {
     unsigned g = ddl_liveness_gen();
     if (g != p->gen) {
         p->gen = g;
-        if (ddl_liveness_verdict() != DDL_SUCCESS) return POLL_LOST;
+        ddl_status_t v = ddl_liveness_verdict();
+        if (v != DDL_SUCCESS) {
+            lost_status = v;
+            return POLL_LOST;
+        }
     }
     if (p->idle) {
         struct timespec ts = {0, 50 * 1000};
@@ -266,7 +273,7 @@ static ddl_status_t exchange(const ddl_mpicomm_t *c, const void *sbuf, size_t sb
         }
         if (sdone && rdone && have_msg) break;
         int pn = poll_next(&poll, spin);
-        if (pn == POLL_LOST) return DDL_ERR_PEER_LOST;
+        if (pn == POLL_LOST) return lost_status;
         if (pn) {
             return timeout_fail(c, have_msg ? dst : src,
                                 have_msg ? "sending to it" : "waiting for its message");
@@ -338,7 +345,7 @@ static ddl_status_t stream(const ddl_mpicomm_t *c, const char *sbuf, size_t sbyt
         }
         if (sdone == ns && rdone == nr) return DDL_SUCCESS;
         int pn = poll_next(&poll, spin);
-        if (pn == POLL_LOST) return DDL_ERR_PEER_LOST;
+        if (pn == POLL_LOST) return lost_status;
         if (pn)
             return timeout_fail(c, rdone < nr ? src : dst,
                                 rdone < nr ? "waiting for its message" : "sending to it");
@@ -380,10 +387,16 @@ ddl_status_t ddl_sendrecv_capped(const ddl_mpicomm_t *c, const void *sbuf, size_
     for (unsigned spin = 0;; spin++) {
         int done = 0;
         int rc = MPI_Testall(2, reqs, &done, sts);
+        if (rc == MPI_ERR_IN_STATUS) /* the request's own error says what happened */
+            for (int i = 0; i < 2; i++)
+                if (sts[i].MPI_ERROR != MPI_SUCCESS && sts[i].MPI_ERROR != MPI_ERR_PENDING) {
+                    rc = sts[i].MPI_ERROR;
+                    break;
+                }
         if (rc != MPI_SUCCESS) return ddl_mpi_fail(rc, "MPI_Testall");
         if (done) break;
         int pn = poll_next(&poll, spin);
-        if (pn == POLL_LOST) return DDL_ERR_PEER_LOST;
+        if (pn == POLL_LOST) return lost_status;
         if (pn) {
             int waiting_recv = reqs[0] != MPI_REQUEST_NULL;
             return timeout_fail(c, waiting_recv ? src : dst,
@@ -411,7 +424,7 @@ ddl_status_t ddl_wait_request_bytes(MPI_Request *req, const ddl_mpicomm_t *c, co
         MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
         if (done) return DDL_SUCCESS;
         int pn = poll_next(&poll, spin);
-        if (pn == POLL_LOST) return DDL_ERR_PEER_LOST;
+        if (pn == POLL_LOST) return lost_status;
         if (pn) return request_timeout(c, what);
     }
 }
@@ -423,8 +436,16 @@ ddl_status_t ddl_wait_flag(const ddl_mpicomm_t *c, const uint64_t *flag, uint64_
     poller_t poll = poller(bytes);
     for (unsigned spin = 0;; spin++) {
         if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) == want) return DDL_SUCCESS;
+        /* Fault-tolerant mode: shared memory shows no revoke and no death, so now and then
+         * ask MPI about the communicator (a probe fails once it is revoked or a member
+         * failed). */
+        if (ddl_ft && (spin & 1023u) == 1023u) {
+            int f = 0;
+            int rc = MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, c->comm, &f, MPI_STATUS_IGNORE);
+            if (ddl_ft_error(rc)) return ddl_ft_fail(rc, "MPI");
+        }
         int pn = poll_next(&poll, spin);
-        if (pn == POLL_LOST) return DDL_ERR_PEER_LOST;
+        if (pn == POLL_LOST) return lost_status;
         if (pn) return timeout_fail(c, peer, what);
     }
 }
@@ -459,7 +480,7 @@ ddl_status_t ddl_wait_recv(const ddl_mpicomm_t *c, MPI_Request *req, size_t byte
             return DDL_SUCCESS;
         }
         int pn = poll_next(&poll, spin);
-        if (pn == POLL_LOST) return DDL_ERR_PEER_LOST;
+        if (pn == POLL_LOST) return lost_status;
         if (pn) return timeout_fail(c, src, "waiting for its message");
     }
 }

@@ -44,22 +44,21 @@ static PyObject *py_comm_split(PyObject *self, PyObject *args) {
     return handle_or_none(out);
 }
 
-static PyObject *py_comm_create(PyObject *self, PyObject *args) {
-    (void)self;
-    unsigned long long h;
-    PyObject *seq;
-    if (!PyArg_ParseTuple(args, "KO", &h, &seq)) return NULL;
+/* A Python sequence of ranks as a C array (PyMem_Free it); NULL with an exception set. */
+static int *ranks_arg(PyObject *seq, const char *fn, int *n_out) {
     PyObject *fast = PySequence_Fast(seq, "ranks must be a sequence of ints");
     if (!fast) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
     if (n > INT_MAX) {
         Py_DECREF(fast);
-        return PyErr_Format(PyExc_ValueError, "comm_create: %zd ranks is too many", n);
+        PyErr_Format(PyExc_ValueError, "%s: %zd ranks is too many", fn, n);
+        return NULL;
     }
     int *ranks = PyMem_Malloc(sizeof(int) * (size_t)(n ? n : 1));
     if (!ranks) {
         Py_DECREF(fast);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
@@ -71,13 +70,68 @@ static PyObject *py_comm_create(PyObject *self, PyObject *args) {
         ranks[i] = v < INT_MIN ? INT_MIN : v > INT_MAX ? INT_MAX : (int)v;
     }
     Py_DECREF(fast);
+    *n_out = (int)n;
+    return ranks;
+}
+
+/* comm_create(handle, ranks) (every rank) and comm_create_group(handle, ranks) (members). */
+static PyObject *create_common(PyObject *args, int group) {
+    unsigned long long h;
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "KO", &h, &seq)) return NULL;
+    int n = 0;
+    int *ranks = ranks_arg(seq, group ? "comm_create_group" : "comm_create", &n);
+    if (!ranks) return NULL;
     ddl_comm_t out = NULL;
     ddl_status_t st;
-    Py_BEGIN_ALLOW_THREADS st = ddl_comm_create(handle_of(h), ranks, (int)n, &out);
+    Py_BEGIN_ALLOW_THREADS st = group ? ddl_comm_create_group(handle_of(h), ranks, n, &out)
+                                      : ddl_comm_create(handle_of(h), ranks, n, &out);
     Py_END_ALLOW_THREADS
     PyMem_Free(ranks);
     if (st != DDL_SUCCESS) return raise_status(st);
     return handle_or_none(out);
+}
+
+static PyObject *py_comm_create(PyObject *self, PyObject *args) {
+    (void)self;
+    return create_common(args, 0);
+}
+
+static PyObject *py_comm_create_group(PyObject *self, PyObject *args) {
+    (void)self;
+    return create_common(args, 1);
+}
+
+static PyObject *py_comm_shrink(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    ddl_comm_t out = NULL;
+    CALL(ddl_comm_shrink(handle_of(h), &out));
+    return handle_or_none(out);
+}
+
+static PyObject *py_comm_from_mpi(PyObject *self, PyObject *args) {
+    (void)self;
+    long long mh;
+    if (!PyArg_ParseTuple(args, "L", &mh)) return NULL;
+    ddl_comm_t out = NULL;
+    CALL(ddl_comm_from_mpi((intptr_t)mh, &out));
+    return handle_or_none(out);
+}
+
+/* comm_failed_ranks(handle) -> tuple of the ranks known to have failed */
+static PyObject *py_comm_failed_ranks(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    int n = 0, buf[1024];
+    ddl_status_t st = ddl_comm_failed_ranks(handle_of(h), buf, 1024, &n);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    if (n > 1024) n = 1024;
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t && i < n; i++) PyTuple_SET_ITEM(t, i, PyLong_FromLong(buf[i]));
+    return t;
 }
 
 static PyObject *py_comm_free(PyObject *self, PyObject *args) {
@@ -563,6 +617,13 @@ PyMethodDef py_comm_methods[] = {
     {"comm_world", py_comm_world, METH_NOARGS, "comm_world() -> the world's handle."},
     {"comm_split", py_comm_split, METH_VARARGS, "comm_split(handle, color, key) -> handle or None."},
     {"comm_create", py_comm_create, METH_VARARGS, "comm_create(handle, ranks) -> handle or None."},
+    {"comm_create_group", py_comm_create_group, METH_VARARGS,
+     "comm_create_group(handle, ranks) -> handle: members only (MPI_Comm_create_group)."},
+    {"comm_shrink", py_comm_shrink, METH_VARARGS, "comm_shrink(handle) -> the survivors' handle."},
+    {"comm_from_mpi", py_comm_from_mpi, METH_VARARGS,
+     "comm_from_mpi(mpi_handle) -> handle over a duplicate of that MPI communicator."},
+    {"comm_failed_ranks", py_comm_failed_ranks, METH_VARARGS,
+     "comm_failed_ranks(handle) -> the members known to have failed."},
     {"comm_free", py_comm_free, METH_VARARGS, "comm_free(handle)"},
     {"comm_set_timeout", py_comm_set_timeout, METH_VARARGS, "comm_set_timeout(handle, seconds)"},
     {"comm_info", py_comm_info, METH_VARARGS, "comm_info(handle) -> (rank, size, members)"},

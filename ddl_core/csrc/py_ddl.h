@@ -16,7 +16,7 @@
 
 /* The module's exception classes (pymodule.c). */
 extern PyObject *DDLError, *MismatchError, *DDLTimeoutError, *NotInitializedError,
-    *InvalidArgumentError, *PeerLostError;
+    *InvalidArgumentError, *PeerLostError, *ProcessFailedError;
 
 /* Raise the exception for a failed libddl call (its message: ddl_last_error()); NULL. */
 PyObject *raise_status(ddl_status_t st);

@@ -12,10 +12,26 @@
 #include "py_ddl.h"
 
 PyObject *DDLError, *MismatchError, *DDLTimeoutError, *NotInitializedError,
-    *InvalidArgumentError, *PeerLostError;
+    *InvalidArgumentError, *PeerLostError, *ProcessFailedError;
+
+/* ProcessFailedError(message) with .ranks: the failed members this thread's call named. */
+static PyObject *raise_failed(void) {
+    int n = 0, buf[256];
+    if (ddl_last_failed_ranks(buf, 256, &n) != DDL_SUCCESS) n = 0;
+    if (n > 256) n = 256;
+    PyObject *ranks = PyTuple_New(n);
+    for (int i = 0; ranks && i < n; i++) PyTuple_SET_ITEM(ranks, i, PyLong_FromLong(buf[i]));
+    PyObject *exc = ranks ? PyObject_CallFunction(ProcessFailedError, "s", ddl_last_error()) : NULL;
+    if (exc && PyObject_SetAttrString(exc, "ranks", ranks) == 0)
+        PyErr_SetObject(ProcessFailedError, exc);
+    Py_XDECREF(exc);
+    Py_XDECREF(ranks);
+    return NULL;
+}
 
 PyObject *raise_status(ddl_status_t st) {
     PyObject *cls = DDLError;
+    if (st == DDL_ERR_PROC_FAILED) return raise_failed();
     switch (st) {
     case DDL_ERR_MISMATCH: cls = MismatchError; break;
     case DDL_ERR_TIMEOUT: cls = DDLTimeoutError; break;
@@ -29,10 +45,27 @@ PyObject *raise_status(ddl_status_t st) {
 }
 
 
+/* init() on MPI_COMM_WORLD, or init(mpi_handle): on a duplicate of that communicator. */
 static PyObject *py_init(PyObject *self, PyObject *args) {
-    (void)self, (void)args;
-    CALL(ddl_init());
+    (void)self;
+    PyObject *h = Py_None;
+    if (!PyArg_ParseTuple(args, "|O", &h)) return NULL;
+    if (h == Py_None) {
+        CALL(ddl_init());
+    } else {
+        long long v = PyLong_AsLongLong(h);
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        CALL(ddl_init_comm((intptr_t)v));
+    }
     Py_RETURN_NONE;
+}
+
+static PyObject *py_fault_tolerant(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    int on = 0;
+    ddl_status_t st = ddl_fault_tolerant(&on);
+    if (st != DDL_SUCCESS) return raise_status(st);
+    return PyBool_FromLong(on);
 }
 
 static PyObject *py_finalize(PyObject *self, PyObject *args) {
@@ -232,7 +265,8 @@ static PyObject *py_version(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"init", py_init, METH_NOARGS, NULL},
+    {"init", py_init, METH_VARARGS, NULL},
+    {"fault_tolerant", py_fault_tolerant, METH_NOARGS, NULL},
     {"finalize", py_finalize, METH_NOARGS, NULL},
     {"_finalize_at_exit", py_finalize_at_exit, METH_NOARGS, NULL},
     {"initialized", py_initialized, METH_NOARGS, NULL},
@@ -312,6 +346,15 @@ static int add_errors(PyObject *m) {
                               "(reported at once; a DDLTimeoutError so code written for the "
                               "deadline catches it too).");
     Py_DECREF(b);
+    b = PyTuple_Pack(1, PeerLostError);
+    if (!b) return -1;
+    ProcessFailedError = new_error(m, "ProcessFailedError", b,
+                                   "Fault-tolerant mode (ULFM): a member of the communicator "
+                                   "failed; .ranks names the failed members (ranks of that "
+                                   "communicator). comm.shrink() / ddl_core.shrink_world() "
+                                   "go on without them.");
+    Py_DECREF(b);
+    if (!ProcessFailedError) return -1;
     b = PyTuple_Pack(2, DDLError, PyExc_ValueError);
     if (!b) return -1;
     InvalidArgumentError = new_error(m, "InvalidArgumentError", b, "A bad dtype, op or argument.");

@@ -51,7 +51,9 @@ typedef enum {
     DDL_ERR_UNSUPPORTED = 8,     /* e.g. a device pointer without a usable CUDA/NCCL */
     DDL_ERR_CUDA = 9,
     DDL_ERR_NCCL = 10,
-    DDL_ERR_PEER_LOST = 11       /* a peer exited, died or finalized while this rank waited */
+    DDL_ERR_PEER_LOST = 11,      /* a peer exited, died or finalized while this rank waited */
+    DDL_ERR_PROC_FAILED = 12     /* fault-tolerant mode: a member of the communicator failed
+                                    (ddl_comm_failed_ranks names it; ddl_comm_shrink goes on) */
 } ddl_status_t;
 
 typedef enum {
@@ -107,7 +109,8 @@ typedef struct ddl_request_s *ddl_request_t;
  * the progress thread, connect to the liveness watcher on rank 0 (DDL_LIVENESS=0: not).
  * Reads DDL_TOPOLOGY, DDL_ALGO, DDL_TIMEOUT, DDL_TUNE_FILE,
  * DDL_FUSION_THRESHOLD, DDL_CYCLE_TIME_MS, DDL_NODE_LEADER, DDL_SEGMENT, DDL_PIECE,
- * DDL_WINDOW, DDL_SPIN_US, DDL_LOG, DDL_NCCL, DDL_NCCL_OUTER, DDL_LIVENESS (see ddl_check_setting).
+ * DDL_WINDOW, DDL_SPIN_US, DDL_LOG, DDL_NCCL, DDL_NCCL_OUTER, DDL_LIVENESS, DDL_ELASTIC (see
+ * ddl_check_setting).
  * Collective and bounded by DDL_TIMEOUT after MPI_Init: every rank must call it; a rank
  * that does not within DDL_TIMEOUT is named in a DDL_ERR_TIMEOUT on the others. A bad
  * setting on any rank, or a setting that must agree (DDL_TOPOLOGY, DDL_ALGO,
@@ -116,6 +119,12 @@ typedef struct ddl_request_s *ddl_request_t;
  * variable, the values and the ranks. The cost model's figures are rank 0's (its
  * DDL_TUNE_FILE or tune cache), sent to all. Calling it twice is harmless. */
 ddl_status_t ddl_init(void);
+/* ddl_init on a communicator of the caller's instead of MPI_COMM_WORLD: `mpi_comm` is the
+ * MPI_Comm cast to intptr_t ((intptr_t)comm in C, mpi4py's MPI._handleof(comm)), an
+ * intracommunicator (e.g. processes a launcher joined, or survivors merged with spawned
+ * ranks); libddl's world is a duplicate of it, its ranks the world's ranks. Collective
+ * over it. */
+ddl_status_t ddl_init_comm(intptr_t mpi_comm);
 /* Stop the progress thread (after finishing queued work), tell the other ranks this one
  * finalized (so it is not reported as lost to collectives it took part in), free
  * communicators, and call MPI_Finalize if ddl_init called MPI_Init, unless a peer was lost
@@ -431,6 +440,46 @@ ddl_status_t ddl_comm_ireduce_scatter(ddl_comm_t comm, const void *sendbuf, void
 ddl_status_t ddl_comm_iallgatherv(ddl_comm_t comm, const void *sendbuf, size_t sendcount,
                                   ddl_dtype_t dtype, const ddl_match_t *match,
                                   ddl_request_t *req);
+
+/* Collective over the members only (MPI_Comm_create_group), each listing the same ranks
+ * of `comm` in the same order; ranks not listed do not call it (torch's new_group with
+ * use_local_synchronization). A rank not in its own list is DDL_ERR_INVALID_ARG. Not
+ * bounded by the timeout: a member that never calls it leaves the others waiting. */
+ddl_status_t ddl_comm_create_group(ddl_comm_t comm, const int *ranks, int n,
+                                   ddl_comm_t *newcomm);
+/* A communicator over (a duplicate of) the caller's MPI communicator (`mpi_comm` as for
+ * ddl_init_comm; collective over it). Members from another MPI world (spawned and merged)
+ * have world rank -1 (ddl_comm_world_rank) and are watched by ULFM only. */
+ddl_status_t ddl_comm_from_mpi(intptr_t mpi_comm, ddl_comm_t *newcomm);
+
+/* ---- fault tolerance (libddl 2.2; ULFM, `mpirun --with-ft ulfm`) ------------------------ */
+/*
+ * In a job launched with ULFM enabled (`ddlrun --elastic`, `mpirun --with-ft ulfm`), a
+ * member's death does not end the survivors: every survivor's pending and next call on a
+ * communicator that lost a member fails with DDL_ERR_PROC_FAILED (whichever detector saw
+ * it first: MPI's, or the liveness watcher, including the death of rank 0, its hub), and
+ * so do the pending asynchronous requests on it; the communicator then answers only its
+ * local queries (rank, size, ...), ddl_comm_failed_ranks, ddl_comm_free and
+ * ddl_comm_shrink. Without ULFM a death is DDL_ERR_PEER_LOST as before and the job ends.
+ * In fault-tolerant mode, only host memory and the MPI paths (no NCCL) are covered.
+ */
+/* *on = 1 when this job runs with ULFM enabled (decided at ddl_init; may be asked before). */
+ddl_status_t ddl_fault_tolerant(int *on);
+/* The ranks (of comm) known to have failed, sorted: up to `max` into ranks[], *n = how
+ * many in all (0 while none). Local. */
+ddl_status_t ddl_comm_failed_ranks(ddl_comm_t comm, int *ranks, int max, int *n);
+/* The ranks that this thread's last DDL_ERR_PROC_FAILED named (of the communicator it
+ * was on), as ddl_comm_failed_ranks. */
+ddl_status_t ddl_last_failed_ranks(int *ranks, int max, int *n);
+/* Collective over the survivors of `comm` (each calls it, typically after a
+ * DDL_ERR_PROC_FAILED): revokes comm (releasing members still in a call on it), shrinks
+ * it to the live members (MPIX_Comm_shrink) and builds a new communicator on them exactly
+ * as ddl_comm_split does (its own topology grid, plans, asynchronous engine and progress
+ * thread, name table, shared-memory segments), which every survivor then confirms
+ * (MPIX_Comm_agree); a member dying meanwhile makes the survivors shrink again. Ranks
+ * keep their order. `comm` stays failed: free it (not the world) when done. Without ULFM:
+ * DDL_ERR_UNSUPPORTED. */
+ddl_status_t ddl_comm_shrink(ddl_comm_t comm, ddl_comm_t *newcomm);
 
 /* ---- tuning and introspection ---------------------------------------------------- */
 

@@ -36,8 +36,9 @@ from ._ddl import (
     MismatchError,
     NotInitializedError,
     PeerLostError,
+    ProcessFailedError,
 )
-from .comm import Comm, comm_world
+from .comm import Comm, comm_world, replace_world, shrink_world
 from .comm import on as _on
 from .requests import Handle
 
@@ -53,12 +54,32 @@ __all__ = [
     "async_stats", "gpu_info", "is_gpu_array", "set_thread_timeout",
     "Comm", "comm_world", "allgatherv", "gather", "scatter", "reduce",
     "send", "recv", "isend", "irecv",
+    "ProcessFailedError", "fault_tolerant", "shrink_world", "replace_world",
 ]
 
 ALGORITHMS: tuple[str, ...] = _ddl.ALGORITHMS  # libddl's names, in its code order
 
-rank = _ddl.rank
-size = _ddl.size
+
+
+def rank() -> int:
+    """This rank's place in the world (after shrink_world/replace_world: the new one's)."""
+    w = _comm._current
+    return _ddl.rank() if w is None else w.rank
+
+
+def size() -> int:
+    """How many ranks the world has (after shrink_world/replace_world: the new one)."""
+    w = _comm._current
+    return _ddl.size() if w is None else w.size
+
+
+def fault_tolerant() -> bool:
+    """Whether this job runs with ULFM enabled (`ddlrun --elastic`, i.e. mpirun --with-ft
+    ulfm): then a rank's death is a ProcessFailedError on the survivors, who may
+    shrink_world() and go on; without it a death ends the job (PeerLostError)."""
+    return bool(_ddl.fault_tolerant())
+
+
 local_rank = _ddl.local_rank
 local_size = _ddl.local_size
 is_initialized = _ddl.initialized
@@ -76,17 +97,23 @@ def join() -> int:
 version = _ddl.version
 
 
-def init() -> None:
+def init(comm: Any = None) -> None:
     """Initialise MPI (if nobody has) and DDL; harmless to call twice.
 
-    libddl reads the cost model that `python -m ddl_core.bench tune` cached for this topology
-    (or DDL_TUNE_FILE).
+    comm: an mpi4py intracommunicator (or its C handle as an int) to run on instead of
+    MPI_COMM_WORLD: the world is then a duplicate of it (e.g. processes a launcher other
+    than mpirun joined). libddl reads the cost model that `python -m ddl_core.bench tune`
+    cached for this topology (or DDL_TUNE_FILE).
     """
     if _ddl.initialized():
         return
-    launched = _launched_size(os.environ)
+    handle = None if comm is None else _comm.mpi_handle(comm)
+    launched = _launched_size(os.environ) if handle is None else None
     with jobshm.Alone(os.environ):  # a singleton's shared memory: gone at its exit
-        _ddl.init()
+        if handle is None:
+            _ddl.init()
+        else:
+            _ddl.init(handle)
     atexit.register(_finalize_at_exit)
     _watch_unhandled_exceptions()
     timeline.plan_fn = plan

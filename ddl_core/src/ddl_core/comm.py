@@ -130,6 +130,24 @@ class Comm:
         h = _ddl.comm_create(self.handle, [int(r) for r in ranks])
         return None if h is None else Comm(h)
 
+    def create_group(self, ranks: Any) -> Comm:
+        """A communicator of `ranks` (ranks of this one, in that order), made by its members
+        only: each member calls it with the same list, the other ranks do not call it
+        (MPI_Comm_create_group; torch's new_group(use_local_synchronization=True))."""
+        return Comm(_ddl.comm_create_group(self.handle, [int(r) for r in ranks]))
+
+    def shrink(self) -> Comm:
+        """Fault-tolerant mode: the survivors' communicator, collective over the survivors
+        (each calls it, typically after a ProcessFailedError). Built fresh (its own grid,
+        plans, asynchronous engine, names) and agreed by every survivor; ranks keep their
+        order. This communicator stays failed: free it when done (unless it is the world)."""
+        return Comm(_ddl.comm_shrink(self.handle))
+
+    @property
+    def failed_ranks(self) -> tuple[int, ...]:
+        """The members (ranks of this communicator) known to have failed; () while none."""
+        return _ddl.comm_failed_ranks(self.handle)
+
     def set_timeout(self, seconds: float | None) -> None:
         """This communicator's timeout (None or 0: the thread's, else DDL_TIMEOUT)."""
         _ddl.comm_set_timeout(self.handle, 0.0 if seconds is None else float(seconds))
@@ -491,20 +509,74 @@ class Comm:
         return traced(Gathered(_ddl.iallgatherv(self.handle, buf, code, **kw), x), "allgather",
                       name, buf)
 
-_world: Comm | None = None
+_world: Comm | None = None  # libddl's own world (ddl_comm_world)
+_current: Comm | None = None  # the world that replaced it (shrink_world, replace_world)
 
 
 def comm_world() -> Comm:
-    """The world communicator (every rank), after init()."""
+    """The world communicator (every rank), after init(); after shrink_world() or
+    replace_world(), the world that replaced it."""
     global _world
+    if _current is not None:
+        return _current
     if _world is None:
         _world = Comm(_ddl.comm_world(), world=True)
     return _world
 
 
+def replaced() -> Comm | None:
+    """The communicator that replaced libddl's world, or None while it has not."""
+    return _current
+
+
+def _make_world(new: Comm) -> Comm:
+    """Make `new` the world; a previous replacement is freed (libddl's own world stays:
+    only finalize() releases it)."""
+    global _current
+    old, _current = _current, new
+    if old is not None and old is not new and old._h is not None:
+        try:
+            old.free()
+        except _ddl.DDLError:
+            pass
+    return new
+
+
+def shrink_world() -> Comm:
+    """Fault-tolerant mode: shrink the world to its survivors (Comm.shrink, collective over
+    them) and make the result the world, so ddl_core.rank(), size(), allreduce(), ... go on
+    on it. Returns the new world."""
+    return _make_world(comm_world().shrink())
+
+
+def replace_world(mpi_comm: Any) -> Comm:
+    """Make (a duplicate of) an mpi4py intracommunicator the world, e.g. the survivors
+    merged with ranks spawned on a regrown host (collective over it). Returns it."""
+    return _make_world(Comm(_ddl.comm_from_mpi(mpi_handle(mpi_comm))))
+
+
+def mpi_handle(comm: Any) -> int:
+    """The C handle of an mpi4py communicator (or an int that already is one)."""
+    if isinstance(comm, int):
+        return comm
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise InvalidArgumentError(
+            f"a communicator {type(comm).__name__!r} was given but mpi4py is not importable "
+            f"({e}): install mpi4py built against this MPI, or pass the MPI_Comm as an int") from e
+    if not isinstance(comm, MPI.Intracomm):
+        raise InvalidArgumentError(
+            f"comm must be an mpi4py intracommunicator (MPI.Intracomm), not "
+            f"{type(comm).__name__}; merge an intercommunicator first (comm.Merge())")
+    return int(MPI._handleof(comm))
+
+
 def on(comm: Comm | None) -> Comm:
     """The communicator a module-level call runs on: `comm`, else the world."""
     if comm is None:
+        if _current is not None:
+            return _current
         return _world if _world is not None else comm_world()
     if not isinstance(comm, Comm):
         raise TypeError(f"comm must be a ddl_core.Comm or None, not {type(comm).__name__}")
@@ -512,6 +584,7 @@ def on(comm: Comm | None) -> Comm:
 
 
 def _reset() -> None:
-    """finalize() drops the cached world communicator."""
-    global _world
+    """finalize() drops the cached world communicators."""
+    global _world, _current
     _world = None
+    _current = None
