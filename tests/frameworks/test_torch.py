@@ -132,3 +132,12 @@ def test_python_fallback_refuses_subgroups_clearly() -> None:
     new_group of some ranks fails on every rank with an error naming ddl-torch."""
     proc = mpirun(2, WORKERS / "torch_groups.py", "fallback", env={"DDL_TORCH_CPP": "0"})
     assert ok_lines(proc, "fallback") == 2, proc.stdout
+
+
+def test_new_group_with_local_synchronization() -> None:
+    """new_group(ranks, use_local_synchronization=True) called by the members only, each
+    rank in its own order of groups ([0, 1], [2], [1, 2]): MPI_Comm_create_group; tensor
+    and object collectives on each group are right (torch's own test_subpg_* tests of
+    test_c10d_object_collectives.py failed on this with a MismatchError)."""
+    proc = mpirun(3, WORKERS / "torch_local_groups.py", env={"DDL_TIMEOUT": "60"})
+    assert ok_lines(proc, "localsync") == 3, proc.stdout

@@ -55,6 +55,7 @@ import inspect
 import os
 import pickle
 import socket
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -783,11 +784,13 @@ def _warn_broken_ddl_torch(exc: BaseException) -> None:
                   "reinstall ddl-torch built for this torch", RuntimeWarning, stacklevel=3)
 
 
-def group_comm(global_ranks: list[int]) -> ddl_core.Comm | None:
+def group_comm(global_ranks: list[int], members_only: bool = False) -> ddl_core.Comm | None:
     """The libddl communicator of a group of these world ranks (None: the world itself,
     in rank order, which keeps libddl's asynchronous collectives). Collective over the
     world: every rank calls it for every new group, members or not, in the same order
-    (torch's own rule for new_group); non-members get None back too."""
+    (torch's own rule for new_group); non-members get None back too. `members_only`
+    (new_group(use_local_synchronization=True)): only the members call it, each with the
+    same list (MPI_Comm_create_group)."""
     ddl_core.init()
     ranks = [int(r) for r in global_ranks]
     if not ranks or ranks == list(range(ddl_core.size())):
@@ -798,7 +801,15 @@ def group_comm(global_ranks: list[int]) -> ddl_core.Comm | None:
             "names groups through it): install it (pip install --no-build-isolation "
             "./ddl_core/compat/torch, or the ddl-torch conda package) and leave "
             "DDL_TORCH_CPP unset, or create this group with backend='gloo'")
+    if members_only:
+        return ddl_core.comm_world().create_group(ranks)
     return ddl_core.comm_world().create(ranks)
+
+
+# Set while torch's _new_group_with_tag runs with use_local_synchronization=True, on the
+# thread that runs it: torch then calls the backend on the members only, and the options it
+# passes do not say so (see _local_synchronization).
+_LOCAL_SYNC = threading.local()
 
 
 def _create(opts: Any, backend_options: Any = None) -> Any:  # noqa: ARG001
@@ -810,7 +821,8 @@ def _create(opts: Any, backend_options: Any = None) -> Any:  # noqa: ARG001
     rank, size = opts.group_rank, opts.group_size
     if torchrun_join.wanted(size):  # (torchrun: its processes become one MPI job first)
         torchrun_join.join(opts.store, rank, size, opts.timeout)
-    comm = group_comm(list(opts.global_ranks_in_group))
+    comm = group_comm(list(opts.global_ranks_in_group),
+                      members_only=getattr(_LOCAL_SYNC, "on", False))
     impl = ProcessGroupDDL(rank, size, opts.timeout, comm=comm)
     cpp = cpp_backend()
     if cpp is None:
@@ -847,6 +859,29 @@ def _join_as_non_member(original: Any) -> Any:
     return helper
 
 
+def _local_synchronization(original: Any) -> Any:
+    """new_group(ranks, use_local_synchronization=True) is called by the group's members
+    only, so its communicator must be made by them alone: mark the call for _create."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def with_tag(*args: Any, **kwargs: Any) -> Any:
+        try:
+            local = bool(signature.bind(*args, **kwargs).arguments.get(
+                "use_local_synchronization", False))
+        except TypeError:
+            local = False
+        prev = getattr(_LOCAL_SYNC, "on", False)
+        _LOCAL_SYNC.on = local
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _LOCAL_SYNC.on = prev
+
+    with_tag._ddl_wrapped = True  # type: ignore[attr-defined]
+    return with_tag
+
+
 _registered = False
 
 
@@ -875,6 +910,9 @@ def register() -> None:
     helper = getattr(c10d, "_new_process_group_helper", None)
     if helper is not None and not getattr(helper, "_ddl_wrapped", False):
         c10d._new_process_group_helper = _join_as_non_member(helper)
+    with_tag = getattr(c10d, "_new_group_with_tag", None)
+    if with_tag is not None and not getattr(with_tag, "_ddl_wrapped", False):
+        c10d._new_group_with_tag = _local_synchronization(with_tag)
     # torch.distributed.rendezvous is also the name of a function there: take the module.
     rdzv = importlib.import_module("torch.distributed.rendezvous")
     handlers = getattr(rdzv, "_rendezvous_handlers", None)
