@@ -3,7 +3,8 @@
 Run as a script with the standard library only (`python -S _standin.py DIR`): it must start
 in milliseconds and must not import torch or libddl. mpirun's PMIx server has registered
 this process's rank; the stand-in hands that identity (its PMIX_*, OMPI_*, PRTE_*, OPAL_*
-variables) to the torchrun process of the same rank on this host, which connects to the
+variables, and the cores mpirun bound it to) to the torchrun process of the same rank on
+this host, which connects to the
 server as that rank before its MPI_Init. Then it waits while that process lives, so the
 job (and mpirun) ends when the last rank's process ends, whatever ends it: a stand-in never
 outlives its rank by more than a poll interval.
@@ -21,6 +22,7 @@ import sys
 import time
 
 PREFIXES = ("PMIX_", "OMPI_", "PRTE_", "OPAL_")
+CPUS = "DDL_STANDIN_CPUS"
 POLL_S = 0.2
 
 
@@ -65,6 +67,8 @@ def main(argv: list[str]) -> int:
     pid = int(pid_text)
     env = "".join(f"{k}={v}\n" for k, v in os.environ.items()
                   if k.startswith(PREFIXES) and "\n" not in v)
+    # the cores mpirun bound this rank to, which its process takes too (see torchrun_join)
+    env += CPUS + "=" + ",".join(str(c) for c in sorted(os.sched_getaffinity(0))) + "\n"
     tmp = os.path.join(path, f".env.{rank}")
     # mpirun ends its stand-ins with SIGTERM (torchrun stopping rank 0's process group):
     # the files go with them all the same

@@ -67,7 +67,7 @@ def join(store: Any, rank: int, size: int, timeout: timedelta | None = None) -> 
     JoinError on every rank if the job cannot be made."""
     wait_s = timeout.total_seconds() if timeout else 600.0
     wait_s = min(wait_s, float(os.environ.get("DDL_TORCHRUN_JOIN_TIMEOUT", "600")))
-    store.set(f"{KEY}host/{rank}", socket.gethostname())
+    store.set(f"{KEY}host/{rank}", f"{socket.gethostname()} {len(os.sched_getaffinity(0))}")
     if rank == 0:
         _launch(store, size, wait_s)
     path = _wait_key(store, "dir", wait_s).decode()
@@ -88,22 +88,54 @@ def join(store: Any, rank: int, size: int, timeout: timedelta | None = None) -> 
         raise
     for line in env_file.read_text().splitlines():
         name, _, value = line.partition("=")
-        os.environ[name] = value
+        if name == _standin.CPUS:
+            bind(value)
+        else:
+            os.environ[name] = value
     store.add(f"{KEY}joined", 1)
+
+
+def bind(cpus_text: str) -> None:
+    """Take the cores mpirun bound this rank's stand-in to (its default: a core per rank
+    for 2 ranks a host, as under ddlrun), on every thread this process has so far; later
+    threads inherit it. Why: the 2-rank DDP example ran at 0.3x the images/s unbound
+    (ranks and their threads migrating between the cores). Left alone where the process
+    was already confined to fewer cores (numactl, taskset, a launcher's own binding)."""
+    if not cpus_text or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = {int(c) for c in cpus_text.split(",")}
+    have = os.sched_getaffinity(0)
+    if not cpus < have:
+        return
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass  # (a thread that has just ended)
 
 
 def _launch(store: Any, size: int, wait_s: float) -> None:
     """Rank 0: start mpirun with the stand-ins on the ranks' hosts, in RANK order."""
     from ddl_core.runner.launcher import LaunchError, find_mpirun, launch_environ
 
-    hosts = [_wait_key(store, f"host/{r}", wait_s).decode() for r in range(size)]
+    rows = [_wait_key(store, f"host/{r}", wait_s).decode().rsplit(" ", 1) for r in range(size)]
+    hosts = [h for h, _ in rows]
     spec = host_spec(hosts)
+    cores = {h: int(n) for h, n in rows}
+    # mpirun's default binding (a core per rank for up to 2 ranks a host, else a package)
+    # unless a host has more ranks than cores, which mpirun would refuse to bind
+    binding = ([] if all(hosts.count(h) <= n for h, n in cores.items())
+               else ["--bind-to", "none"])
     path = os.path.join(tempfile.gettempdir(), f"ddl-torchrun-{os.getuid()}-{secrets.token_hex(8)}")
     try:
         mpirun = find_mpirun()
     except LaunchError as exc:
         _fail(store, f"the ddl backend under torchrun needs Open MPI's mpirun: {exc}")
-    cmd = [mpirun, "-n", str(size), "--host", spec, "--map-by", "slot", "--bind-to", "none",
+    cmd = [mpirun, "-n", str(size), "--host", spec, "--map-by", "slot", *binding,
            *shlex.split(os.environ.get("DDL_TORCHRUN_MPIRUN_ARGS", "")),
            sys.executable, "-S", str(STANDIN), path, str(wait_s)]
     log = tempfile.TemporaryFile(mode="w+")
