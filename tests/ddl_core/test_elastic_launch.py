@@ -65,6 +65,14 @@ def test_elastic_command_turns_on_ulfm_and_tells_the_ranks() -> None:
     assert "--with-ft" not in plain.stderr and "DDL_ELASTIC" not in plain.stderr
 
 
+def test_elastic_under_srun_is_refused_with_the_way_round() -> None:
+    proc = ddlrun("--elastic", "--launcher", "srun", "-n", "2", "true",
+                  env={"SLURM_JOB_ID": "1"})
+    assert proc.returncode == 2, proc.stderr
+    assert "Slurm's PMIx plugin ends the whole step" in proc.stderr
+    assert "--launcher mpirun" in proc.stderr
+
+
 def test_srun_keeps_the_step_alive() -> None:
     plan = Plan(command=["python", "t.py"], np=4, elastic=True)
     cmd, env = build_srun(plan, {})

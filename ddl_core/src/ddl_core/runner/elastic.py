@@ -3,9 +3,12 @@
 What ddlrun does differently with --elastic (or any of --min-np, --max-np,
 --host-discovery-script, which imply it, as in horovodrun):
 - mpirun gets `--with-ft ulfm` (Open MPI's fault tolerance: a dead rank is an error the
-  survivors can recover from with MPIX shrink, not the end of the job), and srun gets
-  `--no-kill` in place of `--kill-on-bad-exit` (the step goes on when a task or a node
-  fails; Open MPI ranks still need ULFM, which ddlrun turns on with OMPI_MCA_mpi_ft_enable).
+  survivors can recover from with MPIX shrink, not the end of the job). srun is refused
+  (run.elastic_launcher: Slurm's PMIx plugin cancels the step when a rank dies); the srun
+  command ddlrun would build keeps `--no-kill --kill-on-bad-exit=0` and ULFM on
+  (OMPI_MCA_mpi_ft_enable) for the day a Slurm keeps the step.
+- a whole host lost (its Open MPI daemon with it) still ends the job: PRRTE 3.0, the
+  runtime of Open MPI 5.0, does not recover from a lost daemon.
 - every rank sees DDL_ELASTIC=1, DDL_MIN_NP, DDL_MAX_NP (0: unbounded) and, with a
   discovery script, the host-update channel (discovery.py).
 - ranks start and end through exitreport.py as always; under --elastic a failed rank's

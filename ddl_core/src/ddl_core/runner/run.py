@@ -165,6 +165,20 @@ def make_plan(args: argparse.Namespace) -> Plan:
                              or args.host_discovery_script))
 
 
+def elastic_launcher(plan: Plan, requested: str, chosen: str) -> str:
+    """The launcher an elastic job can live under: not srun. Slurm's PMIx plugin cancels
+    the whole step when a rank dies, --no-kill or not (seen on the emulated Slurm:
+    "mpi/pmix_v4: _errhandler ... STEP CANCELLED"), so no survivor would go on. Refused,
+    with the way round (mpirun inside the allocation, which starts its daemons through
+    Slurm), rather than chosen silently: that way is not tested on the emulated Slurm."""
+    if not plan.elastic or chosen != "srun":
+        return chosen
+    how = "inside a Slurm allocation ddlrun would use srun, but " if requested == "auto" else ""
+    raise LaunchError(f"--elastic: {how}Slurm's PMIx plugin ends the whole step when a rank "
+                      "dies, so no survivor could go on; give --launcher mpirun (Open MPI's "
+                      "mpirun starts its daemons through Slurm and keeps the survivors)")
+
+
 def start_elastic(args: argparse.Namespace, plan: Plan) -> Elastic | None:
     """--elastic: its bounds checked, and with a discovery script its first run, which
     gives the hosts (a failure here is an error: there is nothing to start on)."""
@@ -257,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"ddlrun: warning: cannot collect the ranks' exit statuses ({e}); "
                       "the exit status is the launcher's", file=sys.stderr)
             shm = JobShm.open(environ)
-        launcher = choose_launcher(args.launcher, environ)
+        launcher = elastic_launcher(plan, args.launcher, choose_launcher(args.launcher,
+                                                                         environ))
         if plan.launch_agent and launcher != "mpirun":
             raise LaunchError(f"--launch-agent is how mpirun reaches the hosts; {launcher} "
                               "starts the ranks itself: add --launcher mpirun, or leave "
