@@ -94,7 +94,14 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 def _layout() -> tuple[int, int]:
     """(cross_rank, cross_size) on the current world: my index among the ranks with my
     local_rank, and how many there are (Horovod's definition); collective."""
-    local = ddl_core.allgather(np.array([ddl_core.local_rank()], dtype=np.int64))
+    from . import elastic_world
+
+    # (each rank's reset count rides along: a rank spawned at the last reset takes the
+    # job's count, so every rank stops at the same reset when the limit is reached)
+    rows = ddl_core.allgather(np.array([[ddl_core.local_rank(), elastic_world.resets()]],
+                                       dtype=np.int64))
+    local = rows[:, 0]
+    elastic_world.agree_resets(int(rows[:, 1].max()))
     me, lr = ddl_core.rank(), ddl_core.local_rank()
     return int(np.sum(local[:me] == lr)), int(np.sum(local == lr))
 

@@ -13,6 +13,7 @@ ddlrun pieces elastic Horovod stands on, so the State and run-loop code stays Ho
 
 from __future__ import annotations
 
+import atexit
 import os
 from typing import Any
 
@@ -60,6 +61,32 @@ def count_reset() -> None:
                            "stopping. Raise the limit or find why ranks keep failing")
 
 
+def resets() -> int:
+    return _resets
+
+
+def agree_resets(count: int) -> None:
+    """The job's reset count, as the ranks agreed it when the world was last made."""
+    global _resets
+    _resets = count
+
+
+def _free_merged() -> None:
+    """Free the communicators spawns made before MPI finalizes (Open MPI 5 crashes in
+    MPI_Finalize otherwise, see ddl_core.hostupdates)."""
+    while _merged:
+        try:
+            _merged.pop().Free()
+        except Exception:  # noqa: BLE001 - at exit: a communicator already gone
+            pass
+
+
+def _keep(comm: Any) -> None:
+    if not _merged:
+        atexit.register(_free_merged)  # after ddl_core's, so it runs before its finalize
+    _merged.append(comm)
+
+
 def rebuild() -> None:
     """Make the world the ranks still alive, plus the ranks the launcher asks for on
     hosts the discovery script added (ddlrun's host-update channel, rank 0's latest
@@ -81,11 +108,13 @@ def rebuild() -> None:
     survivors.Free()
     ddl_core.replace_world(merged)
     _mpi_world = merged
+    _keep(merged)
 
 
 #: the mpi4py communicator the world was last made of (None: MPI_COMM_WORLD, or the
 #: survivors ddl_core.shrink_world() found, which MPI_COMM_WORLD's Shrink finds again)
 _mpi_world: Any = None
+_merged: list[Any] = []
 _known_hosts: set[str] = set()
 _watch: Any = None
 _seen_generation: int | None = None
@@ -109,6 +138,7 @@ def join_if_spawned() -> Any:
     merged = hostupdates.join()
     if merged is not None:
         _mpi_world = merged
+        _keep(merged)
     return merged
 
 
