@@ -24,7 +24,7 @@ the rank's side is ddl_core.hostupdates):
 - What the ranks do with it (at their next reset, agreed through rank 0, as Horovod's
   check_host_updates does): ranks on a host in `removed` leave (exit 0); the others shrink
   their world without them; when `spawn` is not empty they spawn those ranks
-  (ddl_core.hostupdates.spawn: MPI_Comm_spawn with the `host`/`add-host` info keys) and
+  (ddl_core.hostupdates.spawn: MPI_Comm_spawn with the PMIX_HOST/PMIX_ADD_HOST info keys) and
   merge them into the new world. A spawn ddlrun announced counts as running on its host
   (so a later generation does not announce it again) until its ranks' start reports arrive
   or SPAWN_WAIT_S passes.
