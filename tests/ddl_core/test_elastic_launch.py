@@ -91,29 +91,31 @@ def survivors(proc: subprocess.CompletedProcess[str]) -> list[tuple[int, float]]
 
 @pytest.mark.parametrize("how,ended", [("kill", "was killed by signal 9 (SIGKILL)"),
                                        ("exit3", "exited with status 3")])
-def test_survivors_finish_and_the_status_is_theirs(how: str, ended: str) -> None:
-    proc = ddlrun("--elastic", "-n", "4", sys.executable, str(WORKERS / "elastic_kill.py"),
-                  "mpi4py", "1", how)
+def test_survivors_finish_and_the_status_is_theirs(how: str, ended: str,
+                                                   tmp_path: Path) -> None:
+    proc = ddlrun("--elastic", "-n", "4", "-x", f"STAMP_DIR={tmp_path}", sys.executable,
+                  str(WORKERS / "elastic_kill.py"), "mpi4py", "1", how)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ok = survivors(proc)
     assert len(ok) == 3 and all(size == 3 for size, _ in ok), proc.stdout
     assert f"1 rank lost, 3 finished (--min-np 1): rank 1 on {HOST} {ended}" in proc.stderr
 
 
-def test_below_min_np_the_job_ends_with_the_lost_ranks_status() -> None:
-    proc = ddlrun("--min-np", "4", "-n", "4", sys.executable,
+def test_below_min_np_the_job_ends_with_the_lost_ranks_status(tmp_path: Path) -> None:
+    proc = ddlrun("--min-np", "4", "-n", "4", "-x", f"STAMP_DIR={tmp_path}", sys.executable,
                   str(WORKERS / "elastic_kill.py"), "mpi4py", "2", "kill")
     assert proc.returncode == 137, proc.stderr
     assert "fewer than --min-np 4 ranks left" in proc.stderr
     assert f"rank 2 on {HOST} was killed by signal 9 (SIGKILL)" in proc.stderr
 
 
-def test_ddl_core_survivors_shrink_the_world() -> None:
+def test_ddl_core_survivors_shrink_the_world(tmp_path: Path) -> None:
     import ddl_core
 
     if not hasattr(ddl_core, "shrink_world"):
         pytest.skip("this ddl_core has no shrink_world (libddl without ULFM support)")
-    proc = ddlrun("--elastic", "--min-np", "2", "-n", "3", sys.executable,
+    proc = ddlrun("--elastic", "--min-np", "2", "-n", "3", "-x", f"STAMP_DIR={tmp_path}",
+                  sys.executable,
                   str(WORKERS / "elastic_kill.py"), "ddl", "2", "kill")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [s for s, _ in survivors(proc)] == [2, 2], proc.stdout

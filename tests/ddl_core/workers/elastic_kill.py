@@ -18,7 +18,9 @@ import sys
 import time
 
 api, victim, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-stamp = f"/dev/shm/ddl-elastic-{os.environ.get('DDL_EXIT_REPORT', 'x').rsplit(':', 1)[-1]}"
+# the test's temp dir (STAMP_DIR): nothing is left behind
+stamp = os.path.join(os.environ.get("STAMP_DIR", "/tmp"),
+                     f"ddl-elastic-{os.environ.get('DDL_EXIT_REPORT', 'x').rsplit(':', 1)[-1]}")
 
 
 def end() -> None:
