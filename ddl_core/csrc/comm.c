@@ -39,16 +39,8 @@ ddl_status_t ddl_comm_enter(ddl_comm_t c, const char *fn, double *saved) {
     ddl_cur_comm = c;
     ddl_cur.cctx = NULL;
     /* A communicator that lost a member (ft.c) answers only its local queries now. */
-    if (c->ft_failed && !ddl_ft_exempt(fn)) {
-        char list[256] = "";
-        ddl_format_ranks(list, sizeof list, c->failed, c->nfailed);
-        ddl_ft_note(c);
-        return ddl_fail(DDL_ERR_PROC_FAILED,
-                        "%s: this communicator lost member%s %s: shrink it (comm.shrink(), "
-                        "ddl_core.shrink_world()) to go on without %s",
-                        fn, c->nfailed == 1 ? "" : "s", c->nfailed ? list : "(not known yet)",
-                        c->nfailed == 1 ? "it" : "them");
-    }
+    if (__atomic_load_n(&c->ft_failed, __ATOMIC_ACQUIRE) && !ddl_ft_exempt(fn))
+        return ddl_ft_refuse(c, fn);
     if (c->timeout_s > 0) {
         *saved = ddl_thread_timeout();
         ddl_set_thread_timeout(c->timeout_s);
@@ -333,9 +325,7 @@ void ddl_comm_teardown(ddl_comm_t c) {
     free(c->world_ranks);
     c->world_ranks = NULL;
     c->own.members = NULL;
-    free(c->failed);
-    c->failed = NULL;
-    c->nfailed = 0;
+    ddl_ft_forget(c);
 }
 
 /* The tag MPI_Comm_create_group's own messages carry on the parent's point-to-point

@@ -520,6 +520,10 @@ ddl_status_t ddl_ft_fail(int mpi_rc, const char *what);
 ddl_status_t ddl_ft_fail_comm(struct ddl_comm_s *c, int mpi_rc, const char *what);
 /* Makes c's failed ranks the calling thread's (ddl_last_failed_ranks). */
 void ddl_ft_note(struct ddl_comm_s *c);
+/* DDL_ERR_PROC_FAILED for a call `fn` on a communicator that lost a member. */
+ddl_status_t ddl_ft_refuse(struct ddl_comm_s *c, const char *fn);
+/* Free c's record of failed members (ddl_comm_free). */
+void ddl_ft_forget(struct ddl_comm_s *c);
 /* Revoke every MPI communicator of c (FT mode). */
 void ddl_ft_revoke(struct ddl_comm_s *c);
 /* Whether `fn` may still be called on a communicator that lost a member. */

@@ -157,11 +157,32 @@ static void gather_failed(struct ddl_comm_s *c) {
     c->nfailed = u;
 }
 
-void ddl_ft_note(struct ddl_comm_s *c) {
+/* c->failed and c->nfailed change under this lock (two threads may see one failure). */
+static pthread_mutex_t ft_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void note_locked(struct ddl_comm_s *c) {
     nnoted = 0;
     if (!c || c->magic != DDL_COMM_MAGIC) return;
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
     for (int i = 0; i < c->nfailed && nnoted < MAX_NOTED; i++) noted[nnoted++] = c->failed[i];
+}
+
+void ddl_ft_note(struct ddl_comm_s *c) {
+    pthread_mutex_lock(&ft_lock);
+    note_locked(c);
+    pthread_mutex_unlock(&ft_lock);
+}
+
+ddl_status_t ddl_ft_refuse(struct ddl_comm_s *c, const char *fn) {
+    char list[256] = "";
+    pthread_mutex_lock(&ft_lock);
+    ddl_format_ranks(list, sizeof list, c->failed, c->nfailed);
+    int n = c->nfailed;
+    note_locked(c);
+    pthread_mutex_unlock(&ft_lock);
+    return ddl_fail(DDL_ERR_PROC_FAILED,
+                    "%s: this communicator lost member%s %s: shrink it (comm.shrink(), "
+                    "ddl_core.shrink_world()) to go on without %s",
+                    fn, n == 1 ? "" : "s", n ? list : "(not known yet)", n == 1 ? "it" : "them");
 }
 
 ddl_status_t ddl_last_failed_ranks(int *ranks, int max, int *n) {
@@ -172,8 +193,6 @@ ddl_status_t ddl_last_failed_ranks(int *ranks, int max, int *n) {
     *n = nnoted;
     return DDL_SUCCESS;
 }
-
-static pthread_mutex_t ft_lock = PTHREAD_MUTEX_INITIALIZER;
 
 ddl_status_t ddl_ft_fail_comm(struct ddl_comm_s *c, int mpi_rc, const char *what) {
     if (!c) {
@@ -188,7 +207,7 @@ ddl_status_t ddl_ft_fail_comm(struct ddl_comm_s *c, int mpi_rc, const char *what
     for (;;) {
         pthread_mutex_lock(&ft_lock);
         gather_failed(c);
-        c->ft_failed = 1;
+        __atomic_store_n(&c->ft_failed, 1, __ATOMIC_RELEASE);
         int known = c->nfailed;
         pthread_mutex_unlock(&ft_lock);
         if (known || ddl_now() > until) break;
@@ -203,7 +222,7 @@ ddl_status_t ddl_ft_fail_comm(struct ddl_comm_s *c, int mpi_rc, const char *what
     }
     (void)mpi_rc;
     pthread_mutex_lock(&ft_lock);
-    ddl_ft_note(c);
+    note_locked(c);
     char list[256] = "";
     ddl_format_ranks(list, sizeof list, c->failed, c->nfailed);
     int n = c->nfailed;
@@ -320,7 +339,7 @@ ddl_status_t ddl_comm_shrink(ddl_comm_t c, ddl_comm_t *out) {
                         "with `ddlrun --elastic` (or mpirun --with-ft ulfm -x DDL_ELASTIC=1)");
     /* Everyone still in a call on c is released, whether or not it saw the failure. */
     ddl_ft_revoke(c);
-    c->ft_failed = 1;
+    __atomic_store_n(&c->ft_failed, 1, __ATOMIC_RELEASE);
     /* While the survivors build the new communicator the watcher's dead ranks are no
      * member's (ULFM reports a death during the shrink). */
     ddl_coll_t cur = ddl_cur;
@@ -395,4 +414,12 @@ ddl_status_t ddl_comm_shrink(ddl_comm_t c, ddl_comm_t *out) {
                     "ddl_comm_shrink: this libddl was built against an MPI without ULFM "
                     "(Open MPI 5's MPIX fault-tolerance extension)");
 #endif
+}
+
+void ddl_ft_forget(struct ddl_comm_s *c) {
+    pthread_mutex_lock(&ft_lock);
+    free(c->failed);
+    c->failed = NULL;
+    c->nfailed = 0;
+    pthread_mutex_unlock(&ft_lock);
 }
