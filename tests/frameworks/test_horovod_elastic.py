@@ -23,6 +23,12 @@ def test_elastic_state_and_run_loop_on_a_healthy_job() -> None:
     assert ok_lines(proc, "hvd_elastic") == 2, proc.stdout
 
 
+def test_keras_state_and_callbacks_on_a_healthy_job() -> None:
+    need("tensorflow")
+    proc = mpirun(2, WORKERS / "hvd_elastic_keras.py", env={"DDL_TIMEOUT": "60"})
+    assert ok_lines(proc, "hvd_elastic_keras") == 2, proc.stdout
+
+
 def _need_fault_tolerance() -> None:
     import ddl_core
 
