@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import BIN, WORKERS, launcher_failed
@@ -31,9 +32,9 @@ pytestmark = pytest.mark.skipif(not _ft_supported(),
                                 reason="this Open MPI is built without ULFM (FT MPI support)")
 
 
-def run_ulfm(case: str, victims: str, *, env: dict[str, str] | None = None,
+def run_ulfm(case: str, victims: str, stamps: Path, *, env: dict[str, str] | None = None,
              n: int = 4) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
-    full = dict(os.environ)
+    full = dict(os.environ, ULFM_STAMP_DIR=str(stamps))
     full.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                  "PYTHONUNBUFFERED": "1", "DDL_TIMEOUT": "20", "DDL_ELASTIC": "1",
                  "ULFM_TAG": f"{os.getpid()}-{case}"})
@@ -69,37 +70,37 @@ def check(proc: subprocess.CompletedProcess[str], rows: list[dict], dead: list[i
 
 
 @pytest.mark.parametrize("liveness", ["1", "0"])
-def test_world_survives_a_killed_rank(liveness: str) -> None:
+def test_world_survives_a_killed_rank(liveness: str, tmp_path: Path) -> None:
     """Either detector (the watcher, or ULFM alone with DDL_LIVENESS=0) gives the error."""
-    proc, rows = run_ulfm("loop", "2", env={"DDL_LIVENESS": liveness})
+    proc, rows = run_ulfm("loop", "2", tmp_path, env={"DDL_LIVENESS": liveness})
     check(proc, rows, [2])
 
 
-def test_death_of_rank_0_the_watchers_hub() -> None:
-    proc, rows = run_ulfm("rank0", "0")
+def test_death_of_rank_0_the_watchers_hub(tmp_path: Path) -> None:
+    proc, rows = run_ulfm("rank0", "0", tmp_path)
     check(proc, rows, [0])
 
 
-def test_split_communicator_survives() -> None:
-    proc, rows = run_ulfm("comm", "1")
+def test_split_communicator_survives(tmp_path: Path) -> None:
+    proc, rows = run_ulfm("comm", "1", tmp_path)
     check(proc, rows, [1])
 
 
-def test_two_deaths_at_once() -> None:
-    proc, rows = run_ulfm("two", "1,2")
+def test_two_deaths_at_once(tmp_path: Path) -> None:
+    proc, rows = run_ulfm("two", "1,2", tmp_path)
     check(proc, rows, [1, 2])
 
 
-def test_death_during_a_named_async_batch() -> None:
-    proc, rows = run_ulfm("async", "3")
+def test_death_during_a_named_async_batch(tmp_path: Path) -> None:
+    proc, rows = run_ulfm("async", "3", tmp_path)
     check(proc, rows, [3])
 
 
-def test_death_during_the_shrink() -> None:
+def test_death_during_the_shrink(tmp_path: Path) -> None:
     """Rank 2 dies in the loop, rank 1 a few ms into its shrink. The survivors shrink again
     to 2, or (Open MPI 5.0.11's agreement not recovering, see ft.c) every survivor exits
     with the shrink's bounded error: never a hang, never a survivor going on alone."""
-    proc, rows = run_ulfm("during_shrink", "2,1", env={"DDL_TIMEOUT": "10"})
+    proc, rows = run_ulfm("during_shrink", "2,1", tmp_path, env={"DDL_TIMEOUT": "10"})
     if proc.returncode != 0 and not rows:
         assert proc.stderr.count("ddl_comm_shrink: no result within") >= 1, proc.stderr[-3000:]
         return

@@ -6,8 +6,8 @@ the survivors must see ProcessFailedError naming it, shrink, and compute right a
 CASE: loop (blocking allreduces on the world), comm (on a split communicator), async (a
 named asynchronous batch in flight), two (two victims at once), during_shrink (a second
 victim dies inside the shrink), rank0 (the liveness hub dies). Each survivor prints one
-JSON line: {"rank", "ranks" (what the error named, as world ranks), "detect_s", "shrink_s", "new_size",
-"ok"}; the victims print nothing after KILL.
+JSON line: {"rank", "ranks" (what the error named, as world ranks), "detect_s",
+"shrink_s", "new_size", "ok"}; the victims print nothing after KILL.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 
@@ -31,7 +32,9 @@ assert ddl.fault_tolerant(), "launched without --with-ft ulfm"
 me, n = ddl.rank(), ddl.size()
 world = ddl.comm_world()
 comm = world.split(0, key=n - me) if case == "comm" else world  # reversed order
-stamp = f"/dev/shm/ulfm-kill-{os.environ.get('ULFM_TAG', 'x')}"
+# The victims' kill times go to the test's own directory (ULFM_STAMP_DIR).
+stamp = os.path.join(os.environ.get("ULFM_STAMP_DIR", tempfile.gettempdir()),
+                     f"ulfm-kill-{os.environ.get('ULFM_TAG', 'x')}")
 
 
 def die() -> None:
