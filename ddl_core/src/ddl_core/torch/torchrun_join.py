@@ -42,7 +42,8 @@ from typing import Any
 
 from . import _standin
 
-KEY = "ddl_mpi_job/"
+_BASE = "ddl_mpi_job/"
+KEY = _BASE  # (this attempt's prefix: set by join)
 STANDIN = Path(_standin.__file__)
 
 
@@ -65,6 +66,11 @@ def join(store: Any, rank: int, size: int, timeout: timedelta | None = None) -> 
     """Join the job (collective over the `size` ranks sharing `store`); on return this
     process's environment names its rank in one MPI job and MPI_Init may run. Raises
     JoinError on every rank if the job cannot be made."""
+    global KEY
+    # torchrun's agent store outlives a restart: each attempt's keys apart, or a restarted
+    # rank could read the last attempt's directory before rank 0 has written the new one
+    KEY = (f"{_BASE}{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
+           f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/")
     wait_s = timeout.total_seconds() if timeout else 600.0
     wait_s = min(wait_s, float(os.environ.get("DDL_TORCHRUN_JOIN_TIMEOUT", "600")))
     store.set(f"{KEY}host/{rank}", f"{socket.gethostname()} {len(os.sched_getaffinity(0))}")
