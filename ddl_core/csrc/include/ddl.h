@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 #define DDL_VERSION_MAJOR 2
-#define DDL_VERSION_MINOR 1
+#define DDL_VERSION_MINOR 2
 #define DDL_VERSION_PATCH 0
 
 typedef enum {
@@ -529,7 +529,7 @@ const char *ddl_dtype_name(ddl_dtype_t dtype);
 const char *ddl_op_name(ddl_op_t op);
 const char *ddl_algo_name(ddl_algo_t algo);
 size_t ddl_dtype_size(ddl_dtype_t dtype);
-/* "libddl 2.1.0 (Open MPI v5.0.11 ...)" */
+/* "libddl 2.2.0 (Open MPI v5.0.11 ...)" */
 const char *ddl_version_string(void);
 
 #ifdef __cplusplus

@@ -42,7 +42,7 @@ from .comm import Comm, comm_world, replace_world, shrink_world
 from .comm import on as _on
 from .requests import Handle
 
-__version__ = "2.1.0"
+__version__ = "2.2.0"
 __all__ = [
     "DTYPES", "OPS", "DDLError", "DDLTimeoutError", "InvalidArgumentError", "MismatchError",
     "NotInitializedError", "PeerLostError", "Handle", "init", "finalize", "is_initialized",
