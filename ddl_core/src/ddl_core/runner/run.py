@@ -51,6 +51,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..jobshm import JobShm
+from ..launchenv import launch_environ
 from ..netaddr import local_addresses
 from .child import run_forwarding
 from .discovery import ENV as UPDATES_ENV
@@ -67,7 +68,6 @@ from .launcher import (
     build_srun,
     choose_launcher,
     find_mpirun,
-    launch_environ,
     mpi_flavor,
     parse_topology,
     srun_mpi_plugin,

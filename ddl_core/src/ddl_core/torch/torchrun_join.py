@@ -38,7 +38,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from . import _standin
 
@@ -126,7 +126,7 @@ def bind(cpus_text: str) -> None:
 
 def _launch(store: Any, size: int, wait_s: float) -> None:
     """Rank 0: start mpirun with the stand-ins on the ranks' hosts, in RANK order."""
-    from ddl_core.runner.launcher import LaunchError, find_mpirun, launch_environ
+    from ddl_core.launchenv import NOT_FOUND, find_mpirun, launch_environ
 
     rows = [_wait_key(store, f"host/{r}", wait_s).decode().rsplit(" ", 1) for r in range(size)]
     hosts = [h for h, _ in rows]
@@ -137,10 +137,9 @@ def _launch(store: Any, size: int, wait_s: float) -> None:
     binding = ([] if all(hosts.count(h) <= n for h, n in cores.items())
                else ["--bind-to", "none"])
     path = os.path.join(tempfile.gettempdir(), f"ddl-torchrun-{os.getuid()}-{secrets.token_hex(8)}")
-    try:
-        mpirun = find_mpirun()
-    except LaunchError as exc:
-        _fail(store, f"the ddl backend under torchrun needs Open MPI's mpirun: {exc}")
+    mpirun = find_mpirun()
+    if mpirun is None:
+        _fail(store, f"the ddl backend under torchrun needs Open MPI's mpirun: {NOT_FOUND}")
     cmd = [mpirun, "-n", str(size), "--host", spec, "--map-by", "slot", *binding,
            *shlex.split(os.environ.get("DDL_TORCHRUN_MPIRUN_ARGS", "")),
            sys.executable, "-S", str(STANDIN), path, str(wait_s)]
@@ -193,7 +192,7 @@ def _watch(proc: subprocess.Popen[bytes], log: Any, store: Any, cmd: list[str]) 
         log.close()
 
 
-def _fail(store: Any, message: str) -> None:
+def _fail(store: Any, message: str) -> NoReturn:
     store.set(f"{KEY}error", message)
     raise JoinError(message)
 
