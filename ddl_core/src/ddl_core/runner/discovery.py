@@ -44,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from .exitreport import recv_line
 from .hosts import HOST_RE
 
 ENV = "DDL_HOST_UPDATES"
@@ -210,14 +211,8 @@ class HostUpdates:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            conn.settimeout(2)
-            data = b""
             try:
-                while b"\n" not in data and len(data) < 128:
-                    chunk = conn.recv(128)
-                    if not chunk:
-                        break
-                    data += chunk
+                data = recv_line(conn, 128)
             except OSError:
                 conn.close()
                 continue

@@ -107,6 +107,21 @@ class Report:
         return f"exited with status {self.number}" + (" (a peer was lost)" if self.lost else "")
 
 
+def recv_line(conn: socket.socket, limit: int, timeout: float = 2.0) -> bytes:
+    """What a peer sends up to its first newline (at most about ``limit`` bytes, or less if
+    it closes first), waiting ``timeout`` s per read: the one-line requests ddlrun's
+    sockets take (rank reports here, host-update watchers in discovery). OSError on a
+    timeout or a broken connection."""
+    conn.settimeout(timeout)
+    data = b""
+    while b"\n" not in data and len(data) < limit:
+        chunk = conn.recv(limit)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 class Collector:
     """ddlrun's end: a TCP listener that records one report per connection."""
 
@@ -163,14 +178,8 @@ class Collector:
         anything else is dropped."""
         import hmac
 
-        conn.settimeout(2)
-        data = b""
         try:
-            while b"\n" not in data and len(data) < 256:
-                chunk = conn.recv(256)
-                if not chunk:
-                    break
-                data += chunk
+            data = recv_line(conn, 256)
         except OSError:
             return
         finally:

@@ -39,10 +39,9 @@ from pathlib import Path
 
 from .hosts import LaunchError, is_local
 from .probe import agent_argv
-from .stagenode import SESSION, SESSION_ENV, run_flags, widen_pipe
+from .stagenode import CHUNK, SESSION, SESSION_ENV, run_flags, widen_pipe
 
 NODE = Path(__file__).with_name("stagenode.py")
-CHUNK = 1 << 22
 READY_S = 600.0
 HERE = "this node"  # a node must have its copy within this long after the stream ended
 
