@@ -40,6 +40,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..settings import env_number
 from . import _standin
 
 _BASE = "ddl_mpi_job/"
@@ -72,7 +73,7 @@ def join(store: Any, rank: int, size: int, timeout: timedelta | None = None) -> 
     KEY = (f"{_BASE}{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
            f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/")
     wait_s = timeout.total_seconds() if timeout else 600.0
-    wait_s = min(wait_s, float(os.environ.get("DDL_TORCHRUN_JOIN_TIMEOUT", "600")))
+    wait_s = min(wait_s, env_number("DDL_TORCHRUN_JOIN_TIMEOUT", 1, 86400, 600))
     store.set(f"{KEY}host/{rank}", f"{socket.gethostname()} {len(os.sched_getaffinity(0))}")
     if rank == 0:
         _launch(store, size, wait_s)
