@@ -15,8 +15,9 @@ alive and go on in the same processes:
    raises a RuntimeError that carries ddl_core.ProcessFailedError's text);
 3. the survivors call ddl_core.shrink_world(), destroy the old process group, make a new
    one on the shrunk world (init_process_group("ddl") again: rank and size are the new
-   world's), load the last commit into a new DDP model (DDP broadcasts rank 0's
-   parameters, so every survivor starts bit-identical) and redo the step that failed.
+   world's), agree on the newest commit any of them holds, load it into a new DDP model
+   (DDP broadcasts rank 0's parameters, so every survivor starts bit-identical) and redo
+   the step that failed.
 
 --kill-rank R --kill-step S makes rank R SIGKILL itself before step S (a crash, or the
 out-of-memory killer), to show it. Each survivor prints its final rank, the world size
@@ -73,6 +74,18 @@ def restore(saved: dict) -> int:
     return saved["step"]
 
 
+def newest_commit(saved: dict) -> dict:
+    """The newest commit any survivor holds, on every survivor: a survivor whose last step
+    had not finished when the rank died (it was still receiving the allreduce's result)
+    catches up from the lowest rank that has it; nobody goes back a step."""
+    steps: list[int] = [0] * dist.get_world_size()
+    dist.all_gather_object(steps, saved["step"])
+    root = steps.index(max(steps))
+    box = [saved if dist.get_rank() == root else None]
+    dist.broadcast_object_list(box, src=root)
+    return box[0]
+
+
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's share of step `step`'s data (the same whatever world it runs in, so a
     survivor redoing a step sees the batch it would have)."""
@@ -101,6 +114,7 @@ while step < args.steps:
         ddl_core.shrink_world()  # collective over the survivors: all agree on who is left
         dist.destroy_process_group()
         dist.init_process_group("ddl")  # the shrunk world's rank and size
+        saved = newest_commit(saved)
         step = restore(saved)
         ddp = make_ddp(model)
         if dist.get_rank() == 0:

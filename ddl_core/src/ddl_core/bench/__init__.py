@@ -9,6 +9,7 @@
     python -m ddl_core.bench compare --baseline DIR  # this build's allreduce against another's
     python -m ddl_core.bench matching --baseline SITE  # request matching against another build
     python -m ddl_core.bench faults                  # time from a lost rank to the error
+    python -m ddl_core.bench elastic                 # a lost rank's cost to an elastic job
     ddlrun -n 2 python -m ddl_core.bench ddp         # DDP on the ddl backend against gloo
     ddlrun -n 1 python -m ddl_core.bench gpu         # CUDA tensors: ddl vs torch NCCL
     python -m ddl_core.bench lms                     # Large Model Support: largest batch, cost
@@ -31,6 +32,7 @@ import sys
 # name -> module under ddl_core.bench for the benchmarks with options of their own
 OWN_OPTIONS = {
     "ddp": "ddp",
+    "elastic": "elastic",
     "faults": "faults",
     "gpu": "gpu",
     "lms": "lms",
