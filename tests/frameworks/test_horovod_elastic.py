@@ -109,6 +109,31 @@ def test_a_host_update_grows_the_job(tmp_path: Path) -> None:
     assert sum("resets=[3]" in x for x in lines) == 2, lines  # the two that were there
 
 
+def test_two_host_updates_grow_the_job_twice(tmp_path: Path) -> None:
+    """Two growths, 2 -> 3 -> 4 ranks: the second reset shrinks and spawns from a world a
+    spawn made (Open MPI marks it as holding another job's ranks). Every rank then exits
+    0: MPI_Finalize crashed (a heap corruption in Open MPI's disconnect of such
+    communicators) while a replaced world was still alive at exit."""
+    need("torch")
+    need("mpi4py")
+    _need_fault_tolerance()
+    _need_ddlrun_elastic()
+    flag = tmp_path / "grows"
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\nn=$(cat {flag} 2>/dev/null || echo 0)\n"
+                      "echo localhost:$((2 + n))\n")
+    script.chmod(0o755)
+    proc = run_job([str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "4",
+                    "--host-discovery-script", str(script), "--mpi-args",
+                    "--mca mpi_yield_when_idle 1", sys.executable,
+                    str(WORKERS / "hvd_elastic_grow.py"), str(flag), "3", "0,1"],
+                   env={"DDL_TIMEOUT": "60"}, check=False, timeout=400)
+    lines = re.findall(r"^OK hvd_elastic_grow .*$", proc.stdout, re.M)
+    assert proc.returncode == 0 and len(lines) == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert all("size=4" in x and "same=True" in x and "epoch=3" in x for x in lines), lines
+    assert "free()" not in proc.stderr and "Signal:" not in proc.stderr, proc.stderr[-3000:]
+
+
 def _translate(*argv: str) -> list[str]:
     from horovod.runner.launch import translate
 

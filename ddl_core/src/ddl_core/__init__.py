@@ -176,6 +176,7 @@ def _finalize_at_exit() -> None:
         # The peers learn now that this rank is leaving; MPI_Finalize, which waits for
         # all of them, runs at exit() and only if the exit status is 0 (a failing rank
         # must not wait for the ranks it just made fail).
+        _comm.free_replacement()
         try:
             _ddl._finalize_at_exit()
         except DDLError:
@@ -184,6 +185,7 @@ def _finalize_at_exit() -> None:
 
 def finalize() -> None:
     """Finish queued asynchronous work and shut DDL (and MPI, if DDL started it) down."""
+    _comm.free_replacement()
     _ddl.finalize()
     _comm._reset()
 

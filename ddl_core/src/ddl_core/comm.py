@@ -583,6 +583,22 @@ def on(comm: Comm | None) -> Comm:
     return comm
 
 
+def free_replacement() -> None:
+    """Free the world that replaced libddl's (shrink_world, replace_world) before MPI
+    finalizes. Open MPI 5.0's MPI_Finalize disconnects every communicator still holding
+    processes of another job (ranks a spawn added) into an array sized by a count that a
+    ULFM shrink of such a communicator does not keep right: a replaced world left alive
+    there made it write past that array (a heap corruption at exit, seen after a second
+    reset of a grown elastic Horovod job). Freed here, nothing of ours is left for it."""
+    global _current
+    old, _current = _current, None
+    if old is not None and old._h is not None:
+        try:
+            old.free()
+        except _ddl.DDLError:
+            pass
+
+
 def _reset() -> None:
     """finalize() drops the cached world communicators."""
     global _world, _current

@@ -1,12 +1,14 @@
 """Elastic Horovod growing onto more slots: the discovery script (the test's) reports one
-more slot once EPOCH_FILE exists; rank 0 writes it after epoch 0 and waits, as Horovod's
+more slot once EPOCH_FILE exists (or as many more as the number written in it); rank 0
+writes it after epoch 0 (and, with GROW_EPOCHS, rewrites it after each of those epochs
+with the number of grows so far) and waits, as Horovod's
 own elastic_torch_main.py does, for the host update; the commit that follows raises
 HostsUpdatedInterrupt on every rank, the survivors spawn the new rank, which starts this
 script, joins the world in hvd.init() and gets the state by the sync. Every rank of the
 grown world prints 'OK hvd_elastic_grow' with its start rank, the world's size and a
 digest of its parameters.
 
-argv: EPOCH_FILE EPOCHS"""
+argv: EPOCH_FILE EPOCHS [GROW_EPOCHS, e.g. 0,1: grow after epoch 0 and again after 1]"""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 
 flag, epochs = Path(sys.argv[1]), int(sys.argv[2])
+grow_after = [int(e) for e in (sys.argv[3] if len(sys.argv) > 3 else "0").split(",")]
 hvd.init()
 start = (int(os.environ["HOROVOD_RANK"]), hvd.size())
 torch.manual_seed(0)
@@ -42,8 +45,10 @@ def train(state: hvd.elastic.TorchState) -> None:
             opt.step()
             state.batch += 1
             state.commit()
-        if state.epoch == 0 and hvd.rank() == 0 and not flag.exists():
-            flag.write_text("1")
+        grows = grow_after.index(state.epoch) + 1 if state.epoch in grow_after else 0
+        done = int(flag.read_text()) if flag.exists() else 0
+        if grows > done and hvd.rank() == 0:
+            flag.write_text(str(grows))
             t0 = time.monotonic()
             while state._host_messages.empty():
                 if time.monotonic() - t0 > 60:
