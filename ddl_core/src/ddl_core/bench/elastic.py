@@ -123,20 +123,21 @@ def _newest_commit(ddl: Any, np: Any, saved: tuple[int, Any]) -> tuple[int, Any]
 
 # -- the driver --------------------------------------------------------------------------
 
-def _job(a: argparse.Namespace, launch: list[str], run_on: Any, elastic: bool, victim: int,
-         tmp: Path) -> tuple[list[dict[str, Any]], str, int | None]:
+def _job(a: argparse.Namespace, ddlrun_argv: Any, launch: list[str], elastic: bool,
+         victim: int, tmp: Path) -> tuple[list[dict[str, Any]], str, int | None]:
     """One job; (every survivor's record, its output, ddlrun's status or None: a hang)."""
     out = tmp / f"job-{time.monotonic_ns()}"
     out.mkdir()
-    cmd = [*launch, *(["--elastic"] if elastic else []), "-n", str(a.ranks),
+    args = [*launch, *(["--elastic"] if elastic else []), "-n", str(a.ranks),
            sys.executable, "-m", "ddl_core.bench", "elastic", "worker",
            "--steps", str(a.steps), "--params", str(a.params), "--work", str(a.work),
            "--victim", str(victim), "--kill-step", str(a.kill_step),
            "--stamp", str(out / "death"), "--out", str(out)]
+    cmd = ddlrun_argv(args)
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
                DDL_TIMEOUT=str(int(JOB_TIMEOUT_S)))
-    proc = subprocess.Popen(run_on(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env, start_new_session=True)
     rc: int | None
     try:
@@ -174,20 +175,19 @@ def measure(a: argparse.Namespace) -> int:
           f"steps (a commit every step), {a.params} float64 parameters, --work {a.work}; "
           f"victim SIGKILLs itself before step {a.kill_step}; {os.cpu_count()} cores; load "
           f"{load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; {started}", flush=True)
-    ddlrun = str(Path(sys.executable).with_name("ddlrun"))
     results: dict[str, Any] = {"command": shlex.join(sys.argv), "started": started,
                                "load_start": load0, "ranks": a.ranks, "configs": []}
     failed = False
     with tempfile.TemporaryDirectory(prefix="ddl-elastic-bench-") as d:
         tmp = Path(d)
         for hosts in hosts_list:
-            with _cluster(hosts) as (launch_args, run_on):
-                launch = [ddlrun, *launch_args, "--mpi-args=--mca mpi_yield_when_idle 1"]
-                launch = _with_slots(launch, launch_args, a.ranks, hosts)
+            with _cluster(hosts) as ddlrun_argv:
+                launch = ["--mpi-args=--mca mpi_yield_when_idle 1",
+                          "--accelerators", str(max(1, a.ranks // hosts))]
                 trials = []
                 for i in range(a.trials):
                     victim = i % a.ranks
-                    records, text, rc = _job(a, launch, run_on, True, victim, tmp)
+                    records, text, rc = _job(a, ddlrun_argv, launch, True, victim, tmp)
                     row = _trial_row(records, rc, a, victim)
                     trials.append(row)
                     if not (row["finished"] and row["no_lost_step"] and row["identical"]):
@@ -200,8 +200,8 @@ def measure(a: argparse.Namespace) -> int:
                 healthy = {"plain": [], "elastic": []}
                 for _ in range(a.healthy_reps):
                     for kind in ("plain", "elastic"):
-                        records, text, rc = _job(a, launch, run_on, kind == "elastic", -1,
-                                                 tmp)
+                        records, text, rc = _job(a, ddlrun_argv, launch,
+                                                 kind == "elastic", -1, tmp)
                         if rc != 0 or len(records) != a.ranks:
                             failed = True
                             print(f"# healthy {kind} job failed (rc {rc}):\n{text[-2500:]}")
@@ -220,32 +220,31 @@ def measure(a: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _with_slots(launch: list[str], launch_args: list[str], ranks: int, hosts: int) -> list[str]:
-    """The job's ranks spread evenly over its hosts (ranks/hosts slots each)."""
-    if "-H" not in launch_args:
-        return [*launch, "--oversubscribe"]
-    names = launch_args[launch_args.index("-H") + 1].split(",")[:hosts]
-    per = max(1, ranks // hosts)
-    return [*launch, "-H", ",".join(f"{h}:{per}" for h in names)]
-
-
 @contextlib.contextmanager
 def _cluster(hosts: int):
-    """(ddlrun options, how to run a command on the first host) for `hosts` emulated hosts;
-    this machine itself for one."""
+    """A function giving the argv that runs ddlrun with the given arguments on `hosts`
+    emulated hosts (this machine itself for one). The emulated cluster is the repository's
+    tool (`python -m ddl_tools.cluster`), driven through its command line: the library
+    does not import the repository's tools."""
+    ddlrun = str(Path(sys.executable).with_name("ddlrun"))
     if hosts <= 1:
-        yield [], lambda cmd: cmd
+        yield lambda args: [ddlrun, "--oversubscribe", *args]
         return
     if os.geteuid() != 0:
         raise SystemExit("ddl_core.bench elastic: emulated hosts need root (network "
                          "namespaces); run as root or with --hosts 1")
+    tool = [sys.executable, "-m", "ddl_tools.cluster"]
+    name = f"el{os.getpid() % 100000}"[:8]
+    up = subprocess.run([*tool, "up", "--name", name, "--hosts", str(hosts)],
+                        capture_output=True, text=True)
+    if up.returncode != 0:
+        raise SystemExit("ddl_core.bench elastic: no emulated cluster (it needs the "
+                         "repository's tools: pip install -e tools; or --hosts 1): "
+                         + (up.stderr or up.stdout)[-800:])
     try:
-        from ddl_tools import cluster
-    except ImportError:
-        raise SystemExit("ddl_core.bench elastic: emulated hosts need the repository's "
-                         "tools (pip install -e tools), or --hosts 1") from None
-    with cluster.running(f"el{os.getpid() % 100000}"[:8], hosts=hosts) as c:
-        yield c.ddlrun_args(), lambda cmd: c.exec_argv(c.hosts[0], cmd)
+        yield lambda args: [*tool, "ddlrun", "--name", name, "--", *args]
+    finally:
+        subprocess.run([*tool, "down", "--name", name], capture_output=True)
 
 
 def _summary(trials: list[dict[str, Any]]) -> str:
