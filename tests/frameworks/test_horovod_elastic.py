@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -83,6 +84,21 @@ def test_a_job_below_min_np_fails() -> None:
     assert "--min-np 3" in proc.stderr, proc.stderr[-3000:]
 
 
+def _grow(tmp_path: Path, discover: str, max_np: int, *worker_args: str, timeout: float
+          ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """horovodrun -np 2 --max-np MAX_NP of workers/hvd_elastic_grow.py with `discover` as
+    the discovery script's body; (the finished job, its ranks' OK lines)."""
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\n{discover}\n")
+    script.chmod(0o755)
+    proc = run_job([str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np",
+                    str(max_np), "--host-discovery-script", str(script), "--mpi-args",
+                    "--mca mpi_yield_when_idle 1", sys.executable,
+                    str(WORKERS / "hvd_elastic_grow.py"), *worker_args],
+                   env={"DDL_TIMEOUT": "60"}, check=False, timeout=timeout)
+    return proc, re.findall(r"^OK hvd_elastic_grow .*$", proc.stdout, re.M)
+
+
 def test_a_host_update_grows_the_job(tmp_path: Path) -> None:
     """horovodrun --host-discovery-script: the script reports a third slot after epoch 0;
     the job grows from 2 ranks to 3 at the next commit (the new rank spawned, merged,
@@ -92,16 +108,8 @@ def test_a_host_update_grows_the_job(tmp_path: Path) -> None:
     _need_fault_tolerance()
     _need_ddlrun_elastic()
     flag = tmp_path / "epoch1"
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\nif [ -e {flag} ]; then echo localhost:3; "
-                      "else echo localhost:2; fi\n")
-    script.chmod(0o755)
-    proc = run_job([str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "3",
-                    "--host-discovery-script", str(script), "--mpi-args",
-                    "--mca mpi_yield_when_idle 1", sys.executable,
-                    str(WORKERS / "hvd_elastic_grow.py"), str(flag), "3"],
-                   env={"DDL_TIMEOUT": "60"}, check=False, timeout=300)
-    lines = re.findall(r"^OK hvd_elastic_grow .*$", proc.stdout, re.M)
+    proc, lines = _grow(tmp_path, f"if [ -e {flag} ]; then echo localhost:3; "
+                        "else echo localhost:2; fi", 3, str(flag), "3", timeout=300)
     assert proc.returncode == 0 and len(lines) == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert all("size=3" in x and "same=True" in x and "epoch=3" in x for x in lines), lines
     assert sorted(x.split()[2] for x in lines) == ["start_rank=0", "start_rank=1",
@@ -119,16 +127,8 @@ def test_two_host_updates_grow_the_job_twice(tmp_path: Path) -> None:
     _need_fault_tolerance()
     _need_ddlrun_elastic()
     flag = tmp_path / "grows"
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\nn=$(cat {flag} 2>/dev/null || echo 0)\n"
-                      "echo localhost:$((2 + n))\n")
-    script.chmod(0o755)
-    proc = run_job([str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "4",
-                    "--host-discovery-script", str(script), "--mpi-args",
-                    "--mca mpi_yield_when_idle 1", sys.executable,
-                    str(WORKERS / "hvd_elastic_grow.py"), str(flag), "3", "0,1"],
-                   env={"DDL_TIMEOUT": "60"}, check=False, timeout=400)
-    lines = re.findall(r"^OK hvd_elastic_grow .*$", proc.stdout, re.M)
+    proc, lines = _grow(tmp_path, f"n=$(cat {flag} 2>/dev/null || echo 0)\n"
+                        "echo localhost:$((2 + n))", 4, str(flag), "3", "0,1", timeout=400)
     assert proc.returncode == 0 and len(lines) == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert all("size=4" in x and "same=True" in x and "epoch=3" in x for x in lines), lines
     assert "free()" not in proc.stderr and "Signal:" not in proc.stderr, proc.stderr[-3000:]
