@@ -168,6 +168,9 @@ def _trial_row(records: list[dict[str, Any]], rc: int | None, a: argparse.Namesp
 
 
 def measure(a: argparse.Namespace) -> int:
+    # SIGTERM (a stopped run, a job's time limit) unwinds like Ctrl-C, so the emulated
+    # cluster and the scratch directory go with it
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     hosts_list = [int(h) for h in a.hosts.split(",") if h]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load0 = os.getloadavg()
@@ -185,15 +188,18 @@ def measure(a: argparse.Namespace) -> int:
                 launch = ["--mpi-args=--mca mpi_yield_when_idle 1",
                           "--accelerators", str(max(1, a.ranks // hosts))]
                 trials = []
+                victims = a.victims or list(range(a.ranks))
                 for i in range(a.trials):
-                    victim = i % a.ranks
+                    victim = victims[i % len(victims)]
                     records, text, rc = _job(a, ddlrun_argv, launch, True, victim, tmp)
                     row = _trial_row(records, rc, a, victim)
                     trials.append(row)
                     if not (row["finished"] and row["no_lost_step"] and row["identical"]):
                         failed = True
+                        seen = [{k: r.get(k) for k in ("rank0", "size", "resets", "lost")}
+                                for r in records]
                         print(f"# trial {i + 1} (victim {victim}) failed: rc {rc}, "
-                              f"{row}\n{text[-2500:]}", flush=True)
+                              f"{row}; survivors' records {seen}\n{text[-2500:]}", flush=True)
                     if (i + 1) % 10 == 0 or i + 1 == a.trials:
                         print(f"  {hosts} hosts: {i + 1}/{a.trials} trials, "
                               f"{_summary(trials)}", flush=True)
@@ -314,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--hosts", default="2,4", help="emulated host counts, in turn [2,4]")
     ap.add_argument("--trials", type=int, default=100, help="killed jobs per host count")
+    ap.add_argument("--victims", type=lambda v: [int(x) for x in v.split(",") if x],
+                    default=None, help="the ranks killed, in turn (a failing case on its "
+                    "own) [every rank in turn]")
     ap.add_argument("--healthy-reps", type=int, default=5,
                     help="healthy jobs of each kind per host count [5]")
     ap.add_argument("--json", type=Path, help="write every trial here")
