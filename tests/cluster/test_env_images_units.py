@@ -13,21 +13,37 @@ from pathlib import Path
 import pytest
 from ddl_core.runner import stagenode
 from ddl_core.runner.stage import NODE
+from envtools.image.manifest import Manifest
 
 DATA = os.urandom(3 << 20) + b"tail"
-MANIFEST = b'{"format": "test"}\n'
+SHA = hashlib.sha256(DATA).hexdigest()
+MIB = 1 << 20
 
 
-def _keep(root: Path, sha: str) -> subprocess.Popen[bytes]:
+def _manifest(data: bytes = DATA, chunk: int | None = MIB) -> bytes:
+    """IMAGE.json for ``data`` as seal writes it: with a sha256 per ``chunk`` bytes (four
+    here), or none (an image sealed before chunks)."""
+    parts = tuple(hashlib.sha256(data[i:i + chunk]).hexdigest()
+                  for i in range(0, len(data), chunk)) if chunk else ()
+    return Manifest(prefix="/opt/test-env", platform="linux-64", envtools_version="0",
+                    records_sha256="0" * 64, packages=1, files=1, env_bytes=len(data),
+                    image_sha256=hashlib.sha256(data).hexdigest(), image_bytes=len(data),
+                    chunk_bytes=chunk or 0, chunk_sha256=parts).beside_bytes()
+
+
+MANIFEST = _manifest()
+
+
+def _keep(root: Path, sha: str = SHA, manifest: bytes = MANIFEST) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-I", str(NODE), "keep", str(root), "jt-1",
-                             str(len(DATA)), sha, str(len(MANIFEST))], stdin=subprocess.PIPE,
+                             str(len(DATA)), sha, str(len(manifest))], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def test_a_copy_lives_as_long_as_its_stream(tmp_path: Path) -> None:
-    p = _keep(tmp_path, hashlib.sha256(DATA).hexdigest())
+    p = _keep(tmp_path)
     assert p.stdin and p.stdout
-    p.stdin.write(DATA + MANIFEST)
+    p.stdin.write(MANIFEST + DATA)
     p.stdin.flush()
     line = p.stdout.readline().decode().strip()
     assert line.startswith("READY "), line + p.stderr.read().decode()
@@ -48,15 +64,42 @@ def test_a_copy_lives_as_long_as_its_stream(tmp_path: Path) -> None:
     assert list(user.iterdir()) == []
 
 
-@pytest.mark.parametrize("how", ["altered", "short"])
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunk-sha256s", "whole-sha256"])
+def test_an_image_without_chunk_digests_is_checked_whole(tmp_path: Path,
+                                                         chunked: bool) -> None:
+    """Both kinds of IMAGE.json stage the same copy (an image sealed before chunks is
+    hashed whole, on one thread)."""
+    manifest = _manifest(chunk=MIB if chunked else None)
+    p = _keep(tmp_path, manifest=manifest)
+    out, err = p.communicate(manifest + DATA, timeout=60)
+    assert p.returncode == 0, out + err
+    line = out.decode().splitlines()[0]
+    assert line.startswith("READY ")
+    assert not Path(line[6:]).exists()  # removed when its stream ended
+
+
+@pytest.mark.parametrize("how", ["altered", "altered-last-chunk", "altered-unchunked",
+                                 "short", "another-image"])
 def test_a_bad_stream_leaves_nothing(tmp_path: Path, how: str) -> None:
-    p = _keep(tmp_path, hashlib.sha256(DATA).hexdigest())
-    body = bytes([DATA[0] ^ 1]) + DATA[1:] if how == "altered" else DATA[:1000]
-    out, _ = p.communicate(body + (MANIFEST if how == "altered" else b""), timeout=60)
+    manifest = _manifest(chunk=None) if how == "altered-unchunked" else MANIFEST
+    if how == "another-image":  # IMAGE.json of another image of the same size
+        manifest = _manifest(os.urandom(len(DATA)))
+    p = _keep(tmp_path, manifest=manifest)
+    at = len(DATA) - 2 if how == "altered-last-chunk" else 0
+    body = (DATA[:at] + bytes([DATA[at] ^ 1]) + DATA[at + 1:] if how.startswith("altered")
+            else DATA[:1000] if how == "short" else DATA)
+    try:
+        out, _ = p.communicate(manifest + body, timeout=60)
+    except BrokenPipeError:  # (the keeper refused the manifest before reading the image)
+        out = p.stdout.read() if p.stdout else b""
+        p.wait(60)
     assert p.returncode == 1
     line = out.decode().strip()
     assert line.startswith("ERROR "), line
-    assert ("altered or truncated" if how == "altered" else "stream ended") in line
+    assert {"short": "stream ended", "another-image": "describes another image"}.get(
+        how, "altered or truncated") in line
+    if how == "altered-last-chunk":  # names where: the fourth MiB
+        assert f"offset {3 * MIB}" in line
     assert list((tmp_path / f"ddl-stage-{os.geteuid()}").iterdir()) == []
 
 
@@ -93,9 +136,9 @@ def test_bare_gc_reclaims_a_killed_jobs_copy(tmp_path: Path) -> None:
     dir; a plain `envtools gc`, run from anywhere, looks there and removes it."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    p = _keep(tmp, hashlib.sha256(DATA).hexdigest())
+    p = _keep(tmp)
     assert p.stdin and p.stdout
-    p.stdin.write(DATA + MANIFEST)
+    p.stdin.write(MANIFEST + DATA)
     p.stdin.flush()
     assert p.stdout.readline().startswith(b"READY ")
     p.kill()

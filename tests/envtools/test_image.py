@@ -191,14 +191,18 @@ def test_seal_writes_the_image_its_sha256_and_manifest(sealed):
     assert m["platform"] == host_platform()
     assert m["image_sha256"] == sha and m["image_bytes"] == len(data)
     assert m["packages"] == len(list((sealed.env / "conda-meta").glob("*.json")))
+    # every chunk's sha256, so a copy is checked on all cores
+    chunk = m["chunk_bytes"]
+    assert chunk == 4 << 20 and m["chunk_sha256"] == [
+        hashlib.sha256(data[i:i + chunk]).hexdigest() for i in range(0, len(data), chunk)]
     # sha256sum -c checks a copy without envtools
     assert subprocess.run(["sha256sum", "-c", sha_file.name], cwd=img.parent,
                           capture_output=True).returncode == 0
     # the manifest inside is the same, less what only the outside can know
     inner = subprocess.run(["unsquashfs", "-cat", str(img), "conda-meta/envtools/image.json"],
                            capture_output=True, check=True).stdout
-    assert json.loads(inner) == {k: v for k, v in m.items()
-                                 if k not in ("image_sha256", "image_bytes")}
+    assert json.loads(inner) == {k: v for k, v in m.items() if k not in (
+        "image_sha256", "image_bytes", "chunk_bytes", "chunk_sha256")}
     # owners are root, no xattrs, and the files are the env's (listing matches)
     listing = subprocess.run(["unsquashfs", "-lln", str(img)], capture_output=True,
                              text=True, check=True).stdout
@@ -576,6 +580,47 @@ def test_altered_image_is_refused_before_mounting(sealed, tmp_path):
     assert_nothing_left(sealed.env)
     img.with_name(img.name + ".sha256").unlink()
     one_error(run_envtools("run", img, "--", "true", check=False), ".sha256 is missing")
+
+
+def _edit_manifest(img: Path, edit) -> None:
+    json_file = img.with_name(img.name + ".json")
+    doc = json.loads(json_file.read_text())
+    edit(doc)
+    json_file.write_text(json.dumps(doc))
+
+
+def test_an_altered_chunk_is_named_and_a_bad_chunk_list_refused(sealed, tmp_path):
+    """The image is checked chunk by chunk (on every core); the one that differs is named,
+    the last one too, and a chunk list that is not one sha256 per chunk is refused."""
+    img = _copy_image(sealed, tmp_path)
+    chunk = 4 << 20
+    size = os.path.getsize(img)
+    with open(img, "r+b") as fh:
+        fh.seek(size - 1)
+        b = fh.read(1)
+        fh.seek(size - 1)
+        fh.write(bytes([b[0] ^ 1]))
+    one_error(run_envtools("run", img, "--", "true", check=False), "altered",
+              f"offset {(size - 1) // chunk * chunk}", "it was not mounted")
+    _edit_manifest(img, lambda d: d["chunk_sha256"].pop())
+    one_error(run_envtools("validate", img, check=False), "not one sha256 per chunk")
+    _edit_manifest(img, lambda d: d.update(chunk_bytes=3 << 20))
+    one_error(run_envtools("validate", img, check=False), "'chunk_bytes' is out of range")
+    assert_nothing_left(sealed.env)
+
+
+def test_an_image_sealed_before_chunks_is_checked_whole(sealed, tmp_path):
+    img = _copy_image(sealed, tmp_path)
+    _edit_manifest(img, lambda d: [d.pop("chunk_bytes"), d.pop("chunk_sha256")])
+    assert run_envtools("run", img, "--", "true").returncode == 0
+    with open(img, "r+b") as fh:
+        fh.seek(100)
+        b = fh.read(1)
+        fh.seek(100)
+        fh.write(bytes([b[0] ^ 1]))
+    one_error(run_envtools("run", img, "--", "true", check=False), "altered",
+              "its sha256 is")
+    assert_nothing_left(sealed.env)
 
 
 def test_not_an_image(sealed, tmp_path):

@@ -10,6 +10,7 @@
     python -m ddl_core.bench matching --baseline SITE  # request matching against another build
     python -m ddl_core.bench faults                  # time from a lost rank to the error
     python -m ddl_core.bench elastic                 # a lost rank's cost to an elastic job
+    python -m ddl_core.bench stage IMAGE             # ddlrun --env's staging against cp
     ddlrun -n 2 python -m ddl_core.bench ddp         # DDP on the ddl backend against gloo
     ddlrun -n 1 python -m ddl_core.bench gpu         # CUDA tensors: ddl vs torch NCCL
     python -m ddl_core.bench lms                     # Large Model Support: largest batch, cost
@@ -37,6 +38,7 @@ OWN_OPTIONS = {
     "gpu": "gpu",
     "lms": "lms",
     "matching": "matching",
+    "stage": "stage",
     "tune": "tune",
 }
 

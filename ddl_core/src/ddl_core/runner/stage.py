@@ -281,9 +281,10 @@ def stage(image: str, hosts: list[str], agent: str | None, root: str | None,
     return st
 
 
-def _stream(fd: int, size: int, tail: bytes, keepers: list[Keeper]) -> int | None:
-    """Read the image once and write every chunk, then ``tail`` (its manifest), to every
-    keeper still listening. The image's size when it is not the ``size`` sealed (the
+def _stream(fd: int, size: int, head: bytes, keepers: list[Keeper]) -> int | None:
+    """Write ``head`` (the image's manifest: its chunk digests, which the keepers check
+    the chunks against as they come), then read the image once and write every chunk,
+    to every keeper still listening. The image's size when it is not the ``size`` sealed (the
     streams are then ended short: no keeper keeps a copy), else None."""
     left = size
     alive = [k for k in keepers if k.proc.stdin]
@@ -295,6 +296,7 @@ def _stream(fd: int, size: int, tail: bytes, keepers: list[Keeper]) -> int | Non
             except OSError:
                 alive.remove(k)
 
+    send(head)
     buf = bytearray(CHUNK)  # one buffer, reused: a fresh one per chunk costs page faults
     while left and alive:
         n = os.readv(fd, [memoryview(buf)[:min(CHUNK, left)]])
@@ -312,7 +314,6 @@ def _stream(fd: int, size: int, tail: bytes, keepers: list[Keeper]) -> int | Non
             except OSError:
                 pass
         return os.fstat(fd).st_size
-    send(tail)
     for k in alive:
         try:
             k.proc.stdin.flush()  # type: ignore[union-attr]

@@ -3,22 +3,23 @@
 Run as a script on every node (`python stagenode.py keep|exec ...`, not `-m`: importing
 the ddl_core package would load libddl and MPI into a process that only copies a file):
 
-- `keep ROOT TAG SIZE SHA256 N`: receive the image, then its N-byte IMAGE.json, on
-  stdin (ddlrun read it once from the shared filesystem and streams it to every
-  node), write it under ROOT into a directory
-  private to the user and the job (`ROOT/ddl-stage-<uid>/.<TAG>-<host>.envtools-tmp-*`,
-  the user's directory 0700), check its sha256 as it is written, write `IMAGE.sha256`
-  and `IMAGE.json` beside it (what `envtools run` checks before mounting; its whole-file
-  sha256 is skipped while the copy's stat key is the one taken here), print
-  `READY <path>`, and then wait until stdin ends: ddlrun closes it when the job is
-  over, and a ddlrun that dies (SIGKILL included) closes it too, so the copy is
-  removed in every case this process lives through. The directory carries envtools'
-  owner record and lock (envtools.prefix.tempdirs.owned_dir), so when this process itself
-  is killed, the next run on that node and `envtools gc ROOT/ddl-stage-<uid>` remove what it left.
-  Before copying: ROOT must be on a node-local filesystem (a stage dir on NFS, Lustre,
-  GPFS or FUSE would bring back the shared-filesystem traffic staging is there to
-  avoid) and hold the image (free space is checked first; a write that fails anyway
-  leaves nothing). Errors are one `ERROR <message>` line and exit status 1.
+- `keep ROOT TAG SIZE SHA256 N`: receive the image's N-byte IMAGE.json, then the image, on
+  stdin (ddlrun read them once from the shared filesystem and streams them to every node),
+  write the image under ROOT into a directory private to the user and the job
+  (`ROOT/ddl-stage-<uid>/.<TAG>-<host>.envtools-tmp-*`, the user's directory 0700), check
+  it as it is written (each chunk's sha256 from IMAGE.json on every core, or the whole
+  sha256 for an image sealed without them), write `IMAGE.sha256` and `IMAGE.json` beside
+  it (what `envtools run` checks before mounting; its whole-file sha256 is skipped while
+  the copy's stat key is the one taken here), print `READY <path>`, and then wait until
+  stdin ends: ddlrun closes it when the job is over, and a ddlrun that dies (SIGKILL
+  included) closes it too, so the copy is removed in every case this process lives
+  through. The directory carries envtools' owner record and lock
+  (envtools.prefix.tempdirs.owned_dir), so when this process itself is killed, the next
+  run on that node and `envtools gc ROOT/ddl-stage-<uid>` remove what it left. Before
+  copying: ROOT must be on a node-local filesystem (a stage dir on NFS, Lustre, GPFS or
+  FUSE would bring back the shared-filesystem traffic staging is there to avoid) and hold
+  the image (free space is checked first; a write that fails anyway leaves nothing).
+  Errors are one `ERROR <message>` line and exit status 1.
 - `exec ROOT TAG ENVTOOLS -- CMD ...`: run CMD inside this node's staged copy
   (`ENVTOOLS run IMAGE -- CMD ...`, one private mount for CMD and its children). ddlrun
   makes it PRRTE's launch agent, so each node's daemon and every rank it starts share
@@ -183,42 +184,81 @@ def _fill(src: int, buf: bytearray, n: int) -> int:
     return got
 
 
-#: buffers in flight between the reading/writing thread and the hashing one
-BUFFERS = 4
+#: buffers in flight beyond one per hashing thread
+SPARE_BUFFERS = 2
 
 
-def receive(dest: Path, size: int, sha256: str, src: int = 0) -> None:
-    """Copy exactly ``size`` bytes from fd ``src`` into ``dest``, checking their sha256.
+class _Checker:
+    """The sha256 check of a copy as it streams in, on threads of their own (hashlib and
+    the system calls release the GIL): with the image's chunk digests (IMAGE.json's
+    ``chunk_sha256``) one thread per core, each chunk checked alone, so a node checks
+    at the speed of all its cores rather than one (one sha256 of the whole image is
+    slower than copying it, see envtools.image.chunks); without them, one thread
+    hashing the whole stream in order."""
 
-    The hash runs in a thread of its own while this one reads and writes (hashlib and
-    the system calls release the GIL), so a node stages at about the speed of the
-    slower of the two rather than their sum. A few buffers go round between them: a fresh
-    4 MiB buffer per chunk costs its page faults every time (measured: copy and hash of
-    a 723 MiB image 1.6 s with new buffers, 1.0 s with reused ones)."""
-    h = hashlib.sha256()
-    full: queue.Queue[tuple[bytearray, int] | None] = queue.Queue()
-    free: queue.Queue[bytearray] = queue.Queue()
-    for _ in range(BUFFERS):
-        free.put(bytearray(CHUNK))
+    def __init__(self, sha256: str, chunk: int, digests: tuple[str, ...],
+                 nthreads: int) -> None:
+        self.sha256, self.chunk, self.digests = sha256, chunk, digests
+        self.whole = None if digests else hashlib.sha256()
+        n = nthreads if digests else 1
+        self.full: queue.Queue[tuple[int, bytearray, int] | None] = queue.Queue()
+        self.free: queue.Queue[bytearray] = queue.Queue()
+        for _ in range(n + SPARE_BUFFERS):
+            self.free.put(bytearray(chunk))
+        self.bad: list[int] = []
+        self.pool = [threading.Thread(target=self._work, name=f"stage-sha256-{k}",
+                                      daemon=True) for k in range(n)]
+        for t in self.pool:
+            t.start()
 
-    def hasher() -> None:
-        while (item := full.get()) is not None:
-            buf, n = item
+    def _work(self) -> None:
+        while (item := self.full.get()) is not None:
+            i, buf, n = item
             with memoryview(buf) as view:
-                h.update(view[:n])
-            free.put(buf)
+                if self.whole is not None:
+                    self.whole.update(view[:n])
+                elif (i >= len(self.digests)
+                      or hashlib.sha256(view[:n]).hexdigest() != self.digests[i]):
+                    self.bad.append(i)
+            self.free.put(buf)
+        self.full.put(None)  # (each thread passes the end on to the next)
 
+    def close(self) -> None:
+        self.full.put(None)
+        for t in self.pool:
+            t.join()
+
+    def problem(self) -> str | None:
+        """What is wrong with the copy (after close), or None."""
+        if self.whole is not None and self.whole.hexdigest() != self.sha256:
+            return (f"the staged copy's sha256 is {self.whole.hexdigest()[:16]}..., its "
+                    f"IMAGE.sha256 says {self.sha256[:16]}...")
+        if self.bad:
+            return (f"the staged copy's {self.chunk >> 20} MiB at offset "
+                    f"{min(self.bad) * self.chunk} differ from what IMAGE.json says was "
+                    f"sealed (sha256 {self.sha256[:16]}...)")
+        return None
+
+
+def receive(dest: Path, size: int, sha256: str, src: int = 0, chunk: int = CHUNK,
+            digests: tuple[str, ...] = (), nthreads: int = 1) -> None:
+    """Copy exactly ``size`` bytes from fd ``src`` into ``dest``, checking them as they
+    are written (:class:`_Checker`: against ``digests``, the sha256 of each ``chunk``
+    bytes, on ``nthreads`` threads, else the whole ``sha256`` on one), so a node stages
+    at about the speed of the slower of copying and checking rather than their sum. A
+    few buffers go round between the threads: a fresh 4 MiB buffer per chunk costs its
+    page faults every time (measured: copy and hash of a 723 MiB image 1.6 s with new
+    buffers, 1.0 s with reused ones)."""
+    check = _Checker(sha256, chunk, digests, nthreads)
     widen_pipe(src)
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
-    thread = threading.Thread(target=hasher, name="stage-sha256", daemon=True)
-    thread.start()
-    left = size
+    left, index = size, 0
     writeback = _writeback()
     try:
         while left:
-            buf = free.get()
-            got = _fill(src, buf, min(CHUNK, left))
+            buf = check.free.get()
+            got = _fill(src, buf, min(chunk, left))
             if not got:
                 raise StageError(f"the image stream ended after {size - left} of {size} "
                                  "bytes (ddlrun stopped, or the link to it broke)")
@@ -232,20 +272,36 @@ def receive(dest: Path, size: int, sha256: str, src: int = 0) -> None:
                                          "(stage dir full?); nothing was kept") from None
                     view = view[n:]
                 view.release()
-            full.put((buf, got))
+            check.full.put((index, buf, got))
             writeback(fd, size - left, got)
             left -= got
+            index += 1
     finally:
-        full.put(None)
-        thread.join()
+        check.close()
         os.close(fd)
-    if h.hexdigest() != sha256:
-        raise StageError(f"the staged copy's sha256 is {h.hexdigest()[:16]}..., its "
-                         f"IMAGE.sha256 says {sha256[:16]}...: the image was altered or "
-                         "truncated after it was sealed; seal it again (envtools seal)")
+    if (why := check.problem()) is not None:
+        raise StageError(f"{why}: the image was altered or truncated after it was sealed; "
+                         "seal it again (envtools seal)")
     os.chmod(dest, 0o400)
     (dest.parent / f"{dest.name}.sha256").write_text(f"{sha256}  {dest.name}\n")
     (dest.parent / f"{dest.name}.{STAT}").write_text(stat_key(dest))
+
+
+def chunks_of(manifest: bytes, size: int, sha256: str) -> tuple[int, tuple[str, ...]]:
+    """(chunk size, chunk digests) from the image's IMAGE.json, read by envtools' own
+    manifest reader; (CHUNK, ()) for an image sealed without them. A manifest that names
+    another image than the one ddlrun streams is refused."""
+    from envtools.errors import EnvtoolsError
+    from envtools.image.manifest import parse
+
+    try:
+        m = parse(manifest, "the streamed IMAGE.json", beside=True)
+    except EnvtoolsError as e:
+        raise StageError(str(e)) from None
+    if m.image_sha256 != sha256 or m.image_bytes != size:
+        raise StageError("the streamed IMAGE.json describes another image than the one "
+                         "streamed; copy the image and the files beside it together")
+    return (m.chunk_bytes, m.chunk_sha256) if m.chunk_sha256 else (CHUNK, ())
 
 
 def stat_key(path: Path) -> str:
@@ -279,8 +335,12 @@ def keep(root: Path, tag: str, size: int, sha256: str, manifest: int) -> int:
         d = check_root(root, size)
         with owned_dir(d, f"{tag}-{socket.gethostname()}", "ddlrun --env") as tmp:
             image = tmp / IMAGE_NAME
-            receive(image, size, sha256)
-            (tmp / f"{IMAGE_NAME}.json").write_bytes(read_exact(0, manifest))
+            data = read_exact(0, manifest)
+            chunk, digests = chunks_of(data, size, sha256)
+            from envtools.image.chunks import threads
+
+            receive(image, size, sha256, chunk=chunk, digests=digests, nthreads=threads())
+            (tmp / f"{IMAGE_NAME}.json").write_bytes(data)
             (tmp / SESSION).mkdir(mode=0o700)
             print(f"READY {image}", file=out, flush=True)
             while os.read(0, CHUNK):  # until ddlrun closes the stream (or dies)

@@ -23,17 +23,19 @@ API (what ``envtools seal|run|mount``, ``validate|clone|module IMAGE``, ddlrun's
     rc = run_verified(fd, m, argv, mount_with, env, cwd)  # (envtools.image.verify / .run)
         # run again and again on one open, verified image, without hashing it again
     Manifest: prefix, platform, envtools_version, records_sha256, packages, files,
-              env_bytes, compression, format, image_sha256, image_bytes
+              env_bytes, compression, format, image_sha256, image_bytes,
+              chunk_bytes, chunk_sha256 (beside only: envtools.image.chunks)
     sidecars(image) -> (IMAGE.sha256, IMAGE.json)   # what must travel with a copy
     host_platform() -> "linux-64" | "linux-ppc64le" | "linux-aarch64"
     seal_benchmark(prefix, workdir) -> dict   # envtools.image.bench: seal time, sizes,
                                               # second seal's sha256; format_seal_rows()
 
 Modules, one job each: :mod:`.manifest` (the manifest, parsed and range-checked),
-:mod:`.seal` (mksquashfs), :mod:`.verify` (before mounting), :mod:`.namespace` (how a
-mount is made private to one command, what it needs), :mod:`.run` (run a command in it),
-:mod:`.mount` (an admin's node-wide mount), :mod:`.modulefile` (modulefiles of an image),
-:mod:`.bench` (seal figures), :mod:`.cli` (the subcommands).
+:mod:`.seal` (mksquashfs), :mod:`.chunks` (per-chunk sha256s), :mod:`.verify` (before
+mounting), :mod:`.namespace` (how a mount is made private to one command, what it
+needs), :mod:`.run` (run a command in it), :mod:`.mount` (an admin's node-wide mount),
+:mod:`.modulefile` (modulefiles of an image), :mod:`.bench` (seal figures), :mod:`.cli`
+(the subcommands).
 
 Imports are lazy: ``envtools --help`` pays for none of this.
 """

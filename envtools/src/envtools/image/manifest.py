@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from envtools.errors import EnvtoolsError
@@ -69,18 +69,27 @@ class Manifest:
     format: str = FORMAT
     image_sha256: str = ""
     image_bytes: int = 0
+    #: beside only, and optional (images sealed before them have none): the sha256 of
+    #: every ``chunk_bytes`` of the image, so a copy is checked on all cores
+    #: (envtools.image.chunks)
+    chunk_bytes: int = 0
+    chunk_sha256: tuple[str, ...] = ()
 
     def inner(self) -> dict:
         """The fields stored inside the image."""
         d = asdict(self)
-        del d["image_sha256"], d["image_bytes"]
+        for k in ("image_sha256", "image_bytes", "chunk_bytes", "chunk_sha256"):
+            del d[k]
         return d
 
     def inner_bytes(self) -> bytes:
         return (json.dumps(self.inner(), indent=2, sort_keys=True) + "\n").encode()
 
     def beside_bytes(self) -> bytes:
-        return (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode()
+        d = asdict(self)
+        if not self.chunk_sha256:  # (as an image sealed before chunks reads)
+            del d["chunk_bytes"], d["chunk_sha256"]
+        return (json.dumps(d, indent=2, sort_keys=True) + "\n").encode()
 
 
 def check_prefix(prefix: object, where: str) -> str:
@@ -136,7 +145,24 @@ def parse(data: bytes, where: str, beside: bool) -> Manifest:
         image_sha256=field("image_sha256", str, _HEX64.fullmatch) if beside else "",
         image_bytes=field("image_bytes", int, nonneg) if beside else 0,
     )
+    if beside and ("chunk_bytes" in doc or "chunk_sha256" in doc):
+        m = _with_chunks(m, doc, where)
     return m
+
+
+def _with_chunks(m: Manifest, doc: dict, where: str) -> Manifest:
+    """The manifest with its chunk digests, checked: a power-of-two chunk size in range,
+    and exactly one well-formed sha256 per chunk of the image."""
+    from envtools.image.chunks import MAX_CHUNK, MIN_CHUNK, count
+
+    size, digests = doc.get("chunk_bytes"), doc.get("chunk_sha256")
+    if (not isinstance(size, int) or isinstance(size, bool) or size & (size - 1)
+            or not MIN_CHUNK <= size <= MAX_CHUNK):
+        raise _bad(where, f"field 'chunk_bytes' is out of range ({size!r})")
+    if (not isinstance(digests, list) or len(digests) != count(m.image_bytes, size)
+            or not all(isinstance(d, str) and _HEX64.fullmatch(d) for d in digests)):
+        raise _bad(where, "field 'chunk_sha256' is not one sha256 per chunk of the image")
+    return replace(m, chunk_bytes=size, chunk_sha256=tuple(digests))
 
 
 def records_digest(prefix: Path) -> tuple[str, int]:

@@ -41,6 +41,7 @@ import envtools
 from envtools.base.progress import info
 from envtools.errors import EnvtoolsError
 from envtools.image.children import die_with_parent
+from envtools.image.chunks import chunk_for, digest_file
 from envtools.image.manifest import (
     COMPRESSION,
     INNER,
@@ -52,7 +53,6 @@ from envtools.image.manifest import (
     tree_size,
 )
 from envtools.prefix import tempdirs
-from envtools.prefix.hashing import sha256_file
 
 #: zstd level. Measured on envs/powerai (2.8 GiB, 60,800 entries), 1 MiB blocks, 2
 #: threads: level 3 took 13 s of CPU for 651 MiB (24% of the env), level 9 54 s for
@@ -223,9 +223,11 @@ def seal(prefix: str | os.PathLike[str], out: str | os.PathLike[str], force: boo
                 f"{' / '.join(lines[-3:]) or 'no message'}",
                 "the --out directory needs free space (about a third of the env's size) "
                 "and must be writable by you", exit_code=1)
-        sha = sha256_file(img)
-        m = Manifest(**{**m.inner(), "image_sha256": sha,
-                        "image_bytes": os.stat(img).st_size})
+        img_bytes = os.stat(img).st_size
+        chunk = chunk_for(img_bytes)
+        sha, parts = digest_file(img, chunk)
+        m = Manifest(**{**m.inner(), "image_sha256": sha, "image_bytes": img_bytes,
+                        "chunk_bytes": chunk, "chunk_sha256": tuple(parts)})
         sha_file, json_file = sidecars(out)
         (tmp / "sha256").write_text(f"{sha}  {out.name}\n")
         (tmp / "json").write_bytes(m.beside_bytes())

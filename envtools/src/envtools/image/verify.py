@@ -3,8 +3,9 @@
 A truncated copy (a full stage dir, an interrupted ``cp``) or a flipped bit must be an
 error here, in one line, and never a mount that fails half-way through a job or, worse,
 one that works until a rank reads the damaged block. So the whole file is hashed and
-compared with ``IMAGE.sha256`` before any mount, its size first (a truncated copy is
-named as such without reading it), and the manifest inside the image (read with
+compared with ``IMAGE.sha256`` (chunk by chunk on every core, where IMAGE.json lists the
+chunks' sha256s: envtools.image.chunks) before any mount, its size first (a truncated
+copy is named as such without reading it), and the manifest inside the image (read with
 ``unsquashfs -cat``, which parses the image in this process's user space, not in the
 kernel) must agree with the one beside it.
 
@@ -23,6 +24,7 @@ import subprocess
 from pathlib import Path
 
 from envtools.errors import EnvtoolsError
+from envtools.image.chunks import first_bad
 from envtools.image.manifest import (
     INNER,
     Manifest,
@@ -35,8 +37,8 @@ from envtools.prefix.hashing import sha256_fileobj
 #: squashfs superblock: magic "hsqs", and compression id 6 (zstd) at offset 20
 _MAGIC = b"hsqs"
 _ZSTD = 6
-#: a sidecar larger than this is not ours
-_SIDECAR_MAX = 1 << 16
+#: a sidecar larger than this is not ours (IMAGE.json lists up to 8,192 chunk digests)
+_SIDECAR_MAX = 1 << 20
 
 
 def _read_small(path: Path, what: str, fix: str) -> bytes:
@@ -113,16 +115,22 @@ def verify_fd(path: Path, fd: int, expected_sha256: str | None = None,
         raise EnvtoolsError(f"{path} is not a zstd SquashFS image",
                             "give the image file envtools seal wrote", exit_code=2)
     os.lseek(fd, 0, os.SEEK_SET)
-    if hash_it:
+    if hash_it and m.chunk_sha256:  # on every core (envtools.image.chunks)
+        at = first_bad(fd, size, m.chunk_bytes, m.chunk_sha256)
+        if at is not None:
+            raise EnvtoolsError(
+                f"{path} was altered or damaged: its {m.chunk_bytes >> 20} MiB at offset "
+                f"{at} differ from what was sealed (sha256 {sha})",
+                "copy it again from where it was sealed, or seal the env again; "
+                "it was not mounted", exit_code=2)
+    elif hash_it:
         with os.fdopen(os.dup(fd), "rb") as fh:
             got = sha256_fileobj(fh)
-    else:
-        got = sha
-    if got != sha:
-        raise EnvtoolsError(
-            f"{path} was altered or damaged: its sha256 is {got}, sealed as {sha}",
-            "copy it again from where it was sealed, or seal the env again; "
-            "it was not mounted", exit_code=2)
+        if got != sha:
+            raise EnvtoolsError(
+                f"{path} was altered or damaged: its sha256 is {got}, sealed as {sha}",
+                "copy it again from where it was sealed, or seal the env again; "
+                "it was not mounted", exit_code=2)
     inner = parse(_cat_inner(path, fd), f"{path}:{INNER}", beside=False)
     if inner.inner() != m.inner():
         raise EnvtoolsError(f"the manifest inside {path} differs from {json_file}",
