@@ -9,7 +9,7 @@ the ddl_core package would load libddl and MPI into a process that only copies a
   (`ROOT/ddl-stage-<uid>/.<TAG>-<host>.envtools-tmp-*`, the user's directory 0700), check
   it as it is written (each chunk's sha256 from IMAGE.json on every core, or the whole
   sha256 for an image sealed without them), write `IMAGE.sha256` and `IMAGE.json` beside
-  it (what `envtools run` checks before mounting; its whole-file sha256 is skipped while
+  it (what `envtools run` checks before mounting; its sha256 check is skipped while
   the copy's stat key is the one taken here), print `READY <path>`, and then wait until
   stdin ends: ddlrun closes it when the job is over, and a ddlrun that dies (SIGKILL
   included) closes it too, so the copy is removed in every case this process lives

@@ -17,8 +17,8 @@ API (what ``envtools seal|run|mount``, ``validate|clone|module IMAGE``, ddlrun's
              expected_sha256=None, hash_it=True)  # -> the command's status (128+N: signal N)
         # verify, then mount at m.prefix in the command's private namespace; nothing
         # stays mounted afterwards, also when the command or envtools is SIGKILLed;
-        # hash_it=False skips only the whole-file sha256, for a caller that just hashed
-        # this file (CLI: envtools run --hashed-by-caller IMAGE -- CMD)
+        # hash_it=False skips only the sha256 check of the contents, for a caller that
+        # just checked this file (CLI: envtools run --hashed-by-caller IMAGE -- CMD)
     path, fd = open_image(image); m = verify_fd(path, fd, expected_sha256, hash_it)
     rc = run_verified(fd, m, argv, mount_with, env, cwd)  # (envtools.image.verify / .run)
         # run again and again on one open, verified image, without hashing it again

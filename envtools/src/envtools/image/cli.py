@@ -153,7 +153,8 @@ def register(sub, subcommand) -> None:  # noqa: ANN001 - argparse's private type
                    help="the command and its arguments")
     _mount_with(p)
     p.add_argument("--hashed-by-caller", action="store_true",
-                   help="skip only the image's whole-file sha256 (size, manifests and "
+                   help="skip only the check of the image's contents against its sha256s "
+                   "(size, manifests and "
                    "platform are still checked): for a launcher that hashed this very file "
                    "just before, as ddlrun --env does after staging it")
 

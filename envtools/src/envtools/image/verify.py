@@ -91,8 +91,8 @@ def verify_fd(path: Path, fd: int, expected_sha256: str | None = None,
               hash_it: bool = True) -> Manifest:
     """:func:`verify` on an open descriptor (the one a mount will then use, so the file
     checked is the file mounted even if the name is replaced meanwhile). ``hash_it``
-    False skips only the whole-file sha256 (size, magic, manifests and platform are
-    still checked): for a caller that hashed this very file just before (ddlrun --env
+    False skips only the sha256 check of its contents (size, magic, manifests and
+    platform are still checked): for a caller that hashed this very file just before (ddlrun --env
     after staging it), where hashing again per rank would cost seconds each."""
     sha = expected_sha256 or read_sha256(path)
     _, json_file = sidecars(path)
