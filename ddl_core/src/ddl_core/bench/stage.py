@@ -29,6 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from envtools.image.chunks import first_bad
+from envtools.image.manifest import Manifest, parse
+from envtools.prefix.hashing import sha256_fileobj
+
 
 def _timed(fn) -> float:
     """The seconds ``fn`` took, or the figure it returns (a time it measured itself)."""
@@ -73,12 +77,7 @@ def _cp(image: Path, root: Path) -> None:
     dest.unlink()
 
 
-def _verify(image: Path, chunked: bool) -> None:
-    from envtools.image.chunks import first_bad
-    from envtools.image.manifest import parse
-    from envtools.prefix.hashing import sha256_fileobj
-
-    m = parse(Path(f"{image}.json").read_bytes(), "IMAGE.json", beside=True)
+def _verify(image: Path, m: Manifest, chunked: bool) -> None:
     with open(image, "rb") as fh:
         if chunked:
             ok = first_bad(fh.fileno(), m.image_bytes, m.chunk_bytes, m.chunk_sha256) is None
@@ -100,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     image = a.image.resolve()
     if not Path(f"{image}.json").is_file():
         ap.error(f"{image}.json is missing: give an image envtools seal wrote")
-    doc = json.loads(Path(f"{image}.json").read_text())
-    if not doc.get("chunk_sha256"):
+    m = parse(Path(f"{image}.json").read_bytes(), f"{image}.json", beside=True)
+    if not m.chunk_sha256:
         ap.error(f"{image}.json lists no chunk sha256s: seal the env again with this envtools")
     size = image.stat().st_size
     with tempfile.TemporaryDirectory(dir=a.stage_dir, prefix="bench-stage-") as tmp:
@@ -111,12 +110,12 @@ def main(argv: list[str] | None = None) -> int:
             "cp": lambda: _cp(image, work),
             "stage (chunk sha256s, all cores)": lambda: _stage(image, work),
             "stage (whole sha256, one thread)": lambda: _stage(old, work),
-            "check before mount (chunks)": lambda: _verify(image, True),
-            "check before mount (whole)": lambda: _verify(image, False),
+            "check before mount (chunks)": lambda: _verify(image, m, True),
+            "check before mount (whole)": lambda: _verify(image, m, False),
         }
         load0 = os.getloadavg()
-        print(f"image {image.name}: {size / 2**20:.0f} MiB, {len(doc['chunk_sha256'])} chunks "
-              f"of {doc['chunk_bytes'] >> 20} MiB; stage dir {a.stage_dir}; "
+        print(f"image {image.name}: {size / 2**20:.0f} MiB, {len(m.chunk_sha256)} chunks "
+              f"of {m.chunk_bytes >> 20} MiB; stage dir {a.stage_dir}; "
               f"{len(os.sched_getaffinity(0))} cores; load {load0[0]:.2f} {load0[1]:.2f} "
               f"{load0[2]:.2f}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
               flush=True)

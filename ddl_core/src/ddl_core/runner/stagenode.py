@@ -200,6 +200,10 @@ class _Checker:
                  nthreads: int) -> None:
         self.sha256, self.chunk, self.digests = sha256, chunk, digests
         self.whole = None if digests else hashlib.sha256()
+        if digests:  # (envtools, as the manifest reader: not importable under `exec`'s -S)
+            from envtools.image.chunks import matches
+
+            self.matches = matches
         n = nthreads if digests else 1
         self.full: queue.Queue[tuple[int, bytearray, int] | None] = queue.Queue()
         self.free: queue.Queue[bytearray] = queue.Queue()
@@ -217,8 +221,7 @@ class _Checker:
             with memoryview(buf) as view:
                 if self.whole is not None:
                     self.whole.update(view[:n])
-                elif (i >= len(self.digests)
-                      or hashlib.sha256(view[:n]).hexdigest() != self.digests[i]):
+                elif not self.matches(self.digests, i, view[:n]):
                     self.bad.append(i)
             self.free.put(buf)
         self.full.put(None)  # (each thread passes the end on to the next)
@@ -313,8 +316,8 @@ def stat_key(path: Path) -> str:
 
 def run_flags(image: Path) -> list[str]:
     """`envtools run` flags for a staged copy: --hashed-by-caller while the copy is the
-    file this node hashed as it was written (same stat key); after any change the whole
-    sha256 is checked again before mounting (and an altered copy is refused)."""
+    file this node checked as it was written (same stat key); after any change it is
+    checked again before mounting (and an altered copy is refused)."""
     try:
         same = (image.parent / f"{image.name}.{STAT}").read_text() == stat_key(image)
     except OSError:
@@ -323,6 +326,7 @@ def run_flags(image: Path) -> list[str]:
 
 
 def keep(root: Path, tag: str, size: int, sha256: str, manifest: int) -> int:
+    from envtools.image.chunks import threads
     from envtools.prefix.tempdirs import owned_dir
 
     def stop(signum: int, frame: object) -> None:
@@ -337,8 +341,6 @@ def keep(root: Path, tag: str, size: int, sha256: str, manifest: int) -> int:
             image = tmp / IMAGE_NAME
             data = read_exact(0, manifest)
             chunk, digests = chunks_of(data, size, sha256)
-            from envtools.image.chunks import threads
-
             receive(image, size, sha256, chunk=chunk, digests=digests, nthreads=threads())
             (tmp / f"{IMAGE_NAME}.json").write_bytes(data)
             (tmp / SESSION).mkdir(mode=0o700)

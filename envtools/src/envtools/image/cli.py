@@ -154,9 +154,9 @@ def register(sub, subcommand) -> None:  # noqa: ANN001 - argparse's private type
     _mount_with(p)
     p.add_argument("--hashed-by-caller", action="store_true",
                    help="skip only the check of the image's contents against its sha256s "
-                   "(size, manifests and "
-                   "platform are still checked): for a launcher that hashed this very file "
-                   "just before, as ddlrun --env does after staging it")
+                   "(size, manifests and platform are still checked): for a launcher "
+                   "that checked this very file just before, as ddlrun --env does after "
+                   "staging it")
 
     p = subcommand(sub, "mount", _cmd_mount)
     p.add_argument("image", type=Path, help="an image made by envtools seal")
