@@ -271,6 +271,15 @@ int ddl_liveness_dead_members(const struct ddl_comm_s *c, int *out) {
     return n;
 }
 
+/* Whether world rank r died (left without finalizing), as the watcher knows it. */
+int ddl_liveness_died(int r) {
+    if (!L.gone || r < 0 || r >= L.size || !ddl_live_checks) return 0;
+    pthread_mutex_lock(&L.lock);
+    int kind = L.gone[r];
+    pthread_mutex_unlock(&L.lock);
+    return kind == DIED;
+}
+
 /* How world rank r has left: 0 while alive (or unknown), else a phrase for messages. */
 const char *ddl_liveness_departed(int r) {
     if (!L.gone || r < 0 || r >= L.size || !ddl_live_checks) return NULL;

@@ -115,7 +115,11 @@ void ddl_p2p_progress(struct ddl_request_s *r) {
         int flag = 0;
         rc = MPI_Test(&r->mreq, &flag, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) {
-            finish(r, ddl_mpi_fail(rc, "MPI_Test"), NULL);
+            /* Fault-tolerant mode: the request's own communicator is the one that lost a
+             * member (this may run outside any call on it: a test or wait from Python). */
+            finish(r, ddl_ft_error(rc) ? ddl_ft_fail_comm(r->comm, rc, "MPI_Test")
+                                       : ddl_mpi_fail(rc, "MPI_Test"),
+                   NULL);
             return;
         }
         if (flag) {
@@ -144,6 +148,13 @@ void ddl_p2p_progress(struct ddl_request_s *r) {
         if (r->peer_gone) return;
     } else if (r->peer_gone) {
         abandon(r);
+        /* A peer that died (not one that finalized) is, in fault-tolerant mode, a failed
+         * member like any other: ProcessFailedError, the communicator revoked for all. */
+        int wr = r->comm->is_world ? r->peer : r->comm->world_ranks[r->peer];
+        if (ddl_ft && ddl_liveness_died(wr)) {
+            finish(r, ddl_ft_fail_comm(r->comm, 0, "the liveness watcher"), NULL);
+            return;
+        }
         finish(r,
                ddl_fail(DDL_ERR_PEER_LOST, "%s: %s rank %d (tag %d) cannot complete: that rank %s",
                         r->kind == REQ_SEND ? "isend" : "irecv",

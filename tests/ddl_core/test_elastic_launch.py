@@ -109,14 +109,17 @@ def test_below_min_np_the_job_ends_with_the_lost_ranks_status(tmp_path: Path) ->
     assert f"rank 2 on {HOST} was killed by signal 9 (SIGKILL)" in proc.stderr
 
 
-def test_ddl_core_survivors_shrink_the_world(tmp_path: Path) -> None:
+@pytest.mark.parametrize("api", ["ddl", "ddl-p2p"])
+def test_ddl_core_survivors_shrink_the_world(tmp_path: Path, api: str) -> None:
+    """ddl_core's survivors see ProcessFailedError naming the victim (from allreduces, or
+    from the isend/irecv of a ring), shrink the world and go on."""
     import ddl_core
 
     if not hasattr(ddl_core, "shrink_world"):
         pytest.skip("this ddl_core has no shrink_world (libddl without ULFM support)")
     proc = ddlrun("--elastic", "--min-np", "2", "-n", "3", "-x", f"STAMP_DIR={tmp_path}",
                   sys.executable,
-                  str(WORKERS / "elastic_kill.py"), "ddl", "2", "kill")
+                  str(WORKERS / "elastic_kill.py"), api, "2", "kill")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [s for s, _ in survivors(proc)] == [2, 2], proc.stdout
     assert f"rank 2 on {HOST} was killed by signal 9" in proc.stderr

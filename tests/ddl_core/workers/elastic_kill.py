@@ -3,11 +3,12 @@ the survivors go on.
 
     elastic_kill.py API VICTIM HOW
 
-API: mpi4py (ULFM directly: ERRORS_RETURN, Shrink) or ddl (ddl_core's ProcessFailedError
-and shrink_world). VICTIM -1: no rank ends itself (a host is taken down from outside).
-HOW: kill (SIGKILL) or exit3 (exit status 3 without MPI_Finalize, as a
-crash would). Each survivor checks an allreduce on the shrunk world and prints
-`OK <size> <seconds from the victim's end to that allreduce done>`.
+API: mpi4py (ULFM directly: ERRORS_RETURN, Shrink), ddl (ddl_core's ProcessFailedError
+and shrink_world, on allreduces) or ddl-p2p (the same on a ring of isend/irecv: a dead
+peer's point-to-point requests fail with ProcessFailedError too). VICTIM -1: no rank
+ends itself (a host is taken down from outside). HOW: kill (SIGKILL) or exit3 (exit status
+3 without MPI_Finalize, as a crash would). Each survivor checks an allreduce on the
+shrunk world and prints `OK <size> <seconds from the victim's end to that allreduce done>`.
 """
 
 from __future__ import annotations
@@ -73,10 +74,19 @@ else:
     assert ddl.fault_tolerant(), "DDL_ELASTIC jobs run with ULFM"
     me, n = ddl.rank(), ddl.size()
     try:
+        world = ddl.comm_world()
         for i in range(10000):
             if i == 10 and me == victim:
                 end()
-            ddl.allreduce(np.ones(4))
+            if api == "ddl-p2p":
+                got = np.zeros(4)
+                reqs = [world.isend(np.full(4, float(me)), (me + 1) % n, tag=i),
+                        world.irecv(got, (me - 1) % n, tag=i)]
+                for r in reqs:
+                    r.wait()
+                assert got[0] == (me - 1) % n, got
+            else:
+                ddl.allreduce(np.ones(4))
             time.sleep(0.01)
         raise SystemExit("no failure seen")
     except ddl.ProcessFailedError as e:
