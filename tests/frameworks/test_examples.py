@@ -74,3 +74,54 @@ def test_elastic_example_survives_a_lost_rank(cpp: str) -> None:
                      out, re.M), out[-3000:]
     assert "1 rank lost, 2 finished" in proc.stderr and "rank 1 " in proc.stderr, \
         proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("kill,at,back_to", [("1", "step", 5), ("3", "commit", 4),
+                                             ("0,2", "step", 5)],
+                         ids=["rank-1-before-a-step", "last-rank-inside-a-commit",
+                              "two-apart"])
+def test_fsdp2_elastic_example_reshards_after_a_loss(kill: str, at: str, back_to: int) -> None:
+    """ddl_core/examples/fsdp2_elastic_ddl.py under ddlrun --elastic on 4 ranks: the
+    survivors put the state of the newest commit whose every shard one of them holds
+    back together (a death inside a commit: the one before), shard it over the shrunk
+    world, and the state they go on from is the one committed (its digest then and now);
+    the job exits 0 naming the lost ranks."""
+    need("torch")
+    need("ddl_torch")
+    import ddl_core
+
+    if not hasattr(ddl_core, "shrink_world"):
+        pytest.skip("this ddl_core has no fault tolerance (libddl without ULFM)")
+    proc = run_job([str(BIN / "ddlrun"), "--elastic", "-n", "4",
+                    "--mpi-args=--mca mpi_yield_when_idle 1", sys.executable,
+                    str(EXAMPLES / "fsdp2_elastic_ddl.py"), "--steps", "8",
+                    "--kill-rank", kill, "--kill-step", "5", "--kill-at", at])
+    out, left = proc.stdout, 4 - len(kill.split(","))
+    assert re.search(rf"^reset 1: {left} of 4 ranks left, back to step {back_to} .*; state "
+                     r"identical to the commit \(", out, re.M), out[-3000:]
+    assert re.search(rf"^done: 8 steps on {left} ranks after 1 reset\(s\)", out, re.M), \
+        out[-3000:]
+    losses = [float(m) for m in re.findall(r"^step +\d+ +loss ([0-9.]+)", out, re.M)]
+    assert losses and losses[-1] < losses[0], losses
+    lost = f"{4 - left} rank{'s' if left < 3 else ''} lost, {left} finished"
+    assert lost in proc.stderr, proc.stderr[-3000:]
+
+
+def test_fsdp2_elastic_example_ends_when_two_neighbours_die() -> None:
+    """Ranks 1 and 2 lost together: nobody holds rank 1's shard any more; every survivor
+    says so (restart from a checkpoint on disk) and the job ends non-zero, nobody hangs."""
+    need("torch")
+    need("ddl_torch")
+    import ddl_core
+
+    if not hasattr(ddl_core, "shrink_world"):
+        pytest.skip("this ddl_core has no fault tolerance (libddl without ULFM)")
+    proc = run_job([str(BIN / "ddlrun"), "--elastic", "-n", "4",
+                    "--mpi-args=--mca mpi_yield_when_idle 1", sys.executable,
+                    str(EXAMPLES / "fsdp2_elastic_ddl.py"), "--steps", "8",
+                    "--kill-rank", "1,2", "--kill-step", "5"], check=False)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    said = re.findall(r"^rank \d: ranks \[1, 2\] of 4 died and no survivor holds every shard "
+                      r"\(two neighbours were lost\): restart from a checkpoint on disk$",
+                      proc.stdout + proc.stderr, re.M)
+    assert len(said) == 2, (proc.stdout + proc.stderr)[-3000:]
