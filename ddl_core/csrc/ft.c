@@ -87,6 +87,11 @@ int ddl_ft_exempt(const char *fn) {
 }
 
 #if HAVE_ULFM
+static int *seq_fill(int *seq, int n) {
+    for (int i = 0; seq && i < n; i++) seq[i] = i;
+    return seq;
+}
+
 static void revoke_one(MPI_Comm c) {
     if (c != MPI_COMM_NULL) (void)MPIX_Comm_revoke(c); /* a second revoke is harmless */
 }
@@ -118,12 +123,9 @@ static int ulfm_failed(struct ddl_comm_s *c, int *out) {
     if (MPIX_Comm_get_failed(comm, &failed) != MPI_SUCCESS) return 0;
     if (MPI_Group_size(failed, &n) == MPI_SUCCESS && n > 0 &&
         MPI_Comm_group(comm, &all) == MPI_SUCCESS) {
-        int *seq = malloc(sizeof(int) * (size_t)n);
-        if (seq) {
-            for (int i = 0; i < n; i++) seq[i] = i;
-            if (MPI_Group_translate_ranks(failed, n, seq, all, out) == MPI_SUCCESS) got = n;
-            free(seq);
-        }
+        int *seq = seq_fill(malloc(sizeof(int) * (size_t)n), n);
+        if (seq && MPI_Group_translate_ranks(failed, n, seq, all, out) == MPI_SUCCESS) got = n;
+        free(seq);
         MPI_Group_free(&all);
     }
     MPI_Group_free(&failed);
@@ -326,6 +328,79 @@ static void *watch_main(void *arg) {
 }
 #endif
 
+#if HAVE_ULFM
+#define VOUCH_WAIT_S 3.0 /* how long the watcher may lag behind MPI in naming a death */
+
+/* The members of c that the shrunk communicator s left out, as c's ranks and as launch
+ * (world) ranks; returns how many, or -1 if MPI cannot say. */
+static int left_out(struct ddl_comm_s *c, MPI_Comm s, int *crank, int *wrank) {
+    MPI_Group all = MPI_GROUP_NULL, kept = MPI_GROUP_NULL, out = MPI_GROUP_NULL;
+    int n = -1;
+    if (MPI_Comm_group(c->ctx->world.comm, &all) == MPI_SUCCESS &&
+        MPI_Comm_group(s, &kept) == MPI_SUCCESS &&
+        MPI_Group_difference(all, kept, &out) == MPI_SUCCESS &&
+        MPI_Group_size(out, &n) == MPI_SUCCESS && n > 0) {
+        int *seq = malloc(sizeof(int) * (size_t)n);
+        if (!seq || MPI_Group_translate_ranks(out, n, seq_fill(seq, n), all, crank) !=
+                        MPI_SUCCESS)
+            n = -1;
+        free(seq);
+        for (int i = 0; i < n; i++)
+            wrank[i] = c->is_world ? crank[i] : c->world_ranks[crank[i]];
+    }
+    if (out != MPI_GROUP_NULL) MPI_Group_free(&out);
+    if (kept != MPI_GROUP_NULL) MPI_Group_free(&kept);
+    if (all != MPI_GROUP_NULL) MPI_Group_free(&all);
+    return n;
+}
+
+/* Open MPI's fault tolerance takes the peer of a broken TCP connection for dead. A host
+ * whose MPI connections break (tests/cluster/test_elastic_netfault.py cuts them) sees every
+ * other rank fail while the others see it fail: each side shrinks to a world of its own
+ * and both go on, with different parameters. Open MPI 5.0.11 was also seen (1 to 4 trials
+ * in 100, 8 ranks on 4 emulated hosts, with libevent's "Epoll ADD ... Bad file descriptor"
+ * warnings) to leave one survivor in a world of its own while the others, who still
+ * counted it, waited for it in theirs. libddl's liveness watcher, on connections of its
+ * own, knows better (a dead process's socket closes at once): a survivor whose shrink left
+ * out more ranks that the watcher still vouches for after VOUCH_WAIT_S than it kept is in
+ * the minority and wrong. It leaves, as a failed rank, and the others go on in one world
+ * (their shrink, if it waits for it, completes without it). */
+static void leave_if_wrongly_alone(struct ddl_comm_s *c, MPI_Comm s) {
+    int size = c->ctx->world.size, kept = 0;
+    if (MPI_Comm_size(s, &kept) != MPI_SUCCESS) return;
+    int *crank = malloc(sizeof(int) * 2 * (size_t)size);
+    if (!crank) return;
+    int *wrank = crank + size;
+    int n = left_out(c, s, crank, wrank), alive = 0;
+    double until = ddl_now() + VOUCH_WAIT_S;
+    while (n > 0) {
+        alive = 0;
+        for (int i = 0; i < n; i++) alive += ddl_liveness_vouches(wrank[i]);
+        if (!alive || ddl_now() > until) break;
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (n > 0 && alive > kept) { /* fewer kept than left out alive: the minority */
+        char list[256] = "";
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (ddl_liveness_vouches(wrank[i])) crank[m++] = crank[i];
+        ddl_format_ranks(list, sizeof list, crank, m);
+        fprintf(stderr,
+                "[ddl rank %d] ddl_comm_shrink: the MPI library's shrink left this rank with %d "
+                "of the communicator's ranks, without rank%s %s, which libddl's liveness "
+                "watcher knows to be alive: this rank's MPI took live peers for dead (a broken "
+                "connection, or a wrong failure report), and the survivors would not agree "
+                "on one world; it leaves (as a failed rank) so that the others go on "
+                "without it\n",
+                ddl_g.rank, kept, m == 1 ? "" : "s", list);
+        fflush(stderr);
+        _exit(1);
+    }
+    free(crank);
+}
+#endif
+
 ddl_status_t ddl_comm_shrink(ddl_comm_t c, ddl_comm_t *out) {
     double saved;
     DDL_CHECK(ddl_comm_enter(c, "ddl_comm_shrink", &saved));
@@ -364,6 +439,7 @@ ddl_status_t ddl_comm_shrink(ddl_comm_t c, ddl_comm_t *out) {
             if (ddl_ft_error(rc)) continue; /* another failure meanwhile: once more */
             break;
         }
+        leave_if_wrongly_alone(c, s);
         MPI_Comm agreed = MPI_COMM_NULL;
         rc = MPI_Comm_set_errhandler(s, MPI_ERRORS_RETURN);
         if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(s, &agreed);

@@ -280,6 +280,18 @@ int ddl_liveness_died(int r) {
     return kind == DIED;
 }
 
+/* Whether the watcher can vouch that world rank r is alive: it watches, this rank hears
+ * from its hub (it is the hub, or its connection to rank 0 is up and rank 0 has not left),
+ * and r has not left. A rank on a host that vanished (no EOF on its socket) still looks
+ * alive here for a while: callers use this only against a disagreement of MPI's. */
+int ddl_liveness_vouches(int r) {
+    if (!L.gone || r < 0 || r >= L.size || !ddl_live_checks) return 0;
+    pthread_mutex_lock(&L.lock);
+    int ok = L.active && L.gone[r] == ALIVE && (L.hub || (L.client >= 0 && L.gone[0] == ALIVE));
+    pthread_mutex_unlock(&L.lock);
+    return ok;
+}
+
 /* How world rank r has left: 0 while alive (or unknown), else a phrase for messages. */
 const char *ddl_liveness_departed(int r) {
     if (!L.gone || r < 0 || r >= L.size || !ddl_live_checks) return NULL;

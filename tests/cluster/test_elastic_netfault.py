@@ -1,0 +1,77 @@
+"""An elastic job whose MPI connections on one host are cut (a network fault, not a death):
+the survivors must still agree on one world.
+
+Open MPI's fault tolerance takes the peers of a broken TCP connection for dead. Cut every
+MPI connection of one host (`ss -K` in its namespace, on the TCP ports the job's MPI uses)
+and that host's ranks see everyone else fail while the others see them fail: without a
+check, each side shrinks to a world of its own and both finish, with different parameters
+(seen: worlds of 2 and 6 from 8 ranks, exit status 0). libddl's liveness watcher, whose
+own connections are untouched, knows both sides are alive: the side left in the minority
+leaves as a failed rank, and the job goes on in one world.
+
+Skipped, with the reason, without root / ip netns."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from clusterkit import BIN, REASON, WORKERS
+from ddl_tools import cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300),
+              pytest.mark.skipif(REASON is not None, reason=f"emulated cluster: {REASON}")]
+
+PORTS = (21000, 21099)  # the job's MPI (btl tcp) listens here, so the cut spares the rest
+
+
+def cut_mpi_connections(c: cluster.Cluster, host: str) -> int:
+    """Destroy every TCP connection of `host` to or from the MPI ports; how many."""
+    lo, hi = PORTS
+    flt = (f"( sport >= :{lo} and sport <= :{hi} ) or ( dport >= :{lo} and dport <= :{hi} )")
+    listed = subprocess.run(["ip", "netns", "exec", host, "ss", "-Htn", flt],
+                            capture_output=True, text=True, check=True).stdout
+    subprocess.run(["ip", "netns", "exec", host, "ss", "-K", "-Htn", flt],
+                   capture_output=True, text=True, check=True)
+    return len([line for line in listed.splitlines() if line.strip()])
+
+
+def test_a_host_cut_off_leaves_and_the_others_go_on_in_one_world(
+        cluster3: cluster.Cluster, tmp_path: Path) -> None:
+    trigger = tmp_path / "trigger"
+    hosts = ",".join(f"{h}:2" for h in cluster3.hosts)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", DDL_TIMEOUT="60", TRIGGER=str(trigger))
+    job = subprocess.Popen(
+        [str(BIN / "ddlrun"), *cluster3.ddlrun_args(), "-H", hosts, "--elastic", "-n", "6",
+         "-x", "TRIGGER", "--mpi-args",
+         f"--mca btl_tcp_port_min_v4 {PORTS[0]} --mca btl_tcp_port_range_v4 "
+         f"{PORTS[1] - PORTS[0] + 1}",
+         sys.executable, str(WORKERS / "elastic_netfault.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        until = time.monotonic() + 120
+        while not trigger.exists() and job.poll() is None and time.monotonic() < until:
+            time.sleep(0.05)
+        assert trigger.exists(), "the job never reached its fault step"
+        cut = cut_mpi_connections(cluster3, cluster3.hosts[0])
+        out, err = job.communicate(timeout=180)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert cut > 0, "no MPI connection of the first host was found to cut"
+    worlds = re.findall(r"^OK (\d+) ([\d,]+)$", out, re.M)
+    # ranks 0 and 1 (the first host) left; 2-5 finished together, in one world
+    assert worlds == [("4", "2,3,4,5")] * 4, out[-3000:] + err[-3000:]
+    for r in (0, 1):
+        assert re.search(rf"^\[ddl rank {r}\] ddl_comm_shrink: the MPI library's shrink left "
+                         r"this rank with 2 of the communicator's ranks, without ranks 2-5, "
+                         r"which libddl's liveness watcher knows to be alive", err, re.M), \
+            err[-3000:]
+    assert "2 ranks lost, 4 finished" in err, err[-3000:]
+    assert job.returncode == 0, err[-3000:]
