@@ -363,8 +363,9 @@ static int left_out(struct ddl_comm_s *c, MPI_Comm s, int *crank, int *wrank) {
  * counted it, waited for it in theirs. libddl's liveness watcher, on connections of its
  * own, knows better (a dead process's socket closes at once): a survivor whose shrink left
  * out more ranks that the watcher still vouches for after VOUCH_WAIT_S than it kept is in
- * the minority and wrong. It leaves, as a failed rank, and the others go on in one world
- * (their shrink, if it waits for it, completes without it). */
+ * the minority and wrong (of an even split: the side without the lowest launch rank
+ * alive). It leaves, as a failed rank, and the others go on in one world (their shrink,
+ * if it waits for it, completes without it). */
 static void leave_if_wrongly_alone(struct ddl_comm_s *c, MPI_Comm s) {
     int size = c->ctx->world.size, kept = 0;
     if (MPI_Comm_size(s, &kept) != MPI_SUCCESS) return;
@@ -380,7 +381,17 @@ static void leave_if_wrongly_alone(struct ddl_comm_s *c, MPI_Comm s) {
         struct timespec ts = {0, 5 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    if (n > 0 && alive > kept) { /* fewer kept than left out alive: the minority */
+    /* The minority leaves; of an even split, the side without the lowest rank alive. */
+    int low_out = size, low_kept = size;
+    for (int i = 0; i < n; i++)
+        if (ddl_liveness_vouches(wrank[i]) && wrank[i] < low_out) low_out = wrank[i];
+    for (int r = 0; r < size && n > 0; r++) {
+        int out_r = 0;
+        for (int i = 0; i < n && !out_r; i++) out_r = crank[i] == r;
+        int w = c->is_world ? r : c->world_ranks[r];
+        if (!out_r && w < low_kept) low_kept = w;
+    }
+    if (n > 0 && alive > 0 && (alive > kept || (alive == kept && low_out < low_kept))) {
         char list[256] = "";
         int m = 0;
         for (int i = 0; i < n; i++)

@@ -41,14 +41,21 @@ def cut_mpi_connections(c: cluster.Cluster, host: str) -> int:
     return len([line for line in listed.splitlines() if line.strip()])
 
 
-def test_a_host_cut_off_leaves_and_the_others_go_on_in_one_world(
-        cluster3: cluster.Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("nhosts,left,stay,others", [(3, [0, 1], [2, 3, 4, 5], "2-5"),
+                                                      (2, [2, 3], [0, 1], "0,1")],
+                         ids=["minority-leaves", "even-split-lowest-rank-stays"])
+def test_a_host_cut_off_and_the_others_go_on_in_one_world(
+        cluster3: cluster.Cluster, tmp_path: Path, nhosts: int, left: list[int],
+        stay: list[int], others: str) -> None:
+    """The first host's MPI connections cut at step 10: on 3 hosts its 2 ranks are the
+    minority and leave; on 2 hosts the split is even and the side without rank 0 leaves.
+    Whoever stays finishes in one world; the job's status is 0."""
     trigger = tmp_path / "trigger"
-    hosts = ",".join(f"{h}:2" for h in cluster3.hosts)
+    names = cluster3.hosts[:nhosts]
     env = dict(os.environ, PYTHONUNBUFFERED="1", DDL_TIMEOUT="60", TRIGGER=str(trigger))
     job = subprocess.Popen(
-        [str(BIN / "ddlrun"), *cluster3.ddlrun_args(), "-H", hosts, "--elastic", "-n", "6",
-         "-x", "TRIGGER", "--mpi-args",
+        [str(BIN / "ddlrun"), *cluster3.ddlrun_args(), "-H", ",".join(f"{h}:2" for h in names),
+         "--elastic", "-n", str(2 * nhosts), "-x", "TRIGGER", "--mpi-args",
          f"--mca btl_tcp_port_min_v4 {PORTS[0]} --mca btl_tcp_port_range_v4 "
          f"{PORTS[1] - PORTS[0] + 1}",
          sys.executable, str(WORKERS / "elastic_netfault.py")],
@@ -58,7 +65,7 @@ def test_a_host_cut_off_leaves_and_the_others_go_on_in_one_world(
         while not trigger.exists() and job.poll() is None and time.monotonic() < until:
             time.sleep(0.05)
         assert trigger.exists(), "the job never reached its fault step"
-        cut = cut_mpi_connections(cluster3, cluster3.hosts[0])
+        cut = cut_mpi_connections(cluster3, names[0])
         out, err = job.communicate(timeout=180)
     finally:
         if job.poll() is None:
@@ -66,12 +73,12 @@ def test_a_host_cut_off_leaves_and_the_others_go_on_in_one_world(
             job.communicate()
     assert cut > 0, "no MPI connection of the first host was found to cut"
     worlds = re.findall(r"^OK (\d+) ([\d,]+)$", out, re.M)
-    # ranks 0 and 1 (the first host) left; 2-5 finished together, in one world
-    assert worlds == [("4", "2,3,4,5")] * 4, out[-3000:] + err[-3000:]
-    for r in (0, 1):
+    members = ",".join(map(str, stay))
+    assert worlds == [(str(len(stay)), members)] * len(stay), out[-3000:] + err[-3000:]
+    for r in left:
         assert re.search(rf"^\[ddl rank {r}\] ddl_comm_shrink: the MPI library's shrink left "
-                         r"this rank with 2 of the communicator's ranks, without ranks 2-5, "
-                         r"which libddl's liveness watcher knows to be alive", err, re.M), \
-            err[-3000:]
-    assert "2 ranks lost, 4 finished" in err, err[-3000:]
+                         rf"this rank with 2 of the communicator's ranks, without ranks "
+                         rf"{others}, which libddl's liveness watcher knows to be alive",
+                         err, re.M), err[-3000:]
+    assert f"2 ranks lost, {len(stay)} finished" in err, err[-3000:]
     assert job.returncode == 0, err[-3000:]
