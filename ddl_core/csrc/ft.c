@@ -460,6 +460,11 @@ ddl_status_t ddl_comm_shrink(ddl_comm_t c, ddl_comm_t *out) {
             ddl_cur_comm = c;
             ok = ddl_comm_setup_from(nc, agreed) == DDL_SUCCESS;
             agreed = MPI_COMM_NULL; /* nc owns it now, built or not */
+            /* A member that could not build its part (another death meanwhile) revokes
+             * what it built, so the others, still in a collective of the setup (MPI's
+             * split and dup have no timeout), are released into the agreement below
+             * instead of waiting there for it. */
+            if (!ok) ddl_ft_revoke(nc);
         } else if (agreed != MPI_COMM_NULL) {
             MPI_Comm_free(&agreed);
         }
