@@ -309,6 +309,11 @@ ddl_status_t ddl_comm_create(ddl_comm_t parent, const int *ranks, int n, ddl_com
 
 ddl_status_t ddl_comm_setup_from(ddl_comm_t c, MPI_Comm newcomm) { return comm_setup(c, newcomm); }
 
+/* Set once this process has a communicator with members of another MPI world (spawned
+ * and merged): from then on a member's "world rank" may name a process of either world,
+ * so nothing trusts the liveness watcher's word about a member (ft.c's shrink check). */
+int ddl_foreign_members = 0;
+
 /* What ddl_comm_free releases, for a communicator comm_setup built completely. */
 void ddl_comm_teardown(ddl_comm_t c) {
     c->freed = 1;
@@ -404,7 +409,10 @@ ddl_status_t ddl_comm_from_mpi(intptr_t mpi_comm, ddl_comm_t *out) {
     MPI_Group_free(&w);
     if (rc != MPI_SUCCESS) return ddl_mpi_fail(rc, "MPI_Group_translate_ranks");
     for (int i = 0; i < size; i++)
-        if (c->world_ranks[i] == MPI_UNDEFINED) c->world_ranks[i] = -1;
+        if (c->world_ranks[i] == MPI_UNDEFINED) {
+            c->world_ranks[i] = -1;
+            ddl_foreign_members = 1;
+        }
     *out = c;
     return DDL_SUCCESS;
 }

@@ -305,6 +305,7 @@ ddl_status_t ddl_liveness_verdict(void);
 const char *ddl_liveness_departed(int r);
 int ddl_liveness_died(int r);
 int ddl_liveness_vouches(int r);
+extern int ddl_foreign_members; /* comm.c: a communicator with another world's members */
 /* Why the current collective made no progress: asks every rank (through rank 0's watcher,
  * at most about a second) which collective it last began, and writes e.g. "rank 2 has not
  * reached it (...)" into out. 0 when no answer could be had. */

@@ -365,10 +365,11 @@ static int left_out(struct ddl_comm_s *c, MPI_Comm s, int *crank, int *wrank) {
  * out more ranks that the watcher still vouches for after VOUCH_WAIT_S than it kept is in
  * the minority and wrong (of an even split: the side without the lowest launch rank
  * alive). It leaves, as a failed rank, and the others go on in one world (their shrink,
- * if it waits for it, completes without it). */
+ * if it waits for it, completes without it). Not once spawned ranks were merged in: the
+ * watcher knows the launch world's ranks only. */
 static void leave_if_wrongly_alone(struct ddl_comm_s *c, MPI_Comm s) {
     int size = c->ctx->world.size, kept = 0;
-    if (MPI_Comm_size(s, &kept) != MPI_SUCCESS) return;
+    if (ddl_foreign_members || MPI_Comm_size(s, &kept) != MPI_SUCCESS) return;
     int *crank = malloc(sizeof(int) * 2 * (size_t)size);
     if (!crank) return;
     int *wrank = crank + size;
