@@ -9,12 +9,14 @@ check, each side shrinks to a world of its own and both finish, with different p
 own connections are untouched, knows both sides are alive: the side left in the minority
 leaves as a failed rank, and the job goes on in one world.
 
-Skipped, with the reason, without root / ip netns."""
+Skipped, with the reason, without root / ip netns, or where `ss -K` cannot destroy a
+socket."""
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -24,10 +26,37 @@ import pytest
 from clusterkit import BIN, REASON, WORKERS
 from ddl_tools import cluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300),
-              pytest.mark.skipif(REASON is not None, reason=f"emulated cluster: {REASON}")]
-
 PORTS = (21000, 21099)  # the job's MPI (btl tcp) listens here, so the cut spares the rest
+
+
+def _cannot_destroy_sockets() -> str | None:
+    """Why `ss -K` cannot cut a connection here (a kernel without INET_DIAG_DESTROY, no
+    ss), or None: a loopback connection is cut and its client must see the error."""
+    with socket.socket() as lst:
+        lst.bind(("127.0.0.1", 0))
+        lst.listen()
+        port = lst.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as cli:
+            srv, _ = lst.accept()
+            with srv:
+                try:
+                    subprocess.run(["ss", "-K", "-Htn", "dst", "127.0.0.1", "dport", "=",
+                                    f":{port}"], capture_output=True, timeout=10, check=False)
+                except (OSError, subprocess.SubprocessError) as e:
+                    return f"ss cannot run: {e}"
+                try:
+                    cli.send(b"x")
+                    time.sleep(0.05)
+                    cli.send(b"x")
+                except OSError:
+                    return None
+    return "ss -K does not destroy sockets on this kernel (CONFIG_INET_DIAG_DESTROY)"
+
+
+NO_CUT = _cannot_destroy_sockets() if REASON is None else None
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300),
+              pytest.mark.skipif(REASON is not None, reason=f"emulated cluster: {REASON}"),
+              pytest.mark.skipif(NO_CUT is not None, reason=f"cutting connections: {NO_CUT}")]
 
 
 def cut_mpi_connections(c: cluster.Cluster, host: str) -> int:
