@@ -3,7 +3,8 @@ job inside init (ddl_core/torch/torchrun_join.py: rank 0's mpirun runs a stand-i
 whose PMIx identity the rank takes over). Real torchrun, real mpirun, real DDP.
 
 Each job gets its own TMPDIR, so what the join leaves (its directory, the stand-ins and
-mpirun, whose command lines name that directory) is seen, and no other job's is."""
+mpirun, whose command lines name that directory) is seen, and no other job's is; and
+Open MPI's shared-memory segments made during the test must be gone or reclaimable."""
 
 from __future__ import annotations
 
@@ -57,15 +58,41 @@ def _mentioning(text: str) -> list[str]:
     return found
 
 
+SHM = Path("/dev/shm")
+_shm_before: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def _shm_snapshot() -> None:
+    """What /dev/shm held before the test: Open MPI's segments made since are the job's."""
+    _shm_before.clear()
+    if SHM.is_dir():
+        _shm_before.update(os.listdir(SHM))
+
+
+def _shm_left() -> list[str]:
+    """The job's shared memory nobody will remove: segments loose in /dev/shm, and job
+    directories that the next run's reclaim (ddl_core.jobshm) does not take away."""
+    from ddl_core import jobshm
+
+    if not SHM.is_dir():
+        return []
+    jobshm.reclaim()
+    return sorted(n for n in os.listdir(SHM) if n not in _shm_before
+                  and n.startswith(("sm_segment.", jobshm.PREFIX)))
+
+
 def _assert_nothing_left(tmp: Path, within_s: float = 5.0) -> None:
     deadline = time.monotonic() + within_s
     while True:
         procs = _mentioning(str(tmp))
         dirs = sorted(p.name for p in tmp.glob("ddl-torchrun-*"))
-        if not procs and not dirs:
+        shm = [] if procs else _shm_left()
+        if not procs and not dirs and not shm:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"left behind {within_s:g} s after the job: {procs} {dirs}")
+            raise AssertionError(f"left behind {within_s:g} s after the job: {procs} {dirs} "
+                                 f"{shm}")
         time.sleep(0.1)
 
 

@@ -27,6 +27,7 @@ workers start with new ranks and a new store prefix), never see each other's.
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
 import shlex
@@ -40,6 +41,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .. import jobshm
 from ..settings import env_number
 from . import _standin
 
@@ -99,7 +101,22 @@ def join(store: Any, rank: int, size: int, timeout: timedelta | None = None) -> 
             bind(value)
         else:
             os.environ[name] = value
+    _share_memory_dir(_wait_key(store, "shm", wait_s).decode())
     store.add(f"{KEY}joined", 1)
+
+
+def _share_memory_dir(token: str) -> None:
+    """Open MPI's shared-memory segments of this job in a directory of its own on each
+    host (ddl_core.jobshm, as ddlrun's jobs): torchrun's workers are not mpirun's
+    processes, so nothing removed their segments from /dev/shm when a worker was killed
+    (an elastic restart, a SIGKILL of the group). Each worker holds the directory while it
+    lives; the last to exit removes it, and after a SIGKILL the next run reclaims it."""
+    env = {jobshm.ENV: token, **({jobshm.MCA: os.environ[jobshm.MCA]}
+                                  if jobshm.MCA in os.environ else {})}
+    joined = jobshm.for_rank(env)
+    if joined is not None:
+        os.environ[jobshm.MCA] = joined[0]
+        atexit.register(jobshm.rank_done, joined)
 
 
 def bind(cpus_text: str) -> None:
@@ -155,6 +172,7 @@ def _launch(store: Any, size: int, wait_s: float) -> None:
         _fail(store, f"cannot run {mpirun}: {exc}")
     threading.Thread(target=_watch, args=(proc, log, store, cmd), daemon=True,
                      name="ddl-torchrun-mpirun").start()
+    store.set(f"{KEY}shm", secrets.token_hex(jobshm.TOKEN_LEN // 2))
     store.set(f"{KEY}dir", path)
 
 
