@@ -4,6 +4,7 @@ data, and print tf_cnn_benchmarks' 'total images/sec' line once (rank 0)."""
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 
 import pytest
@@ -51,6 +52,24 @@ def test_fsdp2_example_matches_ddp_on_a_2d_mesh() -> None:
     assert len(losses) == 6 and losses[-1] < losses[0], losses
 
 
+def _need_fault_tolerance() -> None:
+    import ddl_core
+
+    if not hasattr(ddl_core, "shrink_world"):
+        pytest.skip("this ddl_core has no fault tolerance (libddl without ULFM)")
+
+
+def _fsdp2_elastic(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """ddl_core/examples/fsdp2_elastic_ddl.py, 8 steps, under ddlrun --elastic on 4 ranks."""
+    need("torch")
+    need("ddl_torch")
+    _need_fault_tolerance()
+    return run_job([str(BIN / "ddlrun"), "--elastic", "-n", "4",
+                    "--mpi-args=--mca mpi_yield_when_idle 1", sys.executable,
+                    str(EXAMPLES / "fsdp2_elastic_ddl.py"), "--steps", "8", *args],
+                   check=check)
+
+
 @pytest.mark.parametrize("cpp", ["1", "0"], ids=["cpp-backend", "python-backend"])
 def test_elastic_example_survives_a_lost_rank(cpp: str) -> None:
     """ddl_core/examples/pytorch_elastic_ddl.py under ddlrun --elastic on 3 ranks, rank 1
@@ -58,10 +77,7 @@ def test_elastic_example_survives_a_lost_rank(cpp: str) -> None:
     go back to the commit of step 10 (no committed step lost), finish with bit-identical
     parameters, and the job exits 0 naming the lost rank."""
     need("torch")
-    import ddl_core
-
-    if not hasattr(ddl_core, "shrink_world"):
-        pytest.skip("this ddl_core has no fault tolerance (libddl without ULFM)")
+    _need_fault_tolerance()
     if cpp == "1":
         need("ddl_torch")
     proc = run_job([str(BIN / "ddlrun"), "--elastic", "-n", "3",
@@ -86,16 +102,7 @@ def test_fsdp2_elastic_example_reshards_after_a_loss(kill: str, at: str, back_to
     back together (a death inside a commit: the one before), shard it over the shrunk
     world, and the state they go on from is the one committed (its digest then and now);
     the job exits 0 naming the lost ranks."""
-    need("torch")
-    need("ddl_torch")
-    import ddl_core
-
-    if not hasattr(ddl_core, "shrink_world"):
-        pytest.skip("this ddl_core has no fault tolerance (libddl without ULFM)")
-    proc = run_job([str(BIN / "ddlrun"), "--elastic", "-n", "4",
-                    "--mpi-args=--mca mpi_yield_when_idle 1", sys.executable,
-                    str(EXAMPLES / "fsdp2_elastic_ddl.py"), "--steps", "8",
-                    "--kill-rank", kill, "--kill-step", "5", "--kill-at", at])
+    proc = _fsdp2_elastic("--kill-rank", kill, "--kill-step", "5", "--kill-at", at)
     out, left = proc.stdout, 4 - len(kill.split(","))
     assert re.search(rf"^reset 1: {left} of 4 ranks left, back to step {back_to} .*; state "
                      r"identical to the commit \(", out, re.M), out[-3000:]
@@ -110,16 +117,7 @@ def test_fsdp2_elastic_example_reshards_after_a_loss(kill: str, at: str, back_to
 def test_fsdp2_elastic_example_ends_when_two_neighbours_die() -> None:
     """Ranks 1 and 2 lost together: nobody holds rank 1's shard any more; every survivor
     says so (restart from a checkpoint on disk) and the job ends non-zero, nobody hangs."""
-    need("torch")
-    need("ddl_torch")
-    import ddl_core
-
-    if not hasattr(ddl_core, "shrink_world"):
-        pytest.skip("this ddl_core has no fault tolerance (libddl without ULFM)")
-    proc = run_job([str(BIN / "ddlrun"), "--elastic", "-n", "4",
-                    "--mpi-args=--mca mpi_yield_when_idle 1", sys.executable,
-                    str(EXAMPLES / "fsdp2_elastic_ddl.py"), "--steps", "8",
-                    "--kill-rank", "1,2", "--kill-step", "5"], check=False)
+    proc = _fsdp2_elastic("--kill-rank", "1,2", "--kill-step", "5", check=False)
     assert proc.returncode != 0, proc.stdout[-2000:]
     said = re.findall(r"^rank \d: ranks \[1, 2\] of 4 died and no survivor holds every shard "
                       r"\(two neighbours were lost\): restart from a checkpoint on disk$",
