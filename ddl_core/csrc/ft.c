@@ -361,54 +361,85 @@ static int left_out(struct ddl_comm_s *c, MPI_Comm s, int *crank, int *wrank) {
  * in 100, 8 ranks on 4 emulated hosts, with libevent's "Epoll ADD ... Bad file descriptor"
  * warnings) to leave one survivor in a world of its own while the others, who still
  * counted it, waited for it in theirs. libddl's liveness watcher, on connections of its
- * own, knows better (a dead process's socket closes at once): a survivor whose shrink left
- * out more ranks that the watcher still vouches for after VOUCH_WAIT_S than it kept is in
- * the minority and wrong (of an even split: the side without the lowest launch rank
- * alive). It leaves, as a failed rank, and the others go on in one world (their shrink,
- * if it waits for it, completes without it). Not once spawned ranks were merged in: the
- * watcher knows the launch world's ranks only. */
+ * own, knows better (a dead process's socket closes at once): a survivor that MPI would
+ * leave with fewer ranks than it leaves out of those the watcher still vouches for (after
+ * VOUCH_WAIT_S) is in the minority and wrong (of an even split: the side without the
+ * lowest launch rank alive). It leaves, as a failed rank, and the others go on in one
+ * world. Not once spawned ranks were merged in: the watcher knows the launch world's ranks
+ * only.
+ *
+ * out[] (c's ranks) are the members MPI takes for failed, kept how many it would keep.
+ * A decision to stay is never wrong because the watcher lags (it only vouches for fewer
+ * ranks as it learns of deaths), so only a decision to leave waits for it. */
+static void leave_if_outnumbered(struct ddl_comm_s *c, const int *out, int n, int kept) {
+    int size = c->ctx->world.size;
+    if (ddl_foreign_members || n <= 0 || n < kept) return; /* a majority never leaves */
+    int *wrank = malloc(sizeof(int) * 2 * (size_t)size), *alive_r = wrank + size;
+    if (!wrank) return;
+    for (int i = 0; i < n; i++) wrank[i] = c->is_world ? out[i] : c->world_ranks[out[i]];
+    int low_kept = size;
+    for (int r = 0; r < size; r++) {
+        int out_r = 0;
+        for (int i = 0; i < n && !out_r; i++) out_r = out[i] == r;
+        int w = c->is_world ? r : c->world_ranks[r];
+        if (!out_r && w < low_kept) low_kept = w;
+    }
+    double until = ddl_now() + VOUCH_WAIT_S;
+    int m = 0;
+    for (;;) {
+        int low_out = size;
+        m = 0;
+        for (int i = 0; i < n; i++)
+            if (ddl_liveness_vouches(wrank[i])) {
+                alive_r[m++] = out[i];
+                if (wrank[i] < low_out) low_out = wrank[i];
+            }
+        int leave = m > kept || (m > 0 && m == kept && low_out < low_kept);
+        if (!leave) {
+            free(wrank);
+            return;
+        }
+        if (ddl_now() > until) break;
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    char list[256] = "";
+    ddl_format_ranks(list, sizeof list, alive_r, m);
+    fprintf(stderr,
+            "[ddl rank %d] ddl_comm_shrink: the MPI library takes rank%s %s for failed, which "
+            "libddl's liveness watcher knows to be alive (or to have finished without this "
+            "rank), and would leave this rank with %d "
+            "of the communicator's ranks: this rank's MPI took live peers for dead (a broken "
+            "connection, or a wrong failure report), and the survivors would not agree on one "
+            "world; it leaves (as a failed rank) so that the others go on without it\n",
+            ddl_g.rank, m == 1 ? "" : "s", list, kept);
+    fflush(stderr);
+    _exit(1);
+}
+
+/* Before the shrink: the members MPI has reported failed so far. Leaving here, rather
+ * than after a shrink, keeps a cut-off minority out of the others' agreement, which Open
+ * MPI 5.0.11 was seen to crash in (SIGSEGV in coll/ftagree) while live ranks it had taken
+ * for dead still sent to it. */
+static void leave_if_cut_off(struct ddl_comm_s *c) {
+    pthread_mutex_lock(&ft_lock);
+    gather_failed(c);
+    int n = c->nfailed, *out = n ? malloc(sizeof(int) * (size_t)n) : NULL;
+    if (out) memcpy(out, c->failed, sizeof(int) * (size_t)n);
+    pthread_mutex_unlock(&ft_lock);
+    if (!out) return;
+    leave_if_outnumbered(c, out, n, c->ctx->world.size - n);
+    free(out);
+}
+
+/* After the shrink: the members the shrunk communicator s left out. */
 static void leave_if_wrongly_alone(struct ddl_comm_s *c, MPI_Comm s) {
     int size = c->ctx->world.size, kept = 0;
     if (ddl_foreign_members || MPI_Comm_size(s, &kept) != MPI_SUCCESS) return;
     int *crank = malloc(sizeof(int) * 2 * (size_t)size);
     if (!crank) return;
-    int *wrank = crank + size;
-    int n = left_out(c, s, crank, wrank), alive = 0;
-    double until = ddl_now() + VOUCH_WAIT_S;
-    while (n > 0) {
-        alive = 0;
-        for (int i = 0; i < n; i++) alive += ddl_liveness_vouches(wrank[i]);
-        if (!alive || ddl_now() > until) break;
-        struct timespec ts = {0, 5 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    /* The minority leaves; of an even split, the side without the lowest rank alive. */
-    int low_out = size, low_kept = size;
-    for (int i = 0; i < n; i++)
-        if (ddl_liveness_vouches(wrank[i]) && wrank[i] < low_out) low_out = wrank[i];
-    for (int r = 0; r < size && n > 0; r++) {
-        int out_r = 0;
-        for (int i = 0; i < n && !out_r; i++) out_r = crank[i] == r;
-        int w = c->is_world ? r : c->world_ranks[r];
-        if (!out_r && w < low_kept) low_kept = w;
-    }
-    if (n > 0 && alive > 0 && (alive > kept || (alive == kept && low_out < low_kept))) {
-        char list[256] = "";
-        int m = 0;
-        for (int i = 0; i < n; i++)
-            if (ddl_liveness_vouches(wrank[i])) crank[m++] = crank[i];
-        ddl_format_ranks(list, sizeof list, crank, m);
-        fprintf(stderr,
-                "[ddl rank %d] ddl_comm_shrink: the MPI library's shrink left this rank with %d "
-                "of the communicator's ranks, without rank%s %s, which libddl's liveness "
-                "watcher knows to be alive: this rank's MPI took live peers for dead (a broken "
-                "connection, or a wrong failure report), and the survivors would not agree "
-                "on one world; it leaves (as a failed rank) so that the others go on "
-                "without it\n",
-                ddl_g.rank, kept, m == 1 ? "" : "s", list);
-        fflush(stderr);
-        _exit(1);
-    }
+    int n = left_out(c, s, crank, crank + size);
+    leave_if_outnumbered(c, crank, n, kept);
     free(crank);
 }
 #endif
@@ -427,6 +458,7 @@ ddl_status_t ddl_comm_shrink(ddl_comm_t c, ddl_comm_t *out) {
     /* Everyone still in a call on c is released, whether or not it saw the failure. */
     ddl_ft_revoke(c);
     __atomic_store_n(&c->ft_failed, 1, __ATOMIC_RELEASE);
+    leave_if_cut_off(c);
     /* While the survivors build the new communicator the watcher's dead ranks are no
      * member's (ULFM reports a death during the shrink). */
     ddl_coll_t cur = ddl_cur;

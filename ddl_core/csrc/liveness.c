@@ -280,14 +280,17 @@ int ddl_liveness_died(int r) {
     return kind == DIED;
 }
 
-/* Whether the watcher can vouch that world rank r is alive: it watches, this rank hears
- * from its hub (it is the hub, or its connection to rank 0 is up and rank 0 has not left),
- * and r has not left. A rank on a host that vanished (no EOF on its socket) still looks
- * alive here for a while: callers use this only against a disagreement of MPI's. */
+/* Whether the watcher can vouch that world rank r did not die: it watches, this rank
+ * hears from its hub (it is the hub, or its connection to rank 0 is up and rank 0 has not
+ * died), and r is alive or finalized DDL. A rank that MPI takes for failed but that
+ * finalized went on without this one (in a world of its own: a broken connection), so it
+ * counts as much as a live one. A rank on a host that vanished (no EOF on its socket)
+ * still looks alive here for a while: callers use this only against a disagreement of
+ * MPI's. */
 int ddl_liveness_vouches(int r) {
     if (!L.gone || r < 0 || r >= L.size || !ddl_live_checks) return 0;
     pthread_mutex_lock(&L.lock);
-    int ok = L.active && L.gone[r] == ALIVE && (L.hub || (L.client >= 0 && L.gone[0] == ALIVE));
+    int ok = L.active && L.gone[r] != DIED && (L.hub || (L.client >= 0 && L.gone[0] != DIED));
     pthread_mutex_unlock(&L.lock);
     return ok;
 }
