@@ -117,7 +117,7 @@ ddl_status_t ddl_comm_world_rank(ddl_comm_t c, int rank, int *world_rank) {
     if (rank < 0 || rank >= c->ctx->world.size)
         return ddl_fail(DDL_ERR_INVALID_ARG, "ddl_comm_world_rank: %d is not a rank (0..%d)",
                         rank, c->ctx->world.size - 1);
-    *world_rank = c->is_world ? rank : c->world_ranks[rank];
+    *world_rank = ddl_comm_world_of(c, rank);
     return DDL_SUCCESS;
 }
 

@@ -473,6 +473,11 @@ struct ddl_comm_s {
     int nfailed;
     int *failed; /* the failed members' ranks in this communicator, sorted */
 };
+
+/* Member r of c as a launch (world) rank: what the liveness watcher knows it by. */
+static inline int ddl_comm_world_of(const struct ddl_comm_s *c, int r) {
+    return c->is_world ? r : c->world_ranks[r];
+}
 /* DDL_SUCCESS when `c` is a live communicator this rank belongs to (else one error naming
  * `fn`); then sets the calling thread's deadline to the communicator's timeout. */
 /* The world communicator: made by ddl_init (collective), released by ddl_finalize. */

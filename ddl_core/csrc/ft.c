@@ -331,9 +331,9 @@ static void *watch_main(void *arg) {
 #if HAVE_ULFM
 #define VOUCH_WAIT_S 3.0 /* how long the watcher may lag behind MPI in naming a death */
 
-/* The members of c that the shrunk communicator s left out, as c's ranks and as launch
- * (world) ranks; returns how many, or -1 if MPI cannot say. */
-static int left_out(struct ddl_comm_s *c, MPI_Comm s, int *crank, int *wrank) {
+/* The members of c that the shrunk communicator s left out, as c's ranks; returns how
+ * many, or -1 if MPI cannot say. */
+static int left_out(struct ddl_comm_s *c, MPI_Comm s, int *crank) {
     MPI_Group all = MPI_GROUP_NULL, kept = MPI_GROUP_NULL, out = MPI_GROUP_NULL;
     int n = -1;
     if (MPI_Comm_group(c->ctx->world.comm, &all) == MPI_SUCCESS &&
@@ -345,8 +345,6 @@ static int left_out(struct ddl_comm_s *c, MPI_Comm s, int *crank, int *wrank) {
                         MPI_SUCCESS)
             n = -1;
         free(seq);
-        for (int i = 0; i < n; i++)
-            wrank[i] = c->is_world ? crank[i] : c->world_ranks[crank[i]];
     }
     if (out != MPI_GROUP_NULL) MPI_Group_free(&out);
     if (kept != MPI_GROUP_NULL) MPI_Group_free(&kept);
@@ -374,14 +372,15 @@ static int left_out(struct ddl_comm_s *c, MPI_Comm s, int *crank, int *wrank) {
 static void leave_if_outnumbered(struct ddl_comm_s *c, const int *out, int n, int kept) {
     int size = c->ctx->world.size;
     if (ddl_foreign_members || n <= 0 || n < kept) return; /* a majority never leaves */
-    int *wrank = malloc(sizeof(int) * 2 * (size_t)size), *alive_r = wrank + size;
+    int *wrank = malloc(sizeof(int) * 2 * (size_t)size);
     if (!wrank) return;
-    for (int i = 0; i < n; i++) wrank[i] = c->is_world ? out[i] : c->world_ranks[out[i]];
+    int *alive_r = wrank + size;
+    for (int i = 0; i < n; i++) wrank[i] = ddl_comm_world_of(c, out[i]);
     int low_kept = size;
     for (int r = 0; r < size; r++) {
         int out_r = 0;
         for (int i = 0; i < n && !out_r; i++) out_r = out[i] == r;
-        int w = c->is_world ? r : c->world_ranks[r];
+        int w = ddl_comm_world_of(c, r);
         if (!out_r && w < low_kept) low_kept = w;
     }
     double until = ddl_now() + VOUCH_WAIT_S;
@@ -436,9 +435,9 @@ static void leave_if_cut_off(struct ddl_comm_s *c) {
 static void leave_if_wrongly_alone(struct ddl_comm_s *c, MPI_Comm s) {
     int size = c->ctx->world.size, kept = 0;
     if (ddl_foreign_members || MPI_Comm_size(s, &kept) != MPI_SUCCESS) return;
-    int *crank = malloc(sizeof(int) * 2 * (size_t)size);
+    int *crank = malloc(sizeof(int) * (size_t)size);
     if (!crank) return;
-    int n = left_out(c, s, crank, crank + size);
+    int n = left_out(c, s, crank);
     leave_if_outnumbered(c, crank, n, kept);
     free(crank);
 }

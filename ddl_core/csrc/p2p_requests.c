@@ -104,11 +104,6 @@ static void abandon(struct ddl_request_s *r) {
     }
 }
 
-/* The request's peer as a launch (world) rank: what the liveness watcher knows it by. */
-static int peer_world_rank(const struct ddl_request_s *r) {
-    return r->comm->is_world ? r->peer : r->comm->world_ranks[r->peer];
-}
-
 void ddl_p2p_progress(struct ddl_request_s *r) {
     if (__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return;
     int rc;
@@ -148,13 +143,13 @@ void ddl_p2p_progress(struct ddl_request_s *r) {
     unsigned gen = ddl_liveness_gen();
     if (gen != r->live_gen) {
         r->live_gen = gen;
-        r->peer_gone = ddl_liveness_departed(peer_world_rank(r));
+        r->peer_gone = ddl_liveness_departed(ddl_comm_world_of(r->comm, r->peer));
         if (r->peer_gone) return;
     } else if (r->peer_gone) {
         abandon(r);
         /* A peer that died (not one that finalized) is, in fault-tolerant mode, a failed
          * member like any other: ProcessFailedError, the communicator revoked for all. */
-        if (ddl_ft && ddl_liveness_died(peer_world_rank(r))) {
+        if (ddl_ft && ddl_liveness_died(ddl_comm_world_of(r->comm, r->peer))) {
             finish(r, ddl_ft_fail_comm(r->comm, 0, "the liveness watcher"), NULL);
             return;
         }
