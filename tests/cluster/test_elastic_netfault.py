@@ -104,7 +104,7 @@ def run_and_cut(c: cluster.Cluster, tmp_path: Path, names: list[str]) -> tuple[i
 
 def crashed_in_mpi(err: str, ranks: list[int]) -> bool:
     """Whether one of `ranks` was killed by a signal inside MPI's shrink: Open MPI 5.0.11's
-    agreement (coll/ftagree) was seen to crash so (SIGSEGV, SIGABRT) after a cut, in about
+    agreement (coll/ftagree) was seen to crash so (SIGSEGV, SIGABRT) after a cut, in
     2 of about 60 jobs here and in CI; an upstream fault, not libddl's decision."""
     return "MPIX_Comm_shrink" in err and any(
         re.search(rf"rank {r} on \S+ was killed by signal", err) for r in ranks)
