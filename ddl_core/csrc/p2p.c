@@ -75,7 +75,15 @@ static ddl_status_t size_fail(const ddl_mpicomm_t *c, int src, int got, size_t w
                     world_rank_of(c, src), got, want);
 }
 
-static ddl_status_t overflow_fail(const ddl_mpicomm_t *c, int src, size_t want) {
+/* A pre-posted receive of ``want`` bytes failed with MPI error ``rc``. Only a truncation
+ * is the peer's disagreement; any other error (a peer that failed, a communicator revoked
+ * by a survivor that saw the failure first, a broken connection) is that, and reported as
+ * such, so fault-tolerant code catches ProcessFailedError instead of a MismatchError that
+ * names a live peer. */
+static ddl_status_t recv_fail(const ddl_mpicomm_t *c, int src, size_t want, int rc) {
+    int cls = rc;
+    if (MPI_Error_class(rc, &cls) != MPI_SUCCESS) cls = rc;
+    if (cls != MPI_ERR_TRUNCATE) return ddl_mpi_fail(rc, "MPI_Test (receive)");
     return ddl_fail(DDL_ERR_MISMATCH,
                     "rank %d sent more than the %zu bytes expected: the ranks disagree on the "
                     "count, dtype or topology of this collective",
@@ -259,7 +267,7 @@ static ddl_status_t exchange(const ddl_mpicomm_t *c, const void *sbuf, size_t sb
         if (sreq != MPI_REQUEST_NULL) MPI_CHECK(MPI_Test(&sreq, &sdone, MPI_STATUS_IGNORE));
         if (have_msg && rreq != MPI_REQUEST_NULL) {
             int rc = MPI_Test(&rreq, &rdone, preposted ? &rst : MPI_STATUS_IGNORE);
-            if (rc != MPI_SUCCESS && preposted) return overflow_fail(c, src, rbytes);
+            if (rc != MPI_SUCCESS && preposted) return recv_fail(c, src, rbytes, rc);
             if (rc != MPI_SUCCESS) return ddl_mpi_fail(rc, "MPI_Test");
             if (rdone && preposted) {
                 int n = 0;
@@ -336,7 +344,7 @@ static ddl_status_t stream(const ddl_mpicomm_t *c, const char *sbuf, size_t sbyt
             int rc = MPI_Test(&rreq[rdone % W], &f, &st);
             int n = 0;
             if (rc == MPI_SUCCESS && f) MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &n));
-            if (rc != MPI_SUCCESS) return overflow_fail(c, src, want);
+            if (rc != MPI_SUCCESS) return recv_fail(c, src, want, rc);
             if (f && (size_t)n != want) return size_fail(c, src, n, want);
             if (f) {
                 rdone++;
@@ -472,7 +480,7 @@ ddl_status_t ddl_wait_recv(const ddl_mpicomm_t *c, MPI_Request *req, size_t byte
         int done = 0;
         MPI_Status st;
         int rc = MPI_Test(req, &done, &st);
-        if (rc != MPI_SUCCESS) return overflow_fail(c, src, bytes);
+        if (rc != MPI_SUCCESS) return recv_fail(c, src, bytes, rc);
         if (done) {
             int n = 0;
             MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &n));

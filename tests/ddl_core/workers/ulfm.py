@@ -5,7 +5,10 @@ the survivors must see ProcessFailedError naming it, shrink, and compute right a
 
 CASE: loop (blocking allreduces on the world), comm (on a split communicator), async (a
 named asynchronous batch in flight), two (two victims at once), during_shrink (a second
-victim dies inside the shrink), rank0 (the liveness hub dies). Each survivor prints one
+victim dies inside the shrink), rank0 (the liveness hub dies), midway (the victim dies
+inside a large allreduce, while the others' pre-posted receives and streamed pieces are in
+flight: run with DDL_LIVENESS=0 and DDL_TOPOLOGY=2x2, so that MPI's own error, not the
+watcher, reports it). Each survivor prints one
 JSON line: {"rank", "ranks" (what the error named, as world ranks), "detect_s",
 "shrink_s", "new_size", "ok"}; the victims print nothing after KILL.
 """
@@ -55,12 +58,15 @@ def kill_time() -> float:
     return min(times) if times else float("nan")
 
 
-x = np.arange(1000, dtype=np.float64)
+x = np.arange(1000 if case != "midway" else 1 << 21, dtype=np.float64)  # midway: 16 MiB
 err = None
 t_err = 0.0
 try:
     for i in range(100000):
-        if i == kill_at and me in victims and case != "during_shrink":
+        if i == kill_at and me in victims and case == "midway":
+            # The allreduce below holds no GIL while it moves data: the timer fires in it.
+            threading.Timer(float(os.environ.get("ULFM_MIDWAY_DELAY", "0.01")), die).start()
+        elif i == kill_at and me in victims and case != "during_shrink":
             die()
         if i == kill_at and case == "during_shrink" and me == victims[0]:
             die()
